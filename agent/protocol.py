@@ -1,0 +1,150 @@
+"""The wire contract between agent and app, defined once.
+
+Plain dataclasses, so the agent needs no pydantic; the app validates the same classes with
+pydantic (``__pydantic_config__`` is read by pydantic and ignored by everyone else).
+
+Counters stay cumulative on the wire: the app computes rates, resets and clamps in one place.
+Timestamps are Unix seconds (float).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal
+
+PROTOCOL_VERSION = 1
+
+# pydantic reads this when the app validates: unknown fields and NaN/Inf are refused.
+_STRICT: dict[str, Any] = {"extra": "forbid", "allow_inf_nan": False}
+
+MetricType = Literal["counter", "gauge", "histogram", "summary", "info", "unknown"]
+EventKind = Literal[
+    "restart",  # the vLLM process restarted (start time moved, _created went back)
+    "counter_reset",  # a counter went down without a detected restart
+    "counter_clamped",  # a by-source counter decreased (known vLLM bug): clamped, not sent negative
+    "config_change",  # cache_config_info / offload config labels changed
+    "scrape_error",  # a source failed this tick (vLLM, NVML, nvidia-smi, /proc ...)
+    "spool_dropped",  # the spool went over its bound and dropped the oldest batches
+    "values_dropped",  # NaN/Inf sample values dropped at the source
+    "rollout",  # a controller transition (requested, preflight, restarting, healthy, ...)
+    "agent_start",
+    "note",
+]
+
+
+@dataclass(slots=True)
+class Sample:
+    """One normalised sample: vLLM-style name (``vllm:...`` or ``kvscope:...``), labels, value."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass(slots=True)
+class Scrape:
+    """One read of one vLLM instance at one moment."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    instance: str  # the vLLM base URL as the agent reaches it, e.g. http://127.0.0.1:8000
+    ts: float
+    ok: bool
+    error: str | None = None
+    healthy: bool | None = None  # /health answered 200
+    model: str | None = None  # served model name from /v1/models
+    model_root: str | None = None  # `root` from /v1/models (path or hub id)
+    max_model_len: int | None = None
+    version: str | None = None  # from /version
+    simulated: bool = False  # the server is `kvscope sim`, not a real vLLM
+    types: dict[str, MetricType] = field(default_factory=dict)  # family name -> type
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class AgentEvent:
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    ts: float
+    kind: EventKind
+    message: str
+    instance: str | None = None  # vLLM base URL, or None for host-level events
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RolloutUpdate:
+    """A controller transition reported by the agent (see the controller issue)."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    rollout_id: int
+    ts: float
+    state: str
+    message: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PushBatch:
+    """What the agent POSTs to /api/v1/ingest. Idempotent by (agent_id, seq)."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    agent_id: str
+    host: str
+    seq: int
+    sent_at: float
+    protocol: int = PROTOCOL_VERSION
+    agent_version: str = ""
+    scrapes: list[Scrape] = field(default_factory=list)
+    # GPU and host-memory readings, as samples named kvscope:gpu_* / kvscope:host_* / kvscope:pinned_*,
+    # timestamped by host_ts.
+    host_ts: float | None = None
+    host_samples: list[Sample] = field(default_factory=list)
+    host_types: dict[str, MetricType] = field(default_factory=dict)
+    events: list[AgentEvent] = field(default_factory=list)
+    rollout_updates: list[RolloutUpdate] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Command:
+    """Work the app hands to the agent in the push reply (e.g. a rollout)."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    id: int
+    kind: str  # "rollout" | "reset_prefix_cache" | "workload" ...
+    instance: str  # vLLM base URL the command is for
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PushReply:
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    accepted: bool
+    duplicate: bool = False
+    stored_samples: int = 0
+    commands: list[Command] = field(default_factory=list)
+
+
+def to_wire(obj: PushBatch | PushReply) -> dict[str, Any]:
+    """Plain JSON-able dict of a batch or reply."""
+    return asdict(obj)
+
+
+def reply_from_wire(data: dict[str, Any]) -> PushReply:
+    """Parse the app's reply on the agent side (lenient: unknown keys ignored)."""
+    cmds = []
+    for c in data.get("commands") or []:
+        if isinstance(c, dict) and "id" in c and "kind" in c:
+            cmds.append(
+                Command(
+                    id=int(c["id"]),
+                    kind=str(c["kind"]),
+                    instance=str(c.get("instance", "")),
+                    payload=dict(c.get("payload") or {}),
+                )
+            )
+    return PushReply(
+        accepted=bool(data.get("accepted", False)),
+        duplicate=bool(data.get("duplicate", False)),
+        stored_samples=int(data.get("stored_samples", 0) or 0),
+        commands=cmds,
+    )

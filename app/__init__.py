@@ -1,0 +1,1 @@
+"""kvscope app: the central service (storage, derived series, pages, alerts, controller, A/B)."""

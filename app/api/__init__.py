@@ -1,0 +1,1 @@
+"""JSON API under /api/v1 (and /healthz)."""

@@ -1,0 +1,82 @@
+"""POST /api/v1/ingest: the agents' push. The reply carries pending commands for the host."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.auth import TokenChecker
+from app.context import AppContext
+from app.ingest import BadBatch, parse_batch
+
+log = logging.getLogger("kvscope.ingest")
+
+
+def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/api/v1/ingest")
+    async def ingest(request: Request) -> JSONResponse:
+        tokens.check(request)  # 401 before reading the body
+        cap = ctx.settings.max_batch_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                if int(declared) > cap:
+                    ctx.metrics.ingest_batches.labels("too_large").inc()
+                    return _error(413, f"batch of {declared} bytes over the {cap}-byte cap: push more often")
+            except ValueError:
+                return _error(400, "bad Content-Length header")
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > cap:
+                ctx.metrics.ingest_batches.labels("too_large").inc()
+                return _error(413, f"batch over the {cap}-byte cap: push more often")
+        now = ctx.now()
+        try:
+            batch = await run_in_threadpool(
+                parse_batch, bytes(body), now,
+                max_future_skew_s=ctx.settings.max_future_skew_s,
+                max_past_age_s=ctx.settings.max_past_age_s,
+            )
+        except BadBatch as exc:
+            ctx.metrics.ingest_batches.labels("rejected").inc()
+            return _error(422, str(exc))
+        result = await run_in_threadpool(ctx.writer.write, batch, now)
+        if result.duplicate:
+            ctx.metrics.ingest_batches.labels("duplicate").inc()
+        else:
+            ctx.metrics.ingest_batches.labels("stored").inc()
+            ctx.metrics.ingest_samples.inc(result.stored)
+        host_id = result.host_id or 0
+        for hook in ctx.push_hooks:
+            try:
+                await run_in_threadpool(hook, batch, host_id, now)
+            except Exception:  # a hook must never lose the push
+                log.exception("push hook failed")
+        commands: list[dict[str, Any]] = []
+        if host_id:
+            for provider in ctx.command_providers:
+                try:
+                    commands.extend(await run_in_threadpool(provider, host_id, batch.agent_id, now))
+                except Exception:
+                    log.exception("command provider failed")
+        return JSONResponse(
+            {
+                "accepted": True,
+                "duplicate": result.duplicate,
+                "stored_samples": result.stored,
+                "commands": commands,
+            }
+        )
+
+    return r
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)

@@ -1,0 +1,118 @@
+"""GET /api/v1/instances, /api/v1/series, /api/v1/events, /healthz, /metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from app.context import AppContext
+from app.rates import gauge_series, rate_series, reset_times
+from app.storage.events import list_events
+from app.storage.series_store import get_instance, list_instances, series_points
+
+MAX_POINTS = 11_000
+DEFAULT_RANGE_S = 3600.0
+
+
+def instance_state(inst: dict[str, Any], now: float, stale_after: float) -> str:
+    """up | down | stale (agent silent) | unknown."""
+    last_push = inst.get("host_last_push")
+    if last_push is None or now - float(last_push) > stale_after:
+        return "stale"
+    if inst.get("last_ok") is None:
+        return "down"
+    if inst.get("last_scrape") is not None and inst["last_ok"] < inst["last_scrape"]:
+        return "down"
+    if inst.get("healthy") is False:
+        return "down"
+    return "up"
+
+
+def resolve_range(
+    now: float, start: float | None, end: float | None, step: float | None
+) -> tuple[float, float, float]:
+    end_v = now if end is None else end
+    start_v = end_v - DEFAULT_RANGE_S if start is None else start
+    for name, v in (("start", start_v), ("end", end_v)):
+        if not math.isfinite(v):
+            raise HTTPException(400, f"{name} must be a finite Unix time in seconds")
+    if start_v >= end_v:
+        raise HTTPException(400, "start must be before end")
+    step_v = step if step is not None else max(1.0, (end_v - start_v) / 300.0)
+    if not math.isfinite(step_v) or step_v <= 0:
+        raise HTTPException(400, "step must be a positive number of seconds")
+    if (end_v - start_v) / step_v > MAX_POINTS:
+        raise HTTPException(400, f"too many points: (end-start)/step must be <= {MAX_POINTS}; raise step")
+    return start_v, end_v, step_v
+
+
+def router(ctx: AppContext) -> APIRouter:
+    r = APIRouter()
+
+    @r.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @r.get("/metrics")
+    def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @r.get("/api/v1/instances")
+    def instances() -> JSONResponse:
+        now = ctx.now()
+        out = []
+        for inst in list_instances(ctx.engine):
+            inst["state"] = instance_state(inst, now, ctx.settings.stale_after_s)
+            out.append(inst)
+        return JSONResponse({"instances": out})
+
+    @r.get("/api/v1/series")
+    async def series(
+        instance: int | None = Query(None, description="instance id (from /api/v1/instances)"),
+        host: int | None = Query(None, description="host id, for host-level series (GPU, memory)"),
+        metric: str = Query(..., min_length=1, max_length=255),
+        start: float | None = None,
+        end: float | None = None,
+        step: float | None = None,
+    ) -> JSONResponse:
+        if (instance is None) == (host is None):
+            raise HTTPException(400, "give exactly one of instance= or host=")
+        if instance is not None and get_instance(ctx.engine, instance) is None:
+            raise HTTPException(404, f"no instance {instance}")
+        s0, s1, st = resolve_range(ctx.now(), start, end, step)
+        found = await run_in_threadpool(
+            series_points, ctx.engine, name=metric, start=s0, end=s1,
+            instance_id=instance, host_id=host, lookback=max(st, 60.0),
+        )
+        out = []
+        resets: list[float] = []
+        kind = found[0].kind if found else None
+        for sp in found:
+            if sp.kind == "counter":
+                pts = rate_series(sp.points, s0, s1, st)
+                resets.extend(t for t in reset_times(sp.points) if s0 <= t <= s1)
+            else:
+                pts = gauge_series(sp.points, s0, s1, st)
+            out.append({"labels": sp.labels, "points": [[t, v] for t, v in pts]})
+        return JSONResponse(
+            {
+                "metric": metric, "instance": instance, "host": host, "kind": kind,
+                "unit": "per_second" if kind == "counter" else "value",
+                "start": s0, "end": s1, "step": st, "series": out, "resets": sorted(set(resets)),
+            }
+        )
+
+    @r.get("/api/v1/events")
+    def events(
+        instance: int | None = None, start: float | None = None, end: float | None = None,
+        limit: int = Query(500, ge=1, le=10_000),
+    ) -> JSONResponse:
+        return JSONResponse(
+            {"events": list_events(ctx.engine, instance_id=instance, start=start, end=end, limit=limit)}
+        )
+
+    return r

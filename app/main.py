@@ -1,0 +1,106 @@
+"""The FastAPI application factory. Everything is built from the settings passed in."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api import ingest as ingest_api
+from app.api import read as read_api
+from app.auth import TokenChecker
+from app.context import AppContext, Clock
+from app.selfmetrics import SelfMetrics
+from app.settings import Settings
+from app.storage.engine import open_database
+from app.storage.ingest_store import IngestWriter
+
+log = logging.getLogger("kvscope.app")
+
+# Optional parts: each module exposes install(app, ctx). Missing ones are skipped until built.
+OPTIONAL_PARTS = (
+    "app.pages",  # dashboard pages, static assets
+    "app.jobs",  # APScheduler jobs: rollups, alerts
+    "app.controller_api",  # profiles, rollouts
+    "app.alerts_api",
+    "app.ab_api",
+)
+
+
+def create_app(
+    settings: Settings, *, engine: Engine | None = None, clock: Clock = time.time, start_jobs: bool | None = None
+) -> FastAPI:
+    engine = engine or open_database(settings.effective_database_url)
+    ctx = AppContext(
+        settings=settings, engine=engine, writer=IngestWriter(engine), metrics=SelfMetrics(), clock=clock
+    )
+    app = FastAPI(title="kvscope", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app.state.ctx = ctx
+    app.state.start_jobs = settings.run_scheduler if start_jobs is None else start_jobs
+    _install_errors(app)
+    _install_timing(app, ctx)
+    tokens = TokenChecker(ctx)
+    app.include_router(ingest_api.router(ctx, tokens))
+    app.include_router(read_api.router(ctx))
+    import importlib
+
+    for name in OPTIONAL_PARTS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        mod.install(app, ctx)
+    return app
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors()[:5]:
+            loc = ".".join(str(p) for p in err.get("loc", ()))
+            parts.append(f"{loc}: {err.get('msg')}")
+        return JSONResponse({"error": "invalid request: " + "; ".join(parts)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(req: Request, exc: StarletteHTTPException) -> Response:
+        accept = req.headers.get("accept", "")
+        if "text/html" in accept and not req.url.path.startswith("/api/") and exc.status_code in (404, 405):
+            from fastapi.responses import HTMLResponse
+
+            return HTMLResponse(
+                f"<!doctype html><title>{exc.status_code}</title><p>{exc.status_code}: {exc.detail}</p>"
+                "<p><a href='/'>kvscope overview</a></p>",
+                status_code=exc.status_code,
+            )
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse({"error": "internal error; see the kvscope log"}, status_code=500)
+
+
+def _install_timing(app: FastAPI, ctx: AppContext) -> None:
+    @app.middleware("http")
+    async def _timing(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        ctx.metrics.request_seconds.labels(path, f"{response.status_code // 100}xx").observe(
+            time.perf_counter() - t0
+        )
+        return response
+
+
+__all__ = ["HTTPException", "create_app"]

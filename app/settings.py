@@ -1,0 +1,132 @@
+"""The app's settings: one typed object, built at start-up and passed down (never at import).
+
+Sources, highest first: explicit overrides (CLI flags), environment (``KVSCOPE_*``), an optional
+TOML file (``--config`` or ``KVSCOPE_CONFIG``), defaults.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from kvscope.errors import UserError
+
+PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "secret", "token", "placeholder"})
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "kvscope"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVSCOPE_", extra="forbid", validate_default=True)
+
+    # --- serving
+    host: str = Field("127.0.0.1", description="Address `kvscope serve` binds to.")
+    port: int = Field(8080, ge=1, le=65535, description="Port `kvscope serve` binds to.")
+    data_dir: Path = Field(default_factory=default_data_dir, description="Folder for the SQLite file, spool, logs.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/kvscope.db. Postgres works too."
+    )
+    secret_key: str = Field("change-me", description="Signs CSRF tokens. Must be set when binding off loopback.")
+    agent_token: str | None = Field(
+        None, description="Optional static agent token accepted besides those from `kvscope token create`."
+    )
+    # --- ingest
+    max_batch_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted push body.")
+    max_future_skew_s: float = Field(300.0, ge=0, description="Refuse samples this far in the future.")
+    max_past_age_s: float = Field(
+        400 * 86400.0, ge=0, description="Refuse samples older than this (a spool replays up to days)."
+    )
+    stale_after_s: float = Field(30.0, gt=0, description="An agent silent this long is shown as stale.")
+    # --- retention and rollups
+    raw_retention_h: float = Field(48.0, gt=0, description="Keep raw samples this long.")
+    rollup_1m_retention_d: float = Field(30.0, gt=0, description="Keep 1-minute rollups this long.")
+    rollup_1h_retention_d: float = Field(400.0, gt=0, description="Keep 1-hour rollups this long.")
+    rollup_interval_s: float = Field(60.0, gt=0, description="How often the rollup job runs.")
+    # --- alerts
+    alert_eval_interval_s: float = Field(15.0, gt=0, description="How often alert rules are evaluated.")
+    # --- scheduler
+    run_scheduler: bool = Field(True, description="Run background jobs (rollups, alerts) in this process.")
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _expand(cls, v: Any) -> Any:
+        return Path(os.path.expanduser(str(v))) if v is not None else v
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'kvscope.db'}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host in ("localhost", ""):
+            return self.host == "localhost"
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def check_for_bind(self) -> None:
+        """Refuse placeholder secrets when the app is reachable from other machines."""
+        if self.is_loopback:
+            return
+        if self.secret_key.strip().lower() in PLACEHOLDER_SECRETS:
+            raise UserError(
+                f"binding to {self.host} needs a real secret: set KVSCOPE_SECRET_KEY "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        if self.agent_token is not None and self.agent_token.strip().lower() in PLACEHOLDER_SECRETS:
+            raise UserError(
+                f"binding to {self.host} with KVSCOPE_AGENT_TOKEN at a placeholder: "
+                "create one with `kvscope token create NAME` or unset it"
+            )
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings once, at start-up. Bad values become a one-line UserError."""
+    path = config_file or os.environ.get("KVSCOPE_CONFIG")
+    if path is not None:
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise UserError(f"config file {path} not found: fix --config / KVSCOPE_CONFIG")
+
+    toml_path = path
+
+    class _Settings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if toml_path is not None:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+            return tuple(sources)
+
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return _Settings(**clean)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
+        raise UserError(f"bad setting {where}: {err.get('msg')} (check KVSCOPE_* env and the config file)") from None
+    except ValueError as exc:  # TOML syntax errors
+        raise UserError(f"cannot read config file {path}: {exc}") from None

@@ -1,0 +1,1 @@
+"""The storage layer: the only place in kvscope that speaks SQL."""

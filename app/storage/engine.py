@@ -1,0 +1,86 @@
+"""Engine creation (SQLite pragmas: WAL, busy timeout) and Alembic upgrade on start-up."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from app.paths import migrations_dir
+from kvscope.errors import UserError
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    if not isinstance(dbapi_conn, sqlite3.Connection):
+        return
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    """Create the engine; for SQLite make sure the folder exists and is writable."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise UserError(f"bad database URL {url!r}: {exc}") from None
+    kwargs: dict[str, Any] = {"future": True}
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:":
+            path = Path(db)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"cannot create the data folder {path.parent}: {exc.strerror}; "
+                                "set KVSCOPE_DATA_DIR to a writable folder") from None
+            if path.exists() and not _writable(path):
+                raise UserError(f"database file {path} is not writable; fix its permissions "
+                                "or set KVSCOPE_DATA_DIR") from None
+            if not _writable(path.parent):
+                raise UserError(f"data folder {path.parent} is not writable; set KVSCOPE_DATA_DIR") from None
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    else:
+        kwargs["pool_pre_ping"] = True
+        kwargs["pool_size"] = 10
+        kwargs["max_overflow"] = 20
+    engine = create_engine(url, **kwargs)
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _writable(path: Path) -> bool:
+    import os
+
+    return os.access(path, os.W_OK)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply Alembic migrations up to `revision` on this engine."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    except OperationalError as exc:
+        raise UserError(f"cannot open or migrate the database: {exc.orig}") from None
+
+
+def open_database(url: str) -> Engine:
+    engine = make_engine(url)
+    upgrade(engine)
+    return engine

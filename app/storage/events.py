@@ -1,0 +1,57 @@
+"""Event rows: restarts, config changes, counter resets, rollouts. Charts mark them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select
+
+from app.storage.models import Event
+
+
+def add_event(
+    conn: Connection,
+    *,
+    ts: float,
+    kind: str,
+    message: str,
+    host_id: int | None = None,
+    instance_id: int | None = None,
+    source: str = "app",
+    data: dict[str, Any] | None = None,
+) -> int:
+    res = conn.execute(
+        Event.__table__.insert().values(
+            ts=ts, kind=kind, message=message[:4000], host_id=host_id,
+            instance_id=instance_id, source=source, data=data or {},
+        )
+    )
+    pk = res.inserted_primary_key
+    return int(pk[0]) if pk else 0
+
+
+def list_events(
+    engine: Engine,
+    *,
+    instance_id: int | None = None,
+    host_id: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    kinds: tuple[str, ...] | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
+    t = Event.__table__
+    q = select(t)
+    if instance_id is not None:
+        q = q.where(t.c.instance_id == instance_id)
+    if host_id is not None:
+        q = q.where(t.c.host_id == host_id)
+    if start is not None:
+        q = q.where(t.c.ts >= start)
+    if end is not None:
+        q = q.where(t.c.ts <= end)
+    if kinds:
+        q = q.where(t.c.kind.in_(kinds))
+    q = q.order_by(t.c.ts.desc(), t.c.id.desc()).limit(limit)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(q)]

@@ -1,0 +1,96 @@
+"""Reads: hosts, instances, series and their raw points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from app.storage.models import Host, Instance, SampleRow, Series
+
+
+@dataclass(frozen=True)
+class SeriesPoints:
+    series_id: int
+    name: str
+    labels: dict[str, str]
+    kind: str
+    points: list[tuple[float, float]]  # (ts seconds, value), ascending
+
+
+def list_hosts(engine: Engine) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(select(Host.__table__).order_by(Host.name))]
+
+
+def list_instances(engine: Engine) -> list[dict[str, Any]]:
+    i = Instance.__table__
+    h = Host.__table__
+    q = (
+        select(i, h.c.name.label("host"), h.c.last_push.label("host_last_push"))
+        .join(h, h.c.id == i.c.host_id)
+        .order_by(h.c.name, i.c.url)
+    )
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(q)]
+
+
+def get_instance(engine: Engine, instance_id: int) -> dict[str, Any] | None:
+    i = Instance.__table__
+    h = Host.__table__
+    q = (
+        select(i, h.c.name.label("host"), h.c.last_push.label("host_last_push"))
+        .join(h, h.c.id == i.c.host_id)
+        .where(i.c.id == instance_id)
+    )
+    with engine.connect() as conn:
+        row = conn.execute(q).first()
+    return dict(row._mapping) if row else None
+
+
+def series_points(
+    engine: Engine,
+    *,
+    name: str,
+    start: float,
+    end: float,
+    instance_id: int | None = None,
+    host_id: int | None = None,
+    lookback: float = 0.0,
+) -> list[SeriesPoints]:
+    """Raw points of every series `name` of an instance (or host-level series of a host),
+    from start - lookback to end inclusive."""
+    s = Series.__table__
+    q = select(s.c.id, s.c.labels, s.c.kind).where(s.c.name == name)
+    if instance_id is not None:
+        q = q.where(s.c.instance_id == instance_id)
+    elif host_id is not None:
+        q = q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
+    else:
+        raise ValueError("instance_id or host_id is required")
+    lo = int((start - lookback) * 1000)
+    hi = int(end * 1000)
+    out: list[SeriesPoints] = []
+    with engine.connect() as conn:
+        for sid, labels, kind in conn.execute(q).all():
+            pts = conn.execute(
+                select(SampleRow.ts_ms, SampleRow.value)
+                .where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
+                .order_by(SampleRow.ts_ms)
+            ).all()
+            out.append(
+                SeriesPoints(
+                    series_id=int(sid), name=name, labels=dict(labels or {}), kind=str(kind),
+                    points=[(ts / 1000.0, float(v)) for ts, v in pts],
+                )
+            )
+    return out
+
+
+def metric_names(engine: Engine, instance_id: int) -> list[str]:
+    s = Series.__table__
+    with engine.connect() as conn:
+        return [r[0] for r in conn.execute(
+            select(s.c.name).where(s.c.instance_id == instance_id).distinct().order_by(s.c.name)
+        )]
