@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api import ingest as ingest_api
+from app import jobs
 from app.api import read as read_api
 from app.auth import TokenChecker
 from app.context import AppContext, Clock
@@ -26,8 +27,7 @@ log = logging.getLogger("kvscope.app")
 
 # Optional parts: each module exposes install(app, ctx). Missing ones are skipped until built.
 OPTIONAL_PARTS = (
-    "app.pages",  # dashboard pages, static assets
-    "app.jobs",  # APScheduler jobs: rollups, alerts
+    "app.pages",  # dashboard pages, static assets, rollup job
     "app.controller_api",  # profiles, rollouts
     "app.alerts_api",
     "app.ab_api",
@@ -59,6 +59,7 @@ def create_app(
                 continue
             raise
         mod.install(app, ctx)
+    jobs.install(app, ctx)  # last: starts whatever jobs the parts registered
     return app
 
 

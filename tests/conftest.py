@@ -1,0 +1,115 @@
+"""Shared fixtures: a migrated SQLite file, the real app in-process, batch builders."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_FIXTURES = REPO / "tests" / "fixtures"
+
+
+class FakeClock:
+    """Time as an argument: tests move it by hand, nothing sleeps."""
+
+    def __init__(self, t: float | None = None) -> None:
+        self.t = time.time() if t is None else t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_800_000_000.0)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Any:
+    from app.settings import load_settings
+
+    return load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False)
+
+
+@pytest.fixture
+def engine(settings: Any) -> Iterator[Any]:
+    from app.storage.engine import open_database
+
+    eng = open_database(settings.effective_database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def app(settings: Any, engine: Any, clock: FakeClock) -> Any:
+    from app.main import create_app
+
+    return create_app(settings, engine=engine, clock=clock, start_jobs=False)
+
+
+@pytest.fixture
+def token(engine: Any, clock: FakeClock) -> str:
+    from app.storage.tokens import create_token
+
+    return create_token(engine, "test-agent", clock())
+
+
+@pytest.fixture
+def client(app: Any) -> Iterator[Any]:
+    """A synchronous client driving the real ASGI app in-process."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as c:
+        yield c
+
+
+def make_batch(
+    seq: int,
+    ts: float,
+    *,
+    agent_id: str = "agent-1",
+    host: str = "rig1",
+    instance: str = "http://127.0.0.1:8000",
+    samples: list[tuple[str, dict[str, str], float]] | None = None,
+    types: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A wire batch (plain dict) with one scrape."""
+    samples = samples if samples is not None else [
+        ("vllm:prompt_tokens_total", {"model_name": "m", "engine": "0"}, 100.0 * seq)
+    ]
+    return {
+        "agent_id": agent_id,
+        "host": host,
+        "seq": seq,
+        "sent_at": ts,
+        "scrapes": [
+            {
+                "instance": instance,
+                "ts": ts,
+                "ok": True,
+                "healthy": True,
+                "model": "m",
+                "version": "0.32.0",
+                "types": types or {"vllm:prompt_tokens": "counter"},
+                "samples": [{"name": n, "labels": lab, "value": v} for n, lab, v in samples],
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def batch_factory() -> Any:
+    return make_batch
+
+
+def pytest_report_header(config: Any) -> str:
+    return f"kvscope tests; CI={os.environ.get('CI', '')}"
