@@ -65,7 +65,7 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK)
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(engine: Engine, revision: str = "heads") -> None:
     """Apply Alembic migrations up to `revision` on this engine."""
     from alembic import command
     from alembic.config import Config
