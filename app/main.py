@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api import ingest as ingest_api
 from app import jobs
+from app.api import ingest as ingest_api
 from app.api import read as read_api
 from app.auth import TokenChecker
 from app.context import AppContext, Clock

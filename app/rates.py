@@ -6,6 +6,7 @@ the increase across it is the new value, never negative.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -15,18 +16,18 @@ Point = tuple[float, float]
 def increase(points: Sequence[Point]) -> float:
     """Reset-corrected increase from the first to the last point."""
     total = 0.0
-    for (_, prev), (_, cur) in zip(points, points[1:], strict=False):
+    for (_, prev), (_, cur) in itertools.pairwise(points):
         total += cur - prev if cur >= prev else cur
     return total
 
 
 def reset_times(points: Sequence[Point]) -> list[float]:
-    return [t for (_, prev), (t, cur) in zip(points, points[1:], strict=False) if cur < prev]
+    return [t for (_, prev), (t, cur) in itertools.pairwise(points) if cur < prev]
 
 
 def step_grid(start: float, end: float, step: float) -> list[float]:
     """Evaluation instants start, start+step, ... <= end (like PromQL query_range)."""
-    n = int(math.floor((end - start) / step + 1e-9))
+    n = math.floor((end - start) / step + 1e-9)
     return [start + i * step for i in range(n + 1)]
 
 
@@ -83,5 +84,5 @@ def gauge_series(points: Sequence[Point], start: float, end: float, step: float,
 def _median_gap(points: Sequence[Point]) -> float:
     if len(points) < 2:
         return 1.0
-    gaps = sorted(b[0] - a[0] for a, b in zip(points, points[1:], strict=False))
+    gaps = sorted(b[0] - a[0] for a, b in itertools.pairwise(points))
     return max(gaps[len(gaps) // 2], 1e-3)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, Table, insert, select
 
 from app.storage.models import Event
 
@@ -21,7 +21,7 @@ def add_event(
     data: dict[str, Any] | None = None,
 ) -> int:
     res = conn.execute(
-        Event.__table__.insert().values(
+        insert(Event).values(
             ts=ts, kind=kind, message=message[:4000], host_id=host_id,
             instance_id=instance_id, source=source, data=data or {},
         )
@@ -40,7 +40,7 @@ def list_events(
     kinds: tuple[str, ...] | None = None,
     limit: int = 1000,
 ) -> list[dict[str, Any]]:
-    t = Event.__table__
+    t = cast(Table, Event.__table__)
     q = select(t)
     if instance_id is not None:
         q = q.where(t.c.instance_id == instance_id)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, and_, func, select, update
+from sqlalchemy import Connection, Engine, Table, and_, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -30,7 +31,7 @@ def labels_key(labels: dict[str, str]) -> str:
     return json.dumps(labels, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def sample_kind(name: str, types: dict[str, str]) -> str:
+def sample_kind(name: str, types: Mapping[str, str]) -> str:
     """'counter' for anything cumulative (counters, histogram/summary _bucket/_sum/_count), else 'gauge'."""
     t = types.get(name)
     if t is not None:
@@ -93,7 +94,7 @@ class IngestWriter:
                 try:
                     with conn.begin_nested():
                         conn.execute(
-                            IngestBatch.__table__.insert().values(
+                            insert(IngestBatch).values(
                                 agent_id=batch.agent_id, seq=batch.seq, received_at=now,
                                 samples=sum(len(s.samples) for s in batch.scrapes) + len(batch.host_samples),
                             )
@@ -110,7 +111,7 @@ class IngestWriter:
                     self._update_instance(conn, host_id, iid, scrape, now)
                     if not scrape.samples:
                         continue
-                    ts_ms = int(round(scrape.ts * 1000))
+                    ts_ms = round(scrape.ts * 1000)
                     reset = self._collect(conn, host_id, iid, scrape.samples, scrape.types, ts_ms, rows)
                     if reset:
                         result.resets.append(scrape.instance)
@@ -120,7 +121,7 @@ class IngestWriter:
                             data={"series": reset[:20]},
                         )
                 if batch.host_samples and batch.host_ts is not None:
-                    ts_ms = int(round(batch.host_ts * 1000))
+                    ts_ms = round(batch.host_ts * 1000)
                     self._collect(conn, host_id, None, batch.host_samples, batch.host_types, ts_ms, rows)
                 for ev in batch.events:
                     iid_ev = url_to_id.get(ev.instance) if ev.instance else None
@@ -143,12 +144,11 @@ class IngestWriter:
         return result
 
     def _insert_samples(self) -> Any:
-        table = SampleRow.__table__
         if self.dialect == "sqlite":
-            return sqlite.insert(table).on_conflict_do_nothing()
+            return sqlite.insert(SampleRow).on_conflict_do_nothing()
         if self.dialect == "postgresql":
-            return postgresql.insert(table).on_conflict_do_nothing()
-        return table.insert()
+            return postgresql.insert(SampleRow).on_conflict_do_nothing()
+        return insert(SampleRow)
 
     def _host(self, conn: Connection, batch: PushBatch, now: float) -> int:
         hid = self._hosts.get(batch.host)
@@ -156,7 +156,7 @@ class IngestWriter:
             row = conn.execute(select(Host.id).where(Host.name == batch.host)).first()
             if row is None:
                 res = conn.execute(
-                    Host.__table__.insert().values(
+                    insert(Host).values(
                         name=batch.host, agent_id=batch.agent_id, agent_version=batch.agent_version,
                         first_seen=now, last_push=now,
                     )
@@ -180,7 +180,7 @@ class IngestWriter:
         row = conn.execute(select(Instance.id).where(Instance.host_id == host_id, Instance.url == url)).first()
         if row is None:
             res = conn.execute(
-                Instance.__table__.insert().values(
+                insert(Instance).values(
                     host_id=host_id, url=url, first_seen=now, cache_config={}, offload_config={},
                     simulated=False,
                 )
@@ -237,7 +237,7 @@ class IngestWriter:
         host_id: int,
         iid: int | None,
         samples: list[Sample],
-        types: dict[str, str],
+        types: Mapping[str, str],
         ts_ms: int,
         rows: list[dict[str, Any]],
     ) -> list[str]:
@@ -261,7 +261,7 @@ class IngestWriter:
     def _series_id(
         self, conn: Connection, host_id: int, iid: int | None, s: Sample, lk: str, kind: str
     ) -> int:
-        t = Series.__table__
+        t = cast(Table, Series.__table__)
         cond = and_(
             t.c.host_id == host_id,
             t.c.instance_id.is_(None) if iid is None else t.c.instance_id == iid,
@@ -284,7 +284,7 @@ class IngestWriter:
         try:
             with conn.begin_nested():
                 res = conn.execute(
-                    t.insert().values(
+                    insert(Series).values(
                         host_id=host_id, instance_id=iid, name=s.name, labels_key=lk,
                         labels=dict(s.labels), kind=kind,
                     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Table, select
 
 from app.storage.models import Host, Instance, SampleRow, Series
 
@@ -21,12 +21,12 @@ class SeriesPoints:
 
 def list_hosts(engine: Engine) -> list[dict[str, Any]]:
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(select(Host.__table__).order_by(Host.name))]
+        return [dict(r._mapping) for r in conn.execute(select(cast(Table, Host.__table__)).order_by(Host.name))]
 
 
 def list_instances(engine: Engine) -> list[dict[str, Any]]:
-    i = Instance.__table__
-    h = Host.__table__
+    i = cast(Table, Instance.__table__)
+    h = cast(Table, Host.__table__)
     q = (
         select(i, h.c.name.label("host"), h.c.last_push.label("host_last_push"))
         .join(h, h.c.id == i.c.host_id)
@@ -37,8 +37,8 @@ def list_instances(engine: Engine) -> list[dict[str, Any]]:
 
 
 def get_instance(engine: Engine, instance_id: int) -> dict[str, Any] | None:
-    i = Instance.__table__
-    h = Host.__table__
+    i = cast(Table, Instance.__table__)
+    h = cast(Table, Host.__table__)
     q = (
         select(i, h.c.name.label("host"), h.c.last_push.label("host_last_push"))
         .join(h, h.c.id == i.c.host_id)
@@ -61,7 +61,7 @@ def series_points(
 ) -> list[SeriesPoints]:
     """Raw points of every series `name` of an instance (or host-level series of a host),
     from start - lookback to end inclusive."""
-    s = Series.__table__
+    s = cast(Table, Series.__table__)
     q = select(s.c.id, s.c.labels, s.c.kind).where(s.c.name == name)
     if instance_id is not None:
         q = q.where(s.c.instance_id == instance_id)
@@ -89,7 +89,7 @@ def series_points(
 
 
 def metric_names(engine: Engine, instance_id: int) -> list[str]:
-    s = Series.__table__
+    s = cast(Table, Series.__table__)
     with engine.connect() as conn:
         return [r[0] for r in conn.execute(
             select(s.c.name).where(s.c.instance_id == instance_id).distinct().order_by(s.c.name)

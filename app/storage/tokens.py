@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.storage.models import AgentToken
@@ -27,7 +27,7 @@ def create_token(engine: Engine, name: str, now: float) -> str:
     try:
         with engine.begin() as conn:
             conn.execute(
-                AgentToken.__table__.insert().values(
+                insert(AgentToken).values(
                     name=name, token_hash=hash_token(token), prefix=token[:10], created_at=now
                 )
             )
