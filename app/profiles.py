@@ -1,0 +1,241 @@
+"""Serving profiles: the KV-relevant settings of a vLLM instance, validated, rendered to argv.
+
+A profile renders to a list of vLLM's own command-line arguments (never a shell string); the
+agent appends them to the instance's base command. Only non-default settings are rendered, so
+removing a setting from a profile restores vLLM's default on the next restart.
+
+Offload is expressed in the simplest form vLLM accepts:
+- native CPU offload with no extra knobs: ``--kv-offloading-size GiB --kv-offloading-backend native``;
+- native CPU offload with an eviction policy or store threshold, or a tiered spec with an fs tier:
+  ``--kv-transfer-config`` with the ``OffloadingConnector`` (``CPUOffloadingSpec`` /
+  ``TieringOffloadingSpec``), ``cpu_bytes_to_use`` and the knobs;
+- LMCache: ``--kv-offloading-size GiB --kv-offloading-backend lmcache``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+GIB = 1024**3
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$")
+# Flags a profile owns: free-form extra_args may not set them behind the profile's back.
+OWNED_FLAGS = frozenset(
+    {
+        "--kv-offloading-size",
+        "--kv-offloading-backend",
+        "--kv-transfer-config",
+        "--kv-cache-dtype",
+        "--gpu-memory-utilization",
+        "--kv-cache-memory-bytes",
+        "--max-model-len",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+    }
+)
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+
+
+class FsTier(BaseModel):
+    """A file-system secondary tier behind the CPU tier (TieringOffloadingSpec)."""
+
+    model_config = ConfigDict(extra="forbid")
+    root_dir: str = Field(..., min_length=1, max_length=1024)
+    n_read_threads: int = Field(4, ge=1, le=256)
+    n_write_threads: int = Field(4, ge=1, le=256)
+
+    @field_validator("root_dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("fs tier root_dir must be an absolute path")
+        return v
+
+
+class Profile(BaseModel):
+    """What a rollout switches to. Validated on every create and edit."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = Field("", max_length=2000)
+    # --- offload (None = off)
+    offload_size_gib: float | None = Field(None, gt=0, le=4096, description="Pinned CPU buffer, GiB.")
+    offload_backend: Literal["native", "lmcache"] = "native"
+    offload_spec: Literal["cpu", "tiering"] = "cpu"
+    fs_tier: FsTier | None = None
+    eviction_policy: Literal["lru", "arc"] | None = None
+    store_threshold: int | None = Field(None, ge=1, le=1000)
+    # --- GPU pool
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=16, le=10_000_000)
+    enable_prefix_caching: bool | None = None
+    # --- anything else, as argv items (e.g. ["--enforce-eager"])
+    extra_args: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("name: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for item in v:
+            if len(item) > 4096 or "\x00" in item or "\n" in item:
+                raise ValueError("extra_args items must be single-line strings under 4096 characters")
+            if item.startswith("--") and item.split("=", 1)[0] in OWNED_FLAGS:
+                raise ValueError(f"{item.split('=', 1)[0]} is a profile field; set the field, not extra_args")
+        if v and not FLAG_RE.match(v[0]):
+            raise ValueError("extra_args must start with a --flag")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        if self.gpu_memory_utilization is not None and self.kv_cache_memory_bytes is not None:
+            raise ValueError("set gpu_memory_utilization or kv_cache_memory_bytes, not both")
+        off = self.offload_size_gib is None
+        if off and (self.fs_tier or self.eviction_policy or self.store_threshold or self.offload_spec != "cpu"):
+            raise ValueError("offload knobs (spec, fs tier, eviction policy, store threshold) need offload_size_gib")
+        if self.offload_backend == "lmcache" and (
+            self.fs_tier or self.eviction_policy or self.store_threshold or self.offload_spec != "cpu"
+        ):
+            raise ValueError("the lmcache backend takes only offload_size_gib; tiers and knobs are native-only")
+        if self.offload_spec == "tiering" and self.fs_tier is None:
+            raise ValueError("offload_spec 'tiering' needs an fs_tier (root_dir)")
+        if self.offload_spec == "cpu" and self.fs_tier is not None:
+            raise ValueError("an fs_tier needs offload_spec 'tiering'")
+        return self
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def pinned_bytes(self) -> int:
+        """The pinned host buffer this profile asks for (0 when offload is off)."""
+        return int(round(self.offload_size_gib * GIB)) if self.offload_size_gib else 0
+
+    @property
+    def uses_cpu_offload(self) -> bool:
+        return self.offload_size_gib is not None
+
+    def offload_summary(self) -> dict[str, Any]:
+        """What the agent's preflight needs to know about the offload of this profile."""
+        return {
+            "enabled": self.uses_cpu_offload,
+            "backend": self.offload_backend if self.uses_cpu_offload else None,
+            "spec": self.offload_spec if self.uses_cpu_offload else None,
+            "pinned_bytes": self.pinned_bytes,
+            "fs_root": self.fs_tier.root_dir if self.fs_tier else None,
+        }
+
+    def spec(self) -> dict[str, Any]:
+        """The stored form (everything but the name, which is the profile's key)."""
+        return self.model_dump(exclude={"name"}, mode="json")
+
+    # ------------------------------------------------------------------ argv
+    def to_argv(self) -> list[str]:
+        argv: list[str] = []
+        if self.offload_size_gib is not None:
+            if self.offload_backend == "native" and (
+                self.offload_spec == "tiering" or self.eviction_policy or self.store_threshold
+            ):
+                argv += ["--kv-transfer-config", json.dumps(self._transfer_config(), separators=(",", ":"))]
+            else:
+                argv += [
+                    "--kv-offloading-size", _num(self.offload_size_gib),
+                    "--kv-offloading-backend", self.offload_backend,
+                ]
+        if self.kv_cache_dtype != "auto":
+            argv += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", _num(self.gpu_memory_utilization)]
+        if self.kv_cache_memory_bytes is not None:
+            argv += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
+        if self.max_model_len is not None:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        if self.enable_prefix_caching is True:
+            argv.append("--enable-prefix-caching")
+        elif self.enable_prefix_caching is False:
+            argv.append("--no-enable-prefix-caching")
+        argv += self.extra_args
+        return argv
+
+    def _transfer_config(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "spec_name": "TieringOffloadingSpec" if self.offload_spec == "tiering" else "CPUOffloadingSpec",
+            "cpu_bytes_to_use": self.pinned_bytes,
+        }
+        if self.eviction_policy:
+            extra["eviction_policy"] = self.eviction_policy
+        if self.store_threshold:
+            extra["store_threshold"] = self.store_threshold
+        if self.fs_tier is not None:
+            extra["secondary_tiers"] = [
+                {
+                    "type": "fs",
+                    "root_dir": self.fs_tier.root_dir,
+                    "n_read_threads": self.fs_tier.n_read_threads,
+                    "n_write_threads": self.fs_tier.n_write_threads,
+                }
+            ]
+        return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
+
+
+def _num(v: float) -> str:
+    """8.0 -> '8', 0.5 -> '0.5' (as a person would type it)."""
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+class ProfileError(ValueError):
+    """A profile that does not validate; the message names the field."""
+
+
+def parse_profile(name: str, spec: dict[str, Any]) -> Profile:
+    """Validate a stored or submitted spec; raise ProfileError with one readable line."""
+    data = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        return Profile(name=name, **data)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors()[:4]:
+            loc = ".".join(str(p) for p in err.get("loc", ()))
+            msg = str(err.get("msg", "")).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        raise ProfileError("; ".join(parts)) from None
+    except TypeError as exc:
+        raise ProfileError(str(exc)) from None
+
+
+def argv_diff(before: list[str], after: list[str]) -> list[tuple[str, str | None, str | None]]:
+    """Flag-level diff of two rendered argvs: (flag, old value, new value); '' for a bare flag."""
+    a, b = flag_map(before), flag_map(after)
+    out = []
+    for flag in sorted(set(a) | set(b)):
+        if a.get(flag) != b.get(flag):
+            out.append((flag, a.get(flag), b.get(flag)))
+    return out
+
+
+def flag_map(argv: list[str]) -> dict[str, str]:
+    """'--flag value' / '--flag=value' / bare '--flag' -> {flag: value or ''}."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        if item.startswith("--"):
+            if "=" in item:
+                k, v = item.split("=", 1)
+                out[k] = v
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[item] = argv[i + 1]
+                i += 1
+            else:
+                out[item] = ""
+        i += 1
+    return out
