@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from app.paths import migrations_dir
 from kvscope.errors import UserError
@@ -53,7 +53,11 @@ def make_engine(url: str) -> Engine:
         kwargs["pool_pre_ping"] = True
         kwargs["pool_size"] = 10
         kwargs["max_overflow"] = 20
-    engine = create_engine(url, **kwargs)
+    try:
+        engine = create_engine(url, **kwargs)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise UserError(f"database URL {parsed.render_as_string()!r} needs a driver that is not installed "
+                        f"({exc}); for Postgres: pip install 'psycopg[binary]'") from None
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table, and_, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError
 
 from agent.protocol import PushBatch, Sample
@@ -66,7 +66,8 @@ class IngestWriter:
         self._lock = threading.Lock()
         self._hosts: dict[str, int] = {}
         self._instances: dict[tuple[int, str], int] = {}
-        self._series: dict[tuple[int, int | None, str, str], int] = {}
+        # (host, instance, name, sorted label items) -> (series id, kind): no JSON on the hot path
+        self._series: dict[tuple[int, int | None, str, tuple[tuple[str, str], ...]], tuple[int, str]] = {}
         self._last: dict[int, float] = {}  # series id -> last cumulative value seen
         self._configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
@@ -88,7 +89,7 @@ class IngestWriter:
     # ---------------------------------------------------------------- internals
     def _write(self, batch: PushBatch, now: float) -> WriteResult:
         result = WriteResult()
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[int, int, float]] = []
         try:
             with self.engine.begin() as conn:
                 try:
@@ -132,7 +133,7 @@ class IngestWriter:
                         instance_id=iid_ev, source="agent", data=ev.data,
                     )
                 if rows:
-                    conn.execute(self._insert_samples(), rows)
+                    self._insert_samples(conn, rows)
                 result.stored = len(rows)
         except Exception:
             # A failed transaction may have cached ids that were rolled back.
@@ -143,25 +144,33 @@ class IngestWriter:
             raise
         return result
 
-    def _insert_samples(self) -> Any:
+    def _insert_samples(self, conn: Connection, rows: list[tuple[int, int, float]]) -> None:
         if self.dialect == "sqlite":
-            return sqlite.insert(SampleRow).on_conflict_do_nothing()
+            # The hot path: one driver-level executemany, duplicates (replayed scrapes) ignored.
+            conn.exec_driver_sql("INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", rows)
+            return
+        dicts = [{"series_id": a, "ts_ms": b, "value": c} for a, b, c in rows]
         if self.dialect == "postgresql":
-            return postgresql.insert(SampleRow).on_conflict_do_nothing()
-        return insert(SampleRow)
+            conn.execute(postgresql.insert(SampleRow).on_conflict_do_nothing(), dicts)
+        else:
+            conn.execute(insert(SampleRow), dicts)
 
     def _host(self, conn: Connection, batch: PushBatch, now: float) -> int:
         hid = self._hosts.get(batch.host)
         if hid is None:
             row = conn.execute(select(Host.id).where(Host.name == batch.host)).first()
             if row is None:
-                res = conn.execute(
-                    insert(Host).values(
-                        name=batch.host, agent_id=batch.agent_id, agent_version=batch.agent_version,
-                        first_seen=now, last_push=now,
-                    )
-                )
-                hid = int(res.inserted_primary_key[0])  # type: ignore[index]
+                try:
+                    with conn.begin_nested():
+                        res = conn.execute(
+                            insert(Host).values(
+                                name=batch.host, agent_id=batch.agent_id, agent_version=batch.agent_version,
+                                first_seen=now, last_push=now,
+                            )
+                        )
+                    hid = int(res.inserted_primary_key[0])  # type: ignore[index]
+                except IntegrityError:  # another app process created it meanwhile (Postgres)
+                    hid = int(conn.execute(select(Host.id).where(Host.name == batch.host)).scalar_one())
             else:
                 hid = int(row[0])
             self._hosts[batch.host] = hid
@@ -179,13 +188,19 @@ class IngestWriter:
             return iid
         row = conn.execute(select(Instance.id).where(Instance.host_id == host_id, Instance.url == url)).first()
         if row is None:
-            res = conn.execute(
-                insert(Instance).values(
-                    host_id=host_id, url=url, first_seen=now, cache_config={}, offload_config={},
-                    simulated=False,
-                )
-            )
-            iid = int(res.inserted_primary_key[0])  # type: ignore[index]
+            try:
+                with conn.begin_nested():
+                    res = conn.execute(
+                        insert(Instance).values(
+                            host_id=host_id, url=url, first_seen=now, cache_config={}, offload_config={},
+                            simulated=False,
+                        )
+                    )
+                iid = int(res.inserted_primary_key[0])  # type: ignore[index]
+            except IntegrityError:  # another app process created it meanwhile (Postgres)
+                iid = int(conn.execute(
+                    select(Instance.id).where(Instance.host_id == host_id, Instance.url == url)
+                ).scalar_one())
         else:
             iid = int(row[0])
         self._instances[key] = iid
@@ -239,23 +254,25 @@ class IngestWriter:
         samples: list[Sample],
         types: Mapping[str, str],
         ts_ms: int,
-        rows: list[dict[str, Any]],
+        rows: list[tuple[int, int, float]],
     ) -> list[str]:
         resets: list[str] = []
+        cache = self._series
+        last = self._last
         for s in samples:
-            lk = labels_key(s.labels)
-            key = (host_id, iid, s.name, lk)
-            sid = self._series.get(key)
-            kind = sample_kind(s.name, types)
-            if sid is None:
-                sid = self._series_id(conn, host_id, iid, s, lk, kind)
-                self._series[key] = sid
+            key = (host_id, iid, s.name, tuple(sorted(s.labels.items())))
+            hit = cache.get(key)
+            if hit is None:
+                kind = sample_kind(s.name, types)
+                hit = (self._series_id(conn, host_id, iid, s, labels_key(s.labels), kind), kind)
+                cache[key] = hit
+            sid, kind = hit
             if kind == "counter":
-                prev = self._last.get(sid)
+                prev = last.get(sid)
                 if prev is not None and s.value < prev:
-                    resets.append(f"{s.name}{lk}")
-                self._last[sid] = s.value
-            rows.append({"series_id": sid, "ts_ms": ts_ms, "value": s.value})
+                    resets.append(f"{s.name}{labels_key(s.labels)}")
+                last[sid] = s.value
+            rows.append((sid, ts_ms, s.value))
         return resets
 
     def _series_id(
