@@ -33,11 +33,69 @@ def clock() -> FakeClock:
     return FakeClock(1_800_000_000.0)
 
 
+# --- databases (scale-out team): storage/API tests run on SQLite and on a real PostgreSQL.
+# Tests under BOTH_DB_DIRS (or marked `both_databases`, or every test when
+# KVSCOPE_TEST_DATABASES=all) get `db_backend` parametrised over sqlite and postgres; all other
+# tests stay on SQLite. The postgres variants SKIP with a reason when the server binaries are
+# missing. The cluster is started once per session by tests/pg.py.
+BOTH_DB_DIRS = ("tests/app/test_ingest", "tests/app/test_read", "tests/app/storage", "tests/app/api",
+                "tests/scale")
+
+
+def _wants_both(metafunc: Any) -> bool:
+    if os.environ.get("KVSCOPE_TEST_DATABASES", "") == "all":
+        return True
+    if metafunc.definition.get_closest_marker("both_databases"):
+        return True
+    rel = Path(str(metafunc.definition.path)).resolve().relative_to(REPO).as_posix()
+    return rel.startswith(BOTH_DB_DIRS)
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "db_backend" in metafunc.fixturenames and _wants_both(metafunc):
+        metafunc.parametrize("db_backend", ["sqlite", "postgres"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A PostgreSQL server for the whole session (tests/pg.py), or a skip saying why not."""
+    from pg import start_cluster
+
+    try:
+        cluster = start_cluster()
+    except LookupError as exc:
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
-def settings(tmp_path: Path) -> Any:
+def db_backend(request: Any) -> str:
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def db_url(db_backend: str, tmp_path: Path, request: Any) -> Iterator[str]:
+    """The URL of a fresh, migrated database of the backend under test."""
+    if db_backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'data' / 'kvscope.db'}"
+        return
+    cluster = request.getfixturevalue("pg_cluster")
+    name = cluster.new_database()
+    try:
+        yield cluster.url(name)
+    finally:
+        cluster.drop_database(name)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_backend: str, request: Any) -> Any:
     from app.settings import load_settings
 
-    return load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False)
+    url = request.getfixturevalue("db_url") if db_backend != "sqlite" else None
+    return load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False, database_url=url)
 
 
 @pytest.fixture
