@@ -161,3 +161,47 @@ def test_concurrent_first_pushes_of_new_hosts_never_fail(db: Any, db_url: str, t
     assert _count(db, Series) == hosts * 7
     # Same (series, ts) from the agents of one host: stored once (on conflict do nothing).
     assert _count(db, SampleRow) == hosts * 2 * 7
+
+
+def test_several_app_processes_never_double_claim_a_rollout(db: Any, db_url: str, tmp_path: Path) -> None:
+    """Agents of one host pushing to three app processes at once: every requested rollout is
+    handed to exactly one agent (the controller's compare-and-set claim), with one event each."""
+    from app.storage import rollouts_store as rs
+    from app.storage.events import list_events
+
+    writer = IngestWriter(db)
+    n = 8
+    for i in range(n):
+        _write(writer, _batch(i + 1, T0 + i, instance=f"http://127.0.0.1:{8000 + i}"))
+    insts = list_instances(db)
+    host_id = insts[0]["host_id"]
+    v = rs.create_profile(db, "small-cpu-tier", {}, T0)["version_id"]
+    rids = {rs.create_rollout(db, instance_id=i["id"], version_id=v, lkg_version_id=None,
+                              payload={"profile": {"name": "small-cpu-tier"}}, now=T0 + 20) for i in insts}
+    go = tmp_path / "go"
+    procs, outs = [], []
+    try:
+        for w in range(3):
+            out = tmp_path / f"claims{w}.json"
+            outs.append(out)
+            procs.append(subprocess.Popen([sys.executable, str(WORKER.with_name("claim_worker.py")), db_url,
+                                           str(host_id), f"agent-{w}", "20", str(go), str(out)]))
+        go.touch()
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = [json.loads(o.read_text()) for o in outs]
+    assert [r["errors"] for r in results] == [[], [], []]
+    handed = [set(r["ids"]) for r in results]
+    assert set().union(*handed) == rids
+    assert sum(len(h) for h in handed) == n, f"a rollout went to two agents: {handed}"
+    for w, ids in enumerate(handed):
+        for rid in ids:
+            r = rs.get_rollout(db, rid)
+            assert r is not None and r["state"] == "claimed" and r["claimed_by"] == f"agent-{w}"
+    claims = [e for e in list_events(db, kinds=("rollout",)) if e["data"].get("state") == "claimed"]
+    assert sorted(e["data"]["rollout_id"] for e in claims) == sorted(rids)
