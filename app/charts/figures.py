@@ -1,0 +1,126 @@
+"""Plotly figures as plain JSON-able dicts (the plotly.js schema), built on the server.
+
+x values are Unix milliseconds on a date axis; every y axis carries its unit; events are vertical
+lines plus hoverable markers on a hidden axis; the figure is sized by the page, not here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from app.derived.panels import Panel, Trace
+
+EVENT_COLORS = {
+    "restart": "#d62728", "config_change": "#ff7f0e", "counter_reset": "#8c564b", "rollout": "#9467bd",
+    "counter_clamped": "#bcbd22",
+}
+DASH = {"line": "solid", "area": "solid", "dash": "dash", "dot": "dot"}
+ROW_GAP = 0.08
+
+
+def _clean(values: list[float | None]) -> list[float | None]:
+    return [v if v is not None and math.isfinite(v) else None for v in values]
+
+
+def _axis_name(row: int) -> tuple[str, str]:
+    """('y', 'yaxis') for row 0, ('y2', 'yaxis2') ..."""
+    return ("y", "yaxis") if row == 0 else (f"y{row + 1}", f"yaxis{row + 1}")
+
+
+def _trace(t: Trace, xs: list[int]) -> dict[str, Any]:
+    yref, _ = _axis_name(t.row)
+    tr: dict[str, Any] = {
+        "type": "scatter", "mode": "lines", "name": t.name + (" (derived)" if t.derived and
+                                                             "derived" not in t.name else ""),
+        "x": xs, "y": _clean(t.y), "yaxis": yref, "connectgaps": False,
+        "line": {"width": 1.6, "dash": DASH.get(t.style, "solid")},
+        "hovertemplate": f"%{{y:.4g}} {t.unit}<extra>{t.name}</extra>",
+    }
+    if t.color:
+        tr["line"]["color"] = t.color
+    if t.style == "area":
+        tr["stackgroup"] = t.group or "stack"
+        tr["line"]["width"] = 0.8
+    return tr
+
+
+def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
+    g = panel.grid
+    xs = [round(t * 1000) for t in g.times]
+    nrows = max(1, len(panel.rows))
+    height = (1.0 - ROW_GAP * (nrows - 1)) / nrows
+    layout: dict[str, Any] = {
+        "margin": {"l": 60, "r": 20, "t": 10, "b": 40},
+        "showlegend": True,
+        "legend": {"orientation": "h", "y": -0.18, "font": {"size": 11}},
+        "hovermode": "x unified",
+        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+        "xaxis": {"type": "date", "range": [int(g.start * 1000), int(g.end * 1000)], "title": {"text": "time (UTC)"},
+                  "anchor": _axis_name(nrows - 1)[0]},
+        "shapes": [],
+        "annotations": [],
+        "meta": {"key": panel.key, "tier": g.tier, "step_s": g.step, "points": len(xs)},
+    }
+    for row, title in enumerate(panel.rows):
+        top = 1.0 - row * (height + ROW_GAP)
+        _, axis = _axis_name(row)
+        ax: dict[str, Any] = {"title": {"text": title}, "domain": [max(0.0, top - height), top],
+                              "rangemode": "tozero", "zeroline": True}
+        if row > 0:
+            ax["anchor"] = "x"
+        if row in panel.y_ranges:
+            ax["range"] = list(panel.y_ranges[row])
+        layout[axis] = ax
+    data = [_trace(t, xs) for t in panel.traces]
+    for row, y, label in panel.hlines:
+        yref, _ = _axis_name(row)
+        layout["shapes"].append({
+            "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": yref, "y0": y, "y1": y,
+            "line": {"color": "#d62728", "width": 1.5, "dash": "dashdot"},
+        })
+        layout["annotations"].append({
+            "xref": "paper", "x": 1, "xanchor": "right", "yref": yref, "y": y, "yanchor": "bottom",
+            "text": label, "showarrow": False, "font": {"size": 10, "color": "#d62728"},
+        })
+    _add_events(layout, data, events, g.start, g.end)
+    return {"data": data, "layout": layout}
+
+
+def _add_events(layout: dict[str, Any], data: list[dict[str, Any]], events: list[dict[str, Any]], start: float,
+                end: float) -> None:
+    inside = [e for e in events if start <= float(e["ts"]) <= end]
+    if not inside:
+        return
+    evx: list[int] = []
+    texts: list[str] = []
+    colors: list[str] = []
+    for e in inside:
+        x = round(float(e["ts"]) * 1000)
+        color = EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f")
+        layout["shapes"].append({
+            "type": "line", "xref": "x", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1,
+            "line": {"color": color, "width": 1, "dash": "dot"},
+        })
+        evx.append(x)
+        texts.append(f"{e.get('kind')}: {str(e.get('message', ''))[:200]}")
+        colors.append(color)
+    layout["yaxis99"] = {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True}
+    data.append({
+        "type": "scatter", "mode": "markers", "name": "events", "x": evx, "y": [0.97] * len(evx),
+        "yaxis": "y99", "marker": {"symbol": "triangle-down", "size": 9, "color": colors},
+        "hovertext": texts, "hoverinfo": "text+x", "showlegend": False,
+    })
+
+
+def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) -> dict[str, Any]:
+    return {
+        "data": [{"type": "scatter", "mode": "lines", "x": [round(t * 1000) for t in xs], "y": _clean(ys),
+                  "line": {"width": 1.4, "color": color}, "hovertemplate": f"%{{y:.3g}} {unit}<extra></extra>",
+                  "connectgaps": False}],
+        "layout": {"margin": {"l": 32, "r": 4, "t": 4, "b": 16}, "showlegend": False,
+                   "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+                   "xaxis": {"type": "date", "showgrid": False, "tickfont": {"size": 8}, "nticks": 3},
+                   "yaxis": {"title": {"text": unit, "font": {"size": 9}}, "tickfont": {"size": 8}, "nticks": 3,
+                             "rangemode": "tozero"}},
+    }

@@ -1,0 +1,187 @@
+"""Rates, gauges, ratios and histogram quantiles on a grid, from any storage tier.
+
+Raw tier: PromQL-style rate over a window (app.rates.rate_series: reset-corrected increase
+between the first and last sample in (t - window, t], divided by the time between them).
+Rollup tiers: the sum of the buckets' reset-corrected increases that end in (t - step, t],
+divided by the time those buckets cover. Gauges: last value (raw) or bucket mean (rollups).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+
+from app.derived.grid import Grid
+from app.rates import gauge_series, increase, rate_series
+from app.storage.rollups import TieredSeries
+
+Values = list[float | None]
+
+
+def counter_rate(s: TieredSeries, grid: Grid) -> Values:
+    if not grid.times:
+        return []
+    if s.tier == "raw":
+        return [v for _, v in rate_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step)][
+            : len(grid.times)
+        ]
+    return _bucket_eval(s, grid, lambda bs: _rate_of(bs, s.res))
+
+
+def gauge_values(s: TieredSeries, grid: Grid, use: str = "mean") -> Values:
+    """Gauge on the grid. For rollups `use` picks mean, max, min or last of the buckets."""
+    if not grid.times:
+        return []
+    if s.tier == "raw":
+        return [v for _, v in gauge_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step)][
+            : len(grid.times)
+        ]
+
+    def agg(bs: Sequence[tuple[float, int, float, float, float, float]]) -> float | None:
+        if not bs:
+            return None
+        if use == "max":
+            return max(b[3] for b in bs)
+        if use == "min":
+            return min(b[2] for b in bs)
+        if use == "last":
+            return bs[-1][5]
+        n = sum(b[1] for b in bs)
+        return sum(b[4] for b in bs) / n if n else None
+
+    return _bucket_eval(s, grid, agg, gauge=True)
+
+
+def _rate_of(bs: Sequence[tuple[float, int, float, float, float, float]], res: float) -> float | None:
+    if not bs:
+        return None
+    return sum(b[0] for b in bs) / (len(bs) * res)
+
+
+def _bucket_eval(
+    s: TieredSeries, grid: Grid, fn: Callable[[Sequence[tuple[float, int, float, float, float, float]]], float | None],
+    gauge: bool = False,
+) -> Values:
+    """Apply fn to the buckets ending in (t - step, t] for every grid instant t.
+    Bucket tuples: (inc, n, min, max, sum, last)."""
+    out: Values = []
+    bk = s.buckets
+    i = 0
+    n = len(bk)
+    for t in grid.times:
+        lo = t - grid.step
+        while i < n and bk[i].ts + s.res <= lo:
+            i += 1
+        j = i
+        sel: list[tuple[float, int, float, float, float, float]] = []
+        while j < n and bk[j].ts + s.res <= t:
+            b = bk[j]
+            if gauge or b.inc is not None:
+                sel.append((b.inc or 0.0, b.n, b.vmin, b.vmax, b.vsum, b.vlast))
+            j += 1
+        out.append(fn(sel))
+    return out
+
+
+def add(values: Iterable[Values]) -> Values:
+    """Sum of several value lists (PromQL sum): None only where every input is None."""
+    lists = list(values)
+    if not lists:
+        return []
+    out: Values = []
+    for col in zip(*lists, strict=True):
+        present = [v for v in col if v is not None]
+        out.append(sum(present) if present else None)
+    return out
+
+
+def ratio(num: Values, den: Values, scale: float = 1.0) -> Values:
+    """num / den x scale where den > 0, else None (no traffic: no ratio, not 0 %)."""
+    return [
+        (a / b) * scale if a is not None and b is not None and b > 0 else None
+        for a, b in zip(num, den, strict=True)
+    ]
+
+
+def scale(values: Values, k: float) -> Values:
+    return [v * k if v is not None else None for v in values]
+
+
+def sum_by(series: Sequence[TieredSeries], label: str, grid: Grid, fn: Callable[[TieredSeries, Grid], Values]) -> dict[
+    str, Values
+]:
+    """fn on each series, summed per value of `label` (other labels such as engine summed away)."""
+    groups: dict[str, list[Values]] = defaultdict(list)
+    for s in series:
+        groups[str(s.labels.get(label, ""))].append(fn(s, grid))
+    return {k: add(v) for k, v in groups.items()}
+
+
+def total(series: Sequence[TieredSeries], grid: Grid, fn: Callable[[TieredSeries, Grid], Values]) -> Values | None:
+    if not series:
+        return None
+    return add(fn(s, grid) for s in series)
+
+
+def histogram_quantile(q: float, buckets: dict[float, float | None]) -> float | None:
+    """Prometheus histogram_quantile on one instant: cumulative per-le rates (or increases),
+    linear interpolation inside the bucket, the highest finite bound when rank falls in +Inf."""
+    items = sorted((le, v) for le, v in buckets.items() if v is not None)
+    if len(items) < 2 or items[-1][0] != math.inf:
+        return None
+    # cumulative counts must not decrease (scrape races): fix like Prometheus does
+    fixed: list[tuple[float, float]] = []
+    run = 0.0
+    for le, v in items:
+        run = max(run, v)
+        fixed.append((le, run))
+    count = fixed[-1][1]
+    if count <= 0:
+        return None
+    rank = q * count
+    prev_le, prev_c = 0.0, 0.0
+    for i, (le, c) in enumerate(fixed):
+        if c >= rank:
+            if le == math.inf:
+                return fixed[-2][0] if i > 0 else None
+            if i == 0 and le <= 0:
+                return le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return None
+
+
+def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: Grid) -> dict[float, Values]:
+    """TTFT/ITL quantiles from the `_bucket{le}` counters: rate per bucket (summed over other
+    labels), then histogram_quantile at each instant."""
+    per_le: dict[float, Values] = {}
+    for le_s, vals in sum_by(series, "le", grid, counter_rate).items():
+        try:
+            le = float(le_s)
+        except ValueError:
+            continue
+        per_le[le] = vals
+    out: dict[float, Values] = {q: [] for q in qs}
+    for i in range(len(grid.times)):
+        inst = {le: vals[i] for le, vals in per_le.items()}
+        for q in qs:
+            out[q].append(histogram_quantile(q, inst))
+    return out
+
+
+def range_increase(s: TieredSeries, start: float, end: float) -> float:
+    """Reset-corrected increase of a counter over [start, end] from whichever tier it came."""
+    if s.tier == "raw":
+        return increase([p for p in s.points if start <= p[0] <= end])
+    return sum(b.inc or 0.0 for b in s.buckets if b.ts >= start and b.ts + s.res <= end + 1e-9)
+
+
+def last_value(s: TieredSeries, at: float) -> float | None:
+    if s.tier == "raw":
+        pts = [p for p in s.points if p[0] <= at]
+        return pts[-1][1] if pts else None
+    bs = [b for b in s.buckets if b.ts <= at]
+    return bs[-1].vlast if bs else None

@@ -1,0 +1,279 @@
+"""The seven charts of the instance page, as Panels (data only; app.charts draws them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.derived.evaluate import (
+    Values,
+    add,
+    counter_rate,
+    gauge_values,
+    quantile_series,
+    ratio,
+    scale,
+    sum_by,
+    total,
+)
+from app.derived.panels import Panel, Scope, Trace, offload_capacity_bytes, offload_size_bytes
+from app.derived.pcie import link_ceiling_gbps
+from app.storage.rollups import TieredSeries
+
+GIB = float(2**30)
+SOURCE_NAMES = {
+    "local_cache_hit": ("GPU prefix-cache hit", "#2ca02c"),
+    "external_kv_transfer": ("CPU/offload reload", "#1f77b4"),
+    "local_compute": ("recompute", "#d62728"),
+}
+HYBRID_BLOCK_SIZE = 256  # attention block sizes at or above this are the hybrid models' floor
+
+
+def _no_data_reason(scope: Scope, what: str) -> str:
+    if scope.state == "stale":
+        return f"agent stale: no push from this host recently, so no {what} in this range"
+    if scope.state == "down":
+        return f"instance down: no {what} in this range"
+    return f"no {what} in this range (the server does not expose it, or nothing was recorded yet)"
+
+
+def _finish(panel: Panel, scope: Scope, what: str) -> Panel:
+    if panel.empty is None and not panel.has_data():
+        panel.empty = _no_data_reason(scope, what)
+    return panel
+
+
+def tokens_by_source(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("tokens", "Prompt tokens by source", g, ["tokens/s"])
+    got = scope.fetch(["vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_cached_by_source_total"])
+    by_src = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
+    for src in ("local_cache_hit", "external_kv_transfer", "local_compute"):
+        if src in by_src:
+            name, color = SOURCE_NAMES[src]
+            p.traces.append(Trace(name, by_src.pop(src), "tokens/s", style="area", color=color, group="src"))
+    for src, vals in sorted(by_src.items()):  # unknown sources pass through
+        p.traces.append(Trace(src or "(no source label)", vals, "tokens/s", style="area", group="src"))
+    tiers = sum_by(got["vllm:prompt_tokens_cached_by_source_total"], "source", g, counter_rate)
+    for src, vals in sorted(tiers.items()):
+        p.traces.append(Trace(f"cached from {src}", vals, "tokens/s", style="dot"))
+    if tiers:
+        p.notes.append("Dotted: cached prompt tokens per tier (device / host / disk ...), as the server reports.")
+    return _finish(p, scope, "prompt_tokens_by_source samples")
+
+
+def hit_rates(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("hitrates", "Hit rates (vLLM's definitions)", g, ["hit rate (%)"], y_ranges={0: (0.0, 100.0)})
+    names = [
+        "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+        "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
+        "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
+    ]
+    got = scope.fetch(names)
+
+    def r(name: str) -> Values | None:
+        return total(got[name], g, counter_rate)
+
+    pairs: list[tuple[str, str, str, str]] = [
+        ("GPU prefix cache", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "#2ca02c"),
+        ("offload tier", "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
+         "#1f77b4"),
+    ]
+    for label, hits, queries, color in pairs:
+        h, q = r(hits), r(queries)
+        if h is not None and q is not None:
+            p.traces.append(Trace(label, ratio(h, q, 100.0), "%", color=color))
+    cached = r("vllm:prompt_tokens_cached_total")
+    if cached is None and got["vllm:prompt_tokens_by_source_total"]:
+        by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
+        parts = [by[k] for k in ("local_cache_hit", "external_kv_transfer") if k in by]
+        cached = add(parts) if parts else None
+    prompt = r("vllm:prompt_tokens_total")
+    if cached is not None and prompt is not None:
+        p.traces.append(Trace("overall", ratio(cached, prompt, 100.0), "%", color="#ff7f0e", style="dash"))
+    bs = (scope.instance.get("cache_config") or {}).get("block_size")
+    try:
+        block = int(str(bs))
+    except ValueError:
+        block = 0
+    if block >= HYBRID_BLOCK_SIZE:
+        p.notes.append(
+            f"block_size is {block} tokens (hybrid model): a shared prefix shorter than {block} tokens "
+            "never hits, so a low hit rate here is not necessarily a regression."
+        )
+    p.notes.append("GPU = hits/queries; offload = external hits/queries; overall = cached/prompt tokens.")
+    return _finish(p, scope, "prefix-cache counters")
+
+
+def _host_latest(scope: Scope, name: str, where: Callable[[TieredSeries], bool]) -> float | None:
+    best: float | None = None
+    for s in scope.fetch([name], host=True)[name]:
+        if not where(s):
+            continue
+        vals = [v for v in gauge_values(s, scope.grid, "max") if v is not None]
+        if vals:
+            best = max(vals) if best is None else max(best, max(vals))
+    return best
+
+
+def transfer(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("transfer", "KV transfer (CPU offload)", g, ["GB/s"])
+    got = scope.fetch(["vllm:kv_offload_load_bytes_total", "vllm:kv_offload_store_bytes_total"])
+    load = total(got["vllm:kv_offload_load_bytes_total"], g, counter_rate)
+    store = total(got["vllm:kv_offload_store_bytes_total"], g, counter_rate)
+    if load is None and store is None:
+        if offload_size_bytes(scope.instance) is None:
+            p.empty = "no offload configured (kv_offloading_size is None): nothing moves between GPU and CPU"
+        else:
+            p.empty = "offload is configured but the server exposes no kv_offload_*_bytes counters"
+        return p
+    if load is not None:
+        p.traces.append(Trace("load CPU->GPU", scale(load, 1e-9), "GB/s", color="#1f77b4"))
+    if store is not None:
+        p.traces.append(Trace("store GPU->CPU", scale(store, 1e-9), "GB/s", color="#9467bd"))
+    gen = _host_latest(scope, "kvscope:gpu_pcie_link_gen", lambda s: s.labels.get("kind") == "max")
+    width = _host_latest(scope, "kvscope:gpu_pcie_link_width", lambda s: s.labels.get("kind") == "max")
+    ceiling = link_ceiling_gbps(gen, width)
+    if ceiling is not None:
+        p.hlines.append((0, ceiling, f"PCIe gen{int(gen or 0)} x{int(width or 0)} ceiling {ceiling:.1f} GB/s"))
+    else:
+        p.notes.append("PCIe ceiling unknown: no GPU link readings from this host.")
+    return _finish(p, scope, "transfer counters")
+
+
+def _host_sum(scope: Scope, name: str, use: str = "mean") -> Values | None:
+    series = scope.fetch([name], host=True)[name]
+    return total(series, scope.grid, lambda s, gr: gauge_values(s, gr, use)) if series else None
+
+
+def pinned_memory(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("pinned", "Pinned host memory", g, ["GiB"])
+    configured = offload_size_bytes(scope.instance)
+    if configured is not None:
+        p.traces.append(Trace("configured offload size", [configured / GIB] * len(g.times), "GiB", style="dash",
+                              color="#7f7f7f"))
+    for name, label, color in (
+        ("kvscope:pinned_offload_file_bytes", "shm offload files (size)", "#17becf"),
+        ("kvscope:pinned_offload_resident_bytes", "shm offload files (resident)", "#1f77b4"),
+        ("kvscope:pinned_vllm_rss_shmem_bytes", "vLLM RssShmem", "#9467bd"),
+    ):
+        v = _host_sum(scope, name)
+        if v is not None:
+            p.traces.append(Trace(label, scale(v, 1 / GIB), "GiB", color=color))
+    limit = _host_sum(scope, "kvscope:cgroup_memory_limit_bytes")
+    limit_label = "cgroup memory limit"
+    used: Values | None = _host_sum(scope, "kvscope:cgroup_memory_current_bytes")
+    if limit is None or all(v is None for v in limit):
+        limit = _host_sum(scope, "kvscope:host_memory_total_bytes")
+        limit_label = "MemTotal"
+        avail = _host_sum(scope, "kvscope:host_memory_available_bytes")
+        used = None
+        if limit is not None and avail is not None:
+            used = [a - b if a is not None and b is not None else None for a, b in zip(limit, avail, strict=True)]
+    if limit is not None:
+        p.traces.append(Trace(limit_label, scale(limit, 1 / GIB), "GiB", color="#d62728", style="dash"))
+        if used is not None:
+            head = [a - b if a is not None and b is not None else None for a, b in zip(limit, used, strict=True)]
+            p.traces.append(Trace("headroom (limit - used)", scale(head, 1 / GIB), "GiB", color="#2ca02c",
+                                  style="dot", derived=True))
+    if not p.has_data() and configured is None:
+        p.empty = "no offload configured (kv_offloading_size is None) and no host memory readings"
+    p.notes.append("Host-level readings: shared by every vLLM instance on this host.")
+    return _finish(p, scope, "host memory readings")
+
+
+def tier_occupancy(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("tiers", "Tier occupancy", g, ["occupancy (%)"], y_ranges={0: (0.0, 105.0)})
+    got = scope.fetch([
+        "vllm:kv_cache_usage_perc", "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_store_bytes_total",
+    ])
+    gpu = total(got["vllm:kv_cache_usage_perc"], g, gauge_values)
+    if gpu is not None:
+        p.traces.append(Trace("GPU KV pool usage", scale(gpu, 100.0), "%", color="#2ca02c"))
+    pin = total(got["vllm:kv_offload_cpu_cache_usage_perc"], g, gauge_values)
+    if pin is not None:
+        p.traces.append(Trace("CPU tier pinned by in-flight transfers (vLLM gauge)", scale(pin, 100.0), "%",
+                              color="#1f77b4"))
+    cap = offload_capacity_bytes(scope.instance)
+    stored = total(got["vllm:kv_offload_store_bytes_total"], g, lambda s, gr: gauge_values(s, gr, "last"))
+    if cap is not None and stored is not None:
+        fill = [min(100.0, 100.0 * v / cap) if v is not None else None for v in stored]
+        p.traces.append(Trace("CPU tier fill estimate (derived)", fill, "%", style="dash", color="#ff7f0e",
+                              derived=True))
+        p.notes.append("Derived: bytes stored since the server started / CPU-tier capacity, capped at 100 % "
+                       "(LRU evicts once full). vLLM exports no residency gauge.")
+    if gpu is None and pin is None and cap is None:
+        p.empty = _no_data_reason(scope, "KV usage gauges")
+    p.notes.append("GPU usage counts cached-but-free prefix blocks as free: it is not prefix-cache occupancy.")
+    return _finish(p, scope, "KV usage gauges")
+
+
+def latency(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("latency", "Latency and load", g, ["latency (ms)", "requests", "preemptions/s"])
+    got = scope.fetch([
+        "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+    ])
+    ttft = quantile_series(got["vllm:time_to_first_token_seconds_bucket"], (0.5, 0.95, 0.99), g)
+    colors = {0.5: "#2ca02c", 0.95: "#ff7f0e", 0.99: "#d62728"}
+    if got["vllm:time_to_first_token_seconds_bucket"]:
+        for q, vals in ttft.items():
+            p.traces.append(Trace(f"TTFT p{round(q * 100)}", scale(vals, 1000.0), "ms", color=colors[q]))
+    if got["vllm:inter_token_latency_seconds_bucket"]:
+        itl = quantile_series(got["vllm:inter_token_latency_seconds_bucket"], (0.5, 0.95), g)
+        for q, vals in itl.items():
+            p.traces.append(Trace(f"ITL p{round(q * 100)}", scale(vals, 1000.0), "ms", style="dot"))
+    for name, label, color in (
+        ("vllm:num_requests_running", "running", "#1f77b4"), ("vllm:num_requests_waiting", "waiting", "#9467bd"),
+    ):
+        v = total(got[name], g, gauge_values)
+        if v is not None:
+            p.traces.append(Trace(label, v, "requests", row=1, color=color))
+    pre = total(got["vllm:num_preemptions_total"], g, counter_rate)
+    if pre is not None:
+        p.traces.append(Trace("preemptions", pre, "1/s", row=2, color="#d62728"))
+    p.notes.append("Quantiles from histogram bucket rates (histogram_quantile); bucket bounds limit precision.")
+    return _finish(p, scope, "latency histograms")
+
+
+def gpu(scope: Scope) -> Panel:
+    g = scope.grid
+    p = Panel("gpu", "GPU", g, ["memory (GiB)", "utilization (%)", "PCIe (GB/s)"])
+    count = _host_latest(scope, "kvscope:gpu_count", lambda s: True)
+    if count is not None and count <= 0:
+        p.empty = "no GPU on this host (the agent found none: gpu_count = 0)"
+        return p
+    got = scope.fetch([
+        "kvscope:gpu_memory_used_bytes", "kvscope:gpu_memory_total_bytes", "kvscope:gpu_utilization_ratio",
+        "kvscope:gpu_pcie_rx_bytes_per_second", "kvscope:gpu_pcie_tx_bytes_per_second",
+    ], host=True)
+    for name, label, row, k, style in (
+        ("kvscope:gpu_memory_used_bytes", "used", 0, 1 / GIB, "line"),
+        ("kvscope:gpu_memory_total_bytes", "total", 0, 1 / GIB, "dash"),
+        ("kvscope:gpu_utilization_ratio", "utilization", 1, 100.0, "line"),
+        ("kvscope:gpu_pcie_rx_bytes_per_second", "PCIe rx host->GPU", 2, 1e-9, "line"),
+        ("kvscope:gpu_pcie_tx_bytes_per_second", "PCIe tx GPU->host", 2, 1e-9, "dot"),
+    ):
+        for s in sorted(got[name], key=lambda s: s.labels.get("gpu", "")):
+            tag = f"GPU{s.labels.get('gpu', '?')}"
+            unit = p.rows[row].split("(")[-1].rstrip(")")
+            p.traces.append(Trace(f"{tag} {label}", scale(gauge_values(s, g), k), unit, row=row, style=style))
+    if not p.has_data() and count is None:
+        p.empty = (_no_data_reason(scope, "GPU readings") if scope.state == "stale"
+                   else "no GPU readings from this host's agent (no NVML / nvidia-smi)")
+    return _finish(p, scope, "GPU readings")
+
+
+CHARTS: dict[str, Callable[[Scope], Panel]] = {
+    "tokens": tokens_by_source,
+    "hitrates": hit_rates,
+    "transfer": transfer,
+    "pinned": pinned_memory,
+    "tiers": tier_occupancy,
+    "latency": latency,
+    "gpu": gpu,
+}

@@ -1,0 +1,98 @@
+"""The overview page's data: every host and instance with its state and two sparklines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine
+
+from app.derived.evaluate import add, counter_rate, quantile_series, ratio, scale, sum_by, total
+from app.derived.panels import Scope, make_scope, offload_size_bytes
+from app.storage.events import list_events
+from app.storage.series_store import list_hosts, list_instances
+
+SPARK_RANGE_S = 3600.0
+SPARK_PX = 120
+RESTART_KINDS = ("restart", "rollout")
+
+
+def instance_state(inst: dict[str, Any], now: float, stale_after: float, recent_restart: bool) -> str:
+    """up | down | restarting | stale (the host's agent has not pushed for stale_after seconds)."""
+    last_push = inst.get("host_last_push")
+    if last_push is None or now - float(last_push) > stale_after:
+        return "stale"
+    down = (
+        inst.get("last_ok") is None
+        or (inst.get("last_scrape") is not None and inst["last_ok"] < inst["last_scrape"])
+        or inst.get("healthy") is False
+    )
+    if down:
+        return "restarting" if recent_restart else "down"
+    return "up"
+
+
+def state_of(engine: Engine, inst: dict[str, Any], now: float, stale_after: float) -> str:
+    window = max(300.0, 10 * stale_after)
+    recent = list_events(engine, instance_id=int(inst["id"]), start=now - window, end=now + 1,
+                         kinds=RESTART_KINDS, limit=5)
+    restarting = any(
+        e["kind"] == "restart" or str((e.get("data") or {}).get("state", "")) in ("restarting", "preflight", "health")
+        for e in recent
+    )
+    return instance_state(inst, now, stale_after, restarting)
+
+
+def describe_offload(inst: dict[str, Any]) -> str:
+    cfg = inst.get("cache_config") or {}
+    size = offload_size_bytes(inst)
+    if size is None:
+        return "off"
+    backend = cfg.get("kv_offloading_backend")
+    text = f"{size / 2**30:g} GiB"
+    if backend and str(backend) != "None":
+        text += f" ({backend})"
+    return text
+
+
+def sparklines(scope: Scope) -> dict[str, list[float | None]]:
+    g = scope.grid
+    got = scope.fetch([
+        "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
+        "vllm:time_to_first_token_seconds_bucket",
+    ])
+    cached = total(got["vllm:prompt_tokens_cached_total"], g, counter_rate)
+    if cached is None and got["vllm:prompt_tokens_by_source_total"]:
+        by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
+        parts = [by[k] for k in ("local_cache_hit", "external_kv_transfer") if k in by]
+        cached = add(parts) if parts else None
+    prompt = total(got["vllm:prompt_tokens_total"], g, counter_rate)
+    out: dict[str, list[float | None]] = {}
+    if cached is not None and prompt is not None:
+        out["hit"] = ratio(cached, prompt, 100.0)
+    if got["vllm:time_to_first_token_seconds_bucket"]:
+        q = quantile_series(got["vllm:time_to_first_token_seconds_bucket"], (0.95,), g)
+        out["ttft95"] = scale(q[0.95], 1000.0)
+    return out
+
+
+def overview(engine: Engine, now: float, stale_after: float, raw_retention_s: float) -> list[dict[str, Any]]:
+    """Hosts with their instances (state, config, sparkline values), for the overview page."""
+    hosts = {int(h["id"]): {**h, "instances": []} for h in list_hosts(engine)}
+    for inst in list_instances(engine):
+        state = state_of(engine, inst, now, stale_after)
+        cfg = inst.get("cache_config") or {}
+        scope = make_scope(engine, inst, start=now - SPARK_RANGE_S, end=now, now=now, state=state,
+                           raw_retention_s=raw_retention_s, px=SPARK_PX)
+        inst_out = {
+            **inst, "state": state, "kv_dtype": cfg.get("cache_dtype") or "n/a",
+            "block_size": cfg.get("block_size"), "offload": describe_offload(inst),
+            "spark_times": scope.grid.times, "sparks": sparklines(scope),
+        }
+        host = hosts.get(int(inst["host_id"]))
+        if host is not None:
+            host["instances"].append(inst_out)
+    out = list(hosts.values())
+    for h in out:
+        lp = h.get("last_push")
+        h["stale"] = lp is None or now - float(lp) > stale_after
+    return out

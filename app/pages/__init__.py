@@ -1,0 +1,62 @@
+"""The dashboard: pages, fragments, static assets and the rollup job.
+
+install(app, ctx) mounts /static, creates the Jinja2 environment (ctx.extras["templates"], which
+the controller, alerts and A/B parts extend), registers the page routes and the rollup job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from app.context import AppContext
+from app.pages.templating import make_templates
+from app.paths import static_dir
+
+
+def plotly_js_path() -> Path | None:
+    """plotly.js as shipped inside the `plotly` Python package (served locally, works offline)."""
+    try:
+        import plotly
+    except ImportError:
+        return None
+    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    ctx.extras["templates"] = make_templates()
+
+    @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> Response:
+        path = plotly_js_path()
+        if path is None:
+            return Response("plotly.js missing: install the `plotly` Python package", status_code=404)
+        return FileResponse(path, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
+
+    from app.pages import instance, overview
+
+    app.include_router(overview.router(ctx))
+    app.include_router(instance.router(ctx))
+    from app.jobs import register_job
+
+    register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
+
+
+ROLLUP_JOB = "rollups"
+
+
+def rollup_job(ctx: AppContext, now: float) -> None:
+    """Roll raw samples up to 1 min / 1 h and apply the retention settings."""
+    from app.storage.rollups import run_rollups
+
+    s = ctx.settings
+    run_rollups(
+        ctx.engine, now, raw_retention_s=s.raw_retention_h * 3600, m1_retention_s=s.rollup_1m_retention_d * 86400,
+        h1_retention_s=s.rollup_1h_retention_d * 86400,
+    )

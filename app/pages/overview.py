@@ -1,0 +1,53 @@
+"""GET / (overview page) and /fragments/overview (its refreshed list)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.charts.figures import sparkline
+from app.context import AppContext
+
+
+def figure_json(fig: dict[str, Any]) -> str:
+    """JSON safe to embed in a <script type="application/json"> element."""
+    return json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+
+
+def _context(ctx: AppContext) -> dict[str, Any]:
+    from app.derived.overview import overview
+
+    now = ctx.now()
+    hosts = overview(ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600)
+    for h in hosts:
+        for inst in h["instances"]:
+            figs = {}
+            if "hit" in inst["sparks"]:
+                figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", "#2ca02c"))
+            if "ttft95" in inst["sparks"]:
+                figs["ttft95"] = figure_json(
+                    sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e")
+                )
+            inst["spark_figs"] = figs
+    simulated = any(i.get("simulated") for h in hosts for i in h["instances"])
+    return {"hosts": hosts, "now": now, "simulated": simulated, "active_nav": "overview"}
+
+
+def router(ctx: AppContext) -> APIRouter:
+    r = APIRouter(include_in_schema=False)
+
+    @r.get("/", response_class=HTMLResponse)
+    async def overview_page(request: Request) -> HTMLResponse:
+        data = await run_in_threadpool(_context, ctx)
+        return ctx.extras["templates"].TemplateResponse(request, "dashboard/overview.html", data)  # type: ignore[no-any-return]
+
+    @r.get("/fragments/overview", response_class=HTMLResponse)
+    async def overview_fragment(request: Request) -> HTMLResponse:
+        data = await run_in_threadpool(_context, ctx)
+        return ctx.extras["templates"].TemplateResponse(request, "dashboard/_instances.html", data)  # type: ignore[no-any-return]
+
+    return r

@@ -1,0 +1,337 @@
+"""Rollups (raw -> 1 min -> 1 h), retention, and the tiered series query the charts use.
+
+The folding is pure (fold_minutes / fold_hours) so tests check it without a database; the job
+(run_rollups) reads raw samples past the watermark, folds them and writes bucket rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.storage.models import SampleRow, Series
+from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
+
+MINUTE_MS = 60_000
+HOUR_MS = 3_600_000
+GRACE_MS = 120_000  # a minute is rolled up once it is this far in the past (late pushes)
+CHUNK_MS = 6 * HOUR_MS  # raw samples read per transaction
+TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}
+DEFAULT_PX = 1600
+# A tier is used when it still gives at least this many points per pixel column.
+MIN_POINTS_PER_PX = 1 / 3
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One aggregate. ts = bucket start (s); inc is None for gauges."""
+
+    ts: float
+    n: int
+    vmin: float
+    vmax: float
+    vsum: float
+    vlast: float
+    inc: float | None
+
+    @property
+    def mean(self) -> float:
+        return self.vsum / self.n if self.n else math.nan
+
+
+@dataclass(frozen=True)
+class TieredSeries:
+    """Points of one series from one tier: raw points, or buckets of `res` seconds."""
+
+    series_id: int
+    name: str
+    labels: dict[str, str]
+    kind: str
+    tier: str
+    res: float
+    points: list[tuple[float, float]]  # raw tier only
+    buckets: list[Bucket]  # rollup tiers only
+
+
+# ------------------------------------------------------------------ pure folding
+def fold_minutes(
+    samples: Sequence[tuple[int, float]], carry: tuple[int, float] | None, counter: bool, res_ms: int = MINUTE_MS
+) -> tuple[list[tuple[int, Bucket]], tuple[int, float] | None]:
+    """Fold ascending raw (ts_ms, value) samples of one series into buckets of res_ms.
+
+    `carry` is the last sample before these (from the previous run); a counter's increase in a
+    bucket starts from it, with a decrease counted as a reset (the increase is the new value).
+    Returns [(bucket_ms, Bucket)] and the new carry."""
+    out: list[tuple[int, Bucket]] = []
+    cur_b: int | None = None
+    n = 0
+    vmin = vmax = vsum = vlast = 0.0
+    inc = 0.0
+    prev = carry[1] if carry is not None else None
+    last_ts = carry[0] if carry is not None else None
+    for ts, v in samples:
+        if last_ts is not None and ts <= last_ts:
+            continue  # already folded
+        b = ts - ts % res_ms
+        if b != cur_b:
+            if cur_b is not None:
+                out.append((cur_b, Bucket(cur_b / 1000, n, vmin, vmax, vsum, vlast, inc if counter else None)))
+            cur_b, n, vmin, vmax, vsum, inc = b, 0, v, v, 0.0, 0.0
+        n += 1
+        vmin = min(vmin, v)
+        vmax = max(vmax, v)
+        vsum += v
+        vlast = v
+        if prev is not None:
+            inc += v - prev if v >= prev else v
+        prev = v
+        last_ts = ts
+    if cur_b is not None:
+        out.append((cur_b, Bucket(cur_b / 1000, n, vmin, vmax, vsum, vlast, inc if counter else None)))
+    new_carry = (last_ts, prev) if last_ts is not None and prev is not None else carry
+    return out, new_carry
+
+
+def fold_hours(minutes: Sequence[tuple[int, Bucket]]) -> list[tuple[int, Bucket]]:
+    """Fold ascending 1-minute buckets of one series into hours (increases add up)."""
+    out: list[tuple[int, Bucket]] = []
+    acc: list[Bucket] = []
+    cur: int | None = None
+
+    def flush() -> None:
+        if cur is None or not acc:
+            return
+        incs = [b.inc for b in acc]
+        out.append((cur, Bucket(
+            cur / 1000, sum(b.n for b in acc), min(b.vmin for b in acc), max(b.vmax for b in acc),
+            sum(b.vsum for b in acc), acc[-1].vlast,
+            None if any(i is None for i in incs) else sum(i for i in incs if i is not None),
+        )))
+
+    for ms, b in minutes:
+        h = ms - ms % HOUR_MS
+        if h != cur:
+            flush()
+            cur, acc = h, []
+        acc.append(b)
+    flush()
+    return out
+
+
+# ------------------------------------------------------------------ the job
+def _upsert(engine_dialect: str, table: Any) -> Any:
+    if engine_dialect == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if engine_dialect == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    return table.insert()
+
+
+def _watermark(conn: Connection, tier: str) -> int | None:
+    row = conn.execute(select(RollupWatermark.done_ms).where(RollupWatermark.tier == tier)).first()
+    return int(row[0]) if row else None
+
+
+def _set_watermark(conn: Connection, tier: str, done_ms: int, existed: bool) -> None:
+    if existed:
+        conn.execute(update(RollupWatermark).where(RollupWatermark.tier == tier).values(done_ms=done_ms))
+    else:
+        conn.execute(insert(RollupWatermark).values(tier=tier, done_ms=done_ms))
+
+
+@dataclass
+class RollupReport:
+    minutes_written: int = 0
+    hours_written: int = 0
+    raw_deleted: int = 0
+    minutes_deleted: int = 0
+    hours_deleted: int = 0
+
+
+def run_rollups(
+    engine: Engine, now: float, *, raw_retention_s: float, m1_retention_s: float, h1_retention_s: float,
+    max_chunks: int = 1000,
+) -> RollupReport:
+    """Roll raw samples up to 1 min and 1 h up to `now - grace`, then apply retention."""
+    rep = RollupReport()
+    dialect = engine.dialect.name
+    now_ms = int(now * 1000)
+    target = (now_ms - GRACE_MS) - (now_ms - GRACE_MS) % MINUTE_MS
+    for _ in range(max_chunks):
+        with engine.begin() as conn:
+            wm = _watermark(conn, "1m")
+            start = wm
+            if start is None:
+                first = conn.execute(select(SampleRow.ts_ms).order_by(SampleRow.ts_ms).limit(1)).first()
+                if first is None:
+                    break
+                start = int(first[0]) - int(first[0]) % MINUTE_MS
+            if start >= target:
+                break
+            end = min(target, start + CHUNK_MS)
+            rep.minutes_written += _roll_minutes(conn, dialect, start, end)
+            _set_watermark(conn, "1m", end, wm is not None)
+    # hours: whole hours below the 1-minute watermark
+    for _ in range(max_chunks):
+        with engine.begin() as conn:
+            m_wm = _watermark(conn, "1m")
+            if m_wm is None:
+                break
+            h_target = m_wm - m_wm % HOUR_MS
+            wm = _watermark(conn, "1h")
+            start = wm
+            if start is None:
+                first = conn.execute(select(Rollup1m.bucket_ms).order_by(Rollup1m.bucket_ms).limit(1)).first()
+                if first is None:
+                    break
+                start = int(first[0]) - int(first[0]) % HOUR_MS
+            if start >= h_target:
+                break
+            end = min(h_target, start + 24 * HOUR_MS)
+            rep.hours_written += _roll_hours(conn, dialect, start, end)
+            _set_watermark(conn, "1h", end, wm is not None)
+    with engine.begin() as conn:
+        m_wm = _watermark(conn, "1m") or 0
+        # never drop raw samples that are not rolled up yet
+        raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
+        rep.raw_deleted = conn.execute(delete(SampleRow).where(SampleRow.ts_ms < raw_cut)).rowcount or 0
+        rep.minutes_deleted = conn.execute(
+            delete(Rollup1m).where(Rollup1m.bucket_ms < now_ms - int(m1_retention_s * 1000))
+        ).rowcount or 0
+        rep.hours_deleted = conn.execute(
+            delete(Rollup1h).where(Rollup1h.bucket_ms < now_ms - int(h1_retention_s * 1000))
+        ).rowcount or 0
+    return rep
+
+
+def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
+    kinds = {int(sid): str(kind) for sid, kind in conn.execute(select(Series.id, Series.kind))}
+    carries = {
+        int(sid): (int(ts), float(v))
+        for sid, ts, v in conn.execute(select(RollupCarry.series_id, RollupCarry.ts_ms, RollupCarry.value))
+    }
+    q = (
+        select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
+        .where(SampleRow.ts_ms >= start, SampleRow.ts_ms < end)
+        .order_by(SampleRow.series_id, SampleRow.ts_ms)
+    )
+    rows: list[dict[str, Any]] = []
+    new_carry: dict[int, tuple[int, float]] = {}
+    for sid, samples in _group_by_series(conn.execute(q)):
+        buckets, carry = fold_minutes(samples, carries.get(sid), kinds.get(sid) == "counter")
+        rows.extend(_bucket_row(sid, ms, b) for ms, b in buckets)
+        if carry is not None:
+            new_carry[sid] = carry
+    if rows:
+        conn.execute(_upsert(dialect, Rollup1m.__table__), rows)
+    if new_carry:
+        conn.execute(delete(RollupCarry).where(RollupCarry.series_id.in_(list(new_carry))))
+        conn.execute(insert(RollupCarry), [{"series_id": s, "ts_ms": c[0], "value": c[1]} for s, c in new_carry.items()])
+    return len(rows)
+
+
+def _roll_hours(conn: Connection, dialect: str, start: int, end: int) -> int:
+    t = Rollup1m.__table__
+    q = (
+        select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
+        .where(t.c.bucket_ms >= start, t.c.bucket_ms < end)
+        .order_by(t.c.series_id, t.c.bucket_ms)
+    )
+    rows: list[dict[str, Any]] = []
+    cur_sid: int | None = None
+    acc: list[tuple[int, Bucket]] = []
+    for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q):
+        if sid != cur_sid:
+            if cur_sid is not None:
+                rows.extend(_bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
+            cur_sid, acc = int(sid), []
+        acc.append((int(ms), Bucket(ms / 1000, int(n), vmin, vmax, vsum, vlast, inc)))
+    if cur_sid is not None:
+        rows.extend(_bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
+    if rows:
+        conn.execute(_upsert(dialect, Rollup1h.__table__), rows)
+    return len(rows)
+
+
+def _group_by_series(result: Iterable[Any]) -> Iterable[tuple[int, list[tuple[int, float]]]]:
+    cur: int | None = None
+    acc: list[tuple[int, float]] = []
+    for sid, ts, v in result:
+        if sid != cur:
+            if cur is not None:
+                yield cur, acc
+            cur, acc = int(sid), []
+        acc.append((int(ts), float(v)))
+    if cur is not None:
+        yield cur, acc
+
+
+def _bucket_row(sid: int, ms: int, b: Bucket) -> dict[str, Any]:
+    return {"series_id": sid, "bucket_ms": ms, "n": b.n, "vmin": b.vmin, "vmax": b.vmax,
+            "vsum": b.vsum, "vlast": b.vlast, "inc": b.inc}
+
+
+# ------------------------------------------------------------------ the tiered query
+def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: int = DEFAULT_PX) -> str:
+    """The coarsest tier that still gives about one point per pixel column (at least px/3 points);
+    raw when the range is short, or when it is recent enough that rollups may lag behind."""
+    span = end - start
+    for tier in ("1h", "1m"):
+        if span / TIER_RES[tier] >= px * MIN_POINTS_PER_PX:
+            return tier
+    if start < now - raw_retention_s:
+        return "1m"  # raw is gone there
+    return "raw"
+
+
+def tiered_points(
+    engine: Engine, *, names: Sequence[str], start: float, end: float, tier: str,
+    instance_id: int | None = None, host_id: int | None = None, lookback: float = 0.0,
+) -> list[TieredSeries]:
+    """Every series named in `names` of an instance (or host-level of a host), from one tier,
+    over [start - lookback, end]. One query for the series, one for the points."""
+    s = Series.__table__
+    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind).where(s.c.name.in_(list(names)))
+    if instance_id is not None:
+        q = q.where(s.c.instance_id == instance_id)
+    elif host_id is not None:
+        q = q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
+    else:
+        raise ValueError("instance_id or host_id is required")
+    lo = int((start - lookback) * 1000)
+    hi = int(end * 1000)
+    with engine.connect() as conn:
+        meta = {int(r[0]): (str(r[1]), dict(r[2] or {}), str(r[3])) for r in conn.execute(q)}
+        if not meta:
+            return []
+        ids = sorted(meta)
+        pts: dict[int, list[Any]] = {sid: [] for sid in ids}
+        if tier == "raw":
+            rq = (
+                select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
+                .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
+            )
+            for sid, ts, v in conn.execute(rq):
+                pts[int(sid)].append((ts / 1000.0, float(v)))
+        else:
+            t = (Rollup1m if tier == "1m" else Rollup1h).__table__
+            bq = select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc).where(
+                t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms <= hi
+            )
+            for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(bq):
+                pts[int(sid)].append(Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc))
+    out = []
+    for sid in ids:
+        name, labels, kind = meta[sid]
+        data = pts[sid]
+        data.sort(key=lambda p: p[0] if isinstance(p, tuple) else p.ts)
+        out.append(TieredSeries(
+            series_id=sid, name=name, labels=labels, kind=kind, tier=tier, res=TIER_RES[tier],
+            points=data if tier == "raw" else [], buckets=data if tier != "raw" else [],
+        ))
+    return out
