@@ -1,0 +1,183 @@
+"""Window arithmetic over raw points, for the rules. Pure functions.
+
+Counters are cumulative; a decrease is a reset (restart) and the increase across it is the new
+value (app.rates.increase). A window (start, end] is anchored on the last point at or before
+`start` (if it is recent enough), so an increase over 5 minutes covers 5 minutes of counting,
+not 5 minutes minus one scrape gap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from app.rates import increase, reset_times
+
+Point = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Series:
+    labels: Mapping[str, str]
+    points: Sequence[Point]  # (ts seconds, value), ascending
+
+
+@dataclass(frozen=True)
+class Window:
+    """The result of an increase over a window: None when no series had two points inside."""
+
+    value: float | None
+    resets: tuple[float, ...] = ()
+    covered_s: float = 0.0  # time between the first and last point used
+
+
+@dataclass(frozen=True)
+class SeriesMap:
+    """Metric name -> its series (all label sets) for one target."""
+
+    by_name: Mapping[str, Sequence[Series]] = field(default_factory=dict)
+
+    def get(self, name: str) -> Sequence[Series]:
+        return self.by_name.get(name, ())
+
+    def has(self, name: str) -> bool:
+        return any(s.points for s in self.by_name.get(name, ()))
+
+
+LabelFilter = Callable[[Mapping[str, str]], bool] | None
+
+
+def window_points(points: Sequence[Point], start: float, end: float, anchor_s: float) -> list[Point]:
+    """Points in (start, end], preceded by the last point in (start - anchor_s, start] if any."""
+    out: list[Point] = []
+    anchor: Point | None = None
+    for p in points:
+        t = p[0]
+        if t <= start:
+            if t > start - anchor_s:
+                anchor = p
+            continue
+        if t > end:
+            break
+        out.append(p)
+    if anchor is not None:
+        out.insert(0, anchor)
+    return out
+
+
+def window_increase(
+    series: Sequence[Series], start: float, end: float, *, where: LabelFilter = None, anchor_s: float = 120.0
+) -> Window:
+    """Sum over the series (matching `where`) of the reset-corrected increase in (start, end]."""
+    total = 0.0
+    any_value = False
+    resets: list[float] = []
+    covered = 0.0
+    for s in series:
+        if where is not None and not where(s.labels):
+            continue
+        pts = window_points(s.points, start, end, anchor_s)
+        if len(pts) < 2:
+            continue
+        any_value = True
+        total += increase(pts)
+        resets.extend(reset_times(pts))
+        covered = max(covered, pts[-1][0] - pts[0][0])
+    return Window(total if any_value else None, tuple(sorted(set(resets))), covered)
+
+
+def latest(series: Sequence[Series], now: float, max_age_s: float, *, where: LabelFilter = None) -> float | None:
+    """Sum over the series of their last value at or before now, if younger than max_age_s."""
+    total = 0.0
+    found = False
+    for s in series:
+        if where is not None and not where(s.labels):
+            continue
+        for t, v in reversed(s.points):
+            if t <= now:
+                if now - t <= max_age_s and math.isfinite(v):
+                    total += v
+                    found = True
+                break
+    return total if found else None
+
+
+def latest_min(series: Sequence[Series], now: float, max_age_s: float) -> float | None:
+    """Smallest of the series' last values (e.g. the worst GPU), if young enough."""
+    vals = [latest([s], now, max_age_s) for s in series]
+    known = [v for v in vals if v is not None]
+    return min(known) if known else None
+
+
+def sample_times(series: Sequence[Series], start: float, end: float) -> list[float]:
+    """Timestamps of the samples in (start, end] (the scrape instants), ascending."""
+    ts: set[float] = set()
+    for s in series:
+        ts.update(t for t, _ in s.points if start < t <= end)
+    return sorted(ts)
+
+
+def median_gap(series: Sequence[Series]) -> float | None:
+    for s in series:
+        if len(s.points) >= 3:
+            gaps = sorted(b[0] - a[0] for a, b in zip(s.points, s.points[1:], strict=False))
+            return gaps[len(gaps) // 2]
+    return None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return max(0.0, min(1.0, num / den))
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """PromQL-style quantile from cumulative bucket counts {le: count} (le may be inf).
+
+    Linear interpolation inside the bucket; None without observations. When the quantile lands
+    in the +Inf bucket, the largest finite bound is returned (as Prometheus does)."""
+    if not buckets:
+        return None
+    les = sorted(buckets)
+    counts = [buckets[le] for le in les]
+    # enforce monotonic counts (increases of separate series can wobble by a reset)
+    for i in range(1, len(counts)):
+        counts[i] = max(counts[i], counts[i - 1])
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le = 0.0
+    prev_count = 0.0
+    for le, c in zip(les, counts, strict=True):
+        if c >= rank:
+            if math.isinf(le):
+                finite = [x for x in les if not math.isinf(x)]
+                return finite[-1] if finite else None
+            if c == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (c - prev_count)
+        prev_le, prev_count = le, c
+    return None
+
+
+def bucket_increases(
+    series: Sequence[Series], start: float, end: float, *, anchor_s: float = 120.0
+) -> dict[float, float]:
+    """Increase per `le` bound of a histogram's _bucket series over the window, summed over the
+    other labels (engines). Unparseable `le` values are skipped."""
+    out: dict[float, float] = {}
+    for s in series:
+        raw = s.labels.get("le")
+        if raw is None:
+            continue
+        try:
+            le = float(raw)
+        except ValueError:
+            continue
+        w = window_increase([s], start, end, anchor_s=anchor_s)
+        if w.value is None:
+            continue
+        out[le] = out.get(le, 0.0) + w.value
+    return out
