@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from server import Install, Server, default_install, http_get  # noqa: E402
+from server import Install, Server, default_install, http_get
 
 
 def main(argv: list[str]) -> int:

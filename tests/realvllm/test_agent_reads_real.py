@@ -1,0 +1,166 @@
+"""Issue 6 (1): the agent reads a real `vllm serve`; prompt tokens move to the right source.
+
+One server (CPU build, --num-gpu-blocks-override 24: a 3,072-token pool of 128-token blocks) for
+the whole module. The prefix sequence is the field method: cold, again (GPU prefix hit), enough
+other prompts to evict it, again (recomputed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from .conftest import ServerPool
+from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, Reading, delta
+from .server import Server, http_get
+from .workload import complete, prompt_tokens_of, tokens
+
+BLOCK = 128
+POOL_BLOCKS = 24
+FLAGS = ("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS))
+PREFIX = 8 * BLOCK  # 1,024 tokens: 8 full blocks
+TAIL = 40  # a unique tail per request, so the whole prefix can hit
+
+
+@pytest.fixture(scope="module")
+def server(vllm_pool: ServerPool) -> Server:
+    return vllm_pool.get(FLAGS)
+
+
+@pytest.fixture(scope="module")
+def agent(server: Server) -> Iterator[AgentView]:
+    view = AgentView(server.url)
+    try:
+        yield view
+    finally:
+        view.close()
+
+
+def read_until(agent: AgentView, ok: Callable[[Reading], bool], what: str, deadline_s: float = 30.0) -> Reading:
+    """vLLM publishes stats from its output loop: the counters can trail the HTTP reply a little."""
+    end = time.monotonic() + deadline_s
+    reading = agent.read()
+    while not ok(reading):
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} not seen within {deadline_s:.0f} s: {reading.snapshot()}")
+        time.sleep(0.5)
+        reading = agent.read()
+    return reading
+
+
+def send(server: Server, agent: AgentView, prompt: list[int]) -> Reading:
+    before = agent.read().value("vllm:prompt_tokens_total")
+    reply = complete(server.url, prompt)
+    assert prompt_tokens_of(reply) == len(prompt)
+    return read_until(agent, lambda r: r.value("vllm:prompt_tokens_total") >= before + len(prompt),
+                      f"prompt_tokens_total += {len(prompt)}")
+
+
+def test_every_dashboard_family_is_found_and_normalised(server: Server, agent: AgentView) -> None:
+    complete(server.url, tokens(1, 300), max_tokens=4)  # so the histograms have observations
+    reading = read_until(agent, lambda r: r.value("vllm:time_to_first_token_seconds_count") >= 1, "a TTFT")
+    scrape = reading.scrape
+    assert scrape.healthy is True
+    assert scrape.simulated is False
+    assert scrape.model == "tiny"
+    assert scrape.version == "0.32.0"
+    assert scrape.max_model_len == 2048
+    assert scrape.model_root and scrape.model_root.endswith("tiny-llama")
+
+    names = reading.names()
+    missing = [n for n in DASHBOARD_SAMPLES if n not in names]
+    assert not missing, f"families the dashboard needs, missing from the agent's scrape: {missing}"
+    for fam, kind in DASHBOARD_TYPES.items():
+        assert scrape.types.get(fam) == kind, f"{fam}: type {scrape.types.get(fam)!r}, want {kind}"
+    # Normalised: current names only, no _created samples, every engine sample labelled.
+    old = {n for n in names if n.startswith(("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_",
+                                             "vllm:time_per_output_token_seconds"))}
+    assert not old, f"older names sent: {old}"
+    assert not [n for n in names if n.endswith("_created")]
+    for s in scrape.samples:
+        if s.name.startswith("vllm:"):
+            assert s.labels.get("engine") == "0", s
+            # cache_config_info is the one engine family without model_name on the real server.
+            if s.name != "vllm:cache_config_info":
+                assert s.labels.get("model_name") == "tiny", s
+    assert {s.labels["source"] for s in scrape.samples if s.name == "vllm:prompt_tokens_by_source_total"} \
+        >= set(SOURCES)
+    # The configured pool, as the controller and the dashboard read it.
+    cfg = reading.labels_of("vllm:cache_config_info")
+    assert cfg["block_size"] == str(BLOCK)
+    assert cfg["num_gpu_blocks"] == str(POOL_BLOCKS)
+    assert cfg["num_gpu_blocks_override"] == str(POOL_BLOCKS)
+    assert cfg["enable_prefix_caching"] == "True"
+    assert cfg["cache_dtype"] == "auto"
+    assert cfg["kv_offloading_size"] == "None"
+    # Buckets end at +Inf and are cumulative.
+    buckets = sorted(
+        ((float(s.labels["le"]), s.value) for s in scrape.samples
+         if s.name == "vllm:time_to_first_token_seconds_bucket"),
+    )
+    assert buckets[-1][0] == float("inf")
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
+    assert buckets[-1][1] == reading.value("vllm:time_to_first_token_seconds_count")
+
+
+def test_agent_values_equal_prometheus_client(server: Server, agent: AgentView) -> None:
+    """Every value the agent keeps equals what prometheus_client reads from the same text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reading = agent.read()
+    status, _, body = http_get(server.url + "/metrics")
+    assert status == 200
+    reference: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for ref in fam.samples:
+            reference[(ref.name, tuple(sorted(ref.labels.items())))] = ref.value
+    idle = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+    compared = 0
+    for s in reading.scrape.samples:
+        if s.name == "process_start_time_seconds" or s.name in idle:
+            continue
+        key = (s.name, tuple(sorted(s.labels.items())))
+        assert key in reference, f"{key} sent by the agent but not in vLLM's /metrics"
+        assert s.value == reference[key], key
+        compared += 1
+    assert compared > 50
+
+
+def test_prefix_hit_then_eviction_moves_the_right_sources(server: Server, agent: AgentView) -> None:
+    prefix = tokens(100, PREFIX)
+    r0 = agent.read()
+    r1 = send(server, agent, prefix + tokens(101, TAIL))  # cold
+    d_cold = delta(r1, r0)
+    assert d_cold["src:local_compute"] == PREFIX + TAIL
+    assert d_cold["src:local_cache_hit"] == 0
+
+    r2 = send(server, agent, prefix + tokens(102, TAIL))  # the prefix again: GPU prefix cache
+    d_hit = delta(r2, r1)
+    assert d_hit["src:local_cache_hit"] == PREFIX, d_hit
+    assert d_hit["src:local_compute"] == TAIL, d_hit
+    assert d_hit["vllm:prefix_cache_hits_total"] == PREFIX, d_hit
+    assert d_hit["vllm:prefix_cache_queries_total"] == PREFIX + TAIL, d_hit
+    assert d_hit["vllm:prompt_tokens_cached_total"] == PREFIX, d_hit
+    assert r2.value("vllm:prompt_tokens_cached_by_source_total", source="device") \
+        - r1.value("vllm:prompt_tokens_cached_by_source_total", source="device") == PREFIX
+
+    # Evict: other prompts totalling well over the 24-block pool, LRU pushes the prefix out.
+    r = r2
+    for i in range(4):
+        r = send(server, agent, tokens(200 + i, 1100))
+    r3 = send(server, agent, prefix + tokens(103, TAIL))  # the prefix again: recomputed
+    d_evicted = delta(r3, r)
+    assert d_evicted["src:local_cache_hit"] == 0, d_evicted
+    assert d_evicted["src:local_compute"] == PREFIX + TAIL, d_evicted
+    assert d_evicted["src:external_kv_transfer"] == 0, d_evicted
+
+    # The invariant vLLM documents, on the real counters.
+    total = sum(r3.by_source(s) for s in SOURCES)
+    assert total == r3.value("vllm:prompt_tokens_total")
+    assert r3.value("vllm:prompt_tokens_cached_total") == r3.by_source("local_cache_hit") + r3.by_source(
+        "external_kv_transfer"
+    )
+    assert not [e for e in agent.events if e.kind in ("counter_reset", "counter_clamped", "restart")]
