@@ -1,0 +1,223 @@
+"""The agent: every tick, read each vLLM and the host, spool one batch; a sender thread pushes.
+
+Scraping never waits for the app: batches go to the durable spool first and the sender drains
+it in order, so an app that is down or slow only delays delivery. Commands from push replies
+go to the CommandSink (the controller) when one is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent.commands import CommandSink
+from agent.host_sources import HostCollector, HostSource
+from agent.protocol import AgentEvent, PushBatch, Scrape, to_wire
+from agent.pusher import FlushResult, Pusher
+from agent.spool import Spool
+from agent.vllm_reader import VllmReader
+
+log = logging.getLogger("kvscope.agent")
+
+AGENT_VERSION = "0.1.0"
+
+
+@dataclass
+class AgentConfig:
+    vllm_urls: list[str]
+    server: str | None = None
+    token: str | None = None
+    interval_s: float = 1.0
+    state_dir: Path = Path("~/.local/state/kvscope-agent")
+    host_name: str | None = None
+    spool_max_bytes: int = 256 * 1024 * 1024
+    vllm_timeout_s: float = 2.0
+    push_timeout_s: float = 10.0
+    meta_every_s: float = 60.0
+
+
+def load_agent_id(state_dir: Path) -> str:
+    """A stable id for this agent, kept in the state folder."""
+    path = state_dir / "agent_id"
+    try:
+        value = path.read_text().strip()
+        if value:
+            return value
+    except OSError:
+        pass
+    value = str(uuid.uuid4())
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")
+    return value
+
+
+@dataclass
+class Agent:
+    config: AgentConfig
+    client: httpx.Client
+    host: HostCollector = field(default_factory=lambda: HostCollector([]))
+    sink: CommandSink | None = None
+    push_client: httpx.Client | None = None
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.state_dir = cfg.state_dir.expanduser()
+        self.agent_id = load_agent_id(self.state_dir)
+        self.host_name = cfg.host_name or socket.gethostname()
+        self.readers = [
+            VllmReader(u, self.client, timeout_s=cfg.vllm_timeout_s, meta_every_s=cfg.meta_every_s)
+            for u in cfg.vllm_urls
+        ]
+        self.spool = Spool(self.state_dir / "spool", max_bytes=cfg.spool_max_bytes)
+        self.pusher: Pusher | None = None
+        if cfg.server:
+            self.pusher = Pusher(
+                cfg.server, cfg.token or "", self.push_client or self.client, self.spool,
+                timeout_s=cfg.push_timeout_s,
+            )
+        self._last_seq = self.spool.max_seq or 0
+        self._started = False
+        self._wake = threading.Event()
+        self.ticks = 0
+
+    # ------------------------------------------------------------------ one tick
+    def next_seq(self, now: float) -> int:
+        # Milliseconds since the epoch, but always increasing: survives agent restarts without
+        # writing a counter to disk every tick (the app deduplicates by (agent_id, seq)).
+        self._last_seq = max(self._last_seq + 1, int(now * 1000))
+        return self._last_seq
+
+    def build_batch(self, now: float) -> PushBatch:
+        events: list[AgentEvent] = []
+        if not self._started:
+            self._started = True
+            events.append(
+                AgentEvent(
+                    ts=now, kind="agent_start",
+                    message=f"kvscope agent {AGENT_VERSION} started, watching {len(self.readers)} vLLM server(s)",
+                    data={"instances": [r.base_url for r in self.readers], "spooled": len(self.spool)},
+                )
+            )
+        scrapes: list[Scrape] = []
+        for reader in self.readers:
+            try:
+                scrape, evs = reader.scrape(now)
+            except Exception as exc:  # a reader bug: report it, keep the loop alive
+                log.exception("scrape of %s failed", reader.base_url)
+                scrape, evs = Scrape(instance=reader.base_url, ts=now, ok=False,
+                                     error=f"agent error: {type(exc).__name__}: {exc}"[:500]), []
+            scrapes.append(scrape)
+            events.extend(evs)
+        host = self.host.read_all(now)
+        events.extend(host.events)
+        batches, nbytes = self.spool.take_dropped()
+        if batches:
+            events.append(
+                AgentEvent(
+                    ts=now, kind="spool_dropped",
+                    message=(f"spool over its {self.spool.max_bytes} byte bound: dropped the {batches} "
+                             "oldest batch(es); their readings are lost"),
+                    data={"batches": batches, "bytes": nbytes, "dropped_total": self.spool.dropped_total},
+                )
+            )
+        if self.pusher is not None:
+            events.extend(self.pusher.take_events())
+        updates = []
+        if self.sink is not None:
+            try:
+                updates = self.sink.drain_updates()
+                events.extend(self.sink.drain_events())
+            except Exception:
+                log.exception("command sink failed to drain")
+        return PushBatch(
+            agent_id=self.agent_id, host=self.host_name, seq=self.next_seq(now), sent_at=now,
+            agent_version=AGENT_VERSION, scrapes=scrapes,
+            host_ts=now if host.samples else None, host_samples=host.samples, host_types=host.types,
+            events=events, rollout_updates=updates,
+        )
+
+    def tick(self, now: float) -> PushBatch:
+        """Read everything once and spool the batch (the sender pushes it)."""
+        batch = self.build_batch(now)
+        self.spool.append(batch.seq, to_wire(batch))
+        self.ticks += 1
+        self._wake.set()
+        return batch
+
+    def flush(self, now: float) -> FlushResult:
+        """Push what the spool holds (called by the sender thread, or directly by tests)."""
+        if self.pusher is None:
+            return FlushResult()
+        res = self.pusher.flush(now)
+        if res.commands and self.sink is not None:
+            for cmd in res.commands:
+                try:
+                    self.sink.submit(cmd, now)
+                except Exception:
+                    log.exception("command sink refused command %s", cmd.id)
+        return res
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, stop: threading.Event, clock: Any = time.time) -> None:
+        """Tick every interval until `stop` is set; a sender thread pushes meanwhile."""
+        sender = threading.Thread(target=self._send_loop, args=(stop, clock), name="kvscope-push", daemon=True)
+        if self.pusher is not None:
+            sender.start()
+        interval = self.config.interval_s
+        next_at = clock()
+        try:
+            while not stop.is_set():
+                now = clock()
+                try:
+                    self.tick(now)
+                except Exception:  # disk full, a bug: log, keep going
+                    log.exception("tick failed")
+                next_at += interval
+                delay = next_at - clock()
+                if delay < -interval:  # far behind (suspend, slow disk): do not burst
+                    next_at = clock()
+                    delay = 0.0
+                stop.wait(max(delay, 0.0))
+        finally:
+            self._wake.set()
+            if sender.is_alive():
+                sender.join(timeout=self.config.push_timeout_s + 1)
+            self.close()
+
+    def _send_loop(self, stop: threading.Event, clock: Any) -> None:
+        assert self.pusher is not None
+        while not stop.is_set():
+            self._wake.clear()
+            now = clock()
+            if self.pusher.due(now):
+                try:
+                    self.flush(now)
+                except Exception:
+                    log.exception("push failed")
+            wait = max(0.05, self.pusher.next_attempt_at - clock()) if len(self.spool) else None
+            self._wake.wait(timeout=wait if wait is not None else 5.0)
+        # a last attempt so a clean stop leaves little in the spool
+        try:
+            if self.pusher.failures == 0:
+                self.flush(clock())
+        except Exception:
+            log.exception("final push failed")
+
+    def close(self) -> None:
+        self.host.close()
+        if self.sink is not None:
+            try:
+                self.sink.close()
+            except Exception:
+                log.exception("command sink close failed")
+
+
+__all__ = ["Agent", "AgentConfig", "HostCollector", "HostSource"]

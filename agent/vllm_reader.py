@@ -1,0 +1,203 @@
+"""Reads one vLLM server: /metrics, /health, /v1/models, /version. Each source fails alone.
+
+`/metrics` is asked with a plain Accept header (an OpenMetrics Accept header switches vLLM's
+format). `/v1/models` and `/version` change only on a restart, so they are re-read every
+`meta_every_s` seconds or after a restart / a failed health check, not every tick.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agent.exposition import parse
+from agent.hygiene import CounterHygiene
+from agent.normalise import KEEP_PREFIXES, normalise
+from agent.protocol import AgentEvent, MetricType, Sample, Scrape
+
+SIM_HEADER = "x-kvscope-simulated"
+_VALID_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "info", "unknown"})
+
+
+@dataclass
+class InstanceMeta:
+    model: str | None = None
+    model_root: str | None = None
+    max_model_len: int | None = None
+    version: str | None = None
+    simulated: bool = False
+    read_at: float | None = None
+
+
+@dataclass
+class VllmReader:
+    base_url: str
+    client: httpx.Client
+    timeout_s: float = 2.0
+    meta_every_s: float = 60.0
+    keep: tuple[str, ...] = KEEP_PREFIXES
+    meta: InstanceMeta = field(default_factory=InstanceMeta)
+    hygiene: CounterHygiene = field(init=False)
+    label_cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    last_raw: str = ""  # the last /metrics text (for `capture`)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        self.hygiene = CounterHygiene(self.base_url)
+
+    # ------------------------------------------------------------------ one tick
+    def scrape(self, now: float) -> tuple[Scrape, list[AgentEvent]]:
+        events: list[AgentEvent] = []
+        errors: list[str] = []
+        scrape = Scrape(instance=self.base_url, ts=now, ok=False)
+        simulated = False
+
+        healthy: bool | None
+        try:
+            r = self._get("/health")
+            healthy = r.status_code == 200
+            simulated |= r.headers.get(SIM_HEADER) == "1"
+            if not healthy:
+                errors.append(f"/health answered {r.status_code}")
+        except httpx.HTTPError as exc:
+            healthy = False
+            errors.append(f"/health: {_describe(exc)}")
+        scrape.healthy = healthy
+
+        metrics_ok = False
+        try:
+            r = self._get("/metrics", accept="text/plain")
+            simulated |= r.headers.get(SIM_HEADER) == "1"
+            if r.status_code != 200:
+                errors.append(f"/metrics answered {r.status_code}")
+            else:
+                text = r.text
+                self.last_raw = text
+                exp = parse(text, self.keep, self.label_cache)
+                norm = normalise(exp)
+                samples, hyg_events = self.hygiene.apply(norm, now)
+                events.extend(hyg_events)
+                if any(e.kind == "restart" for e in hyg_events):
+                    self.meta.read_at = None  # re-read model and version
+                scrape.samples = [Sample(n, dict(lab), v) for n, lab, v in samples]
+                scrape.types = {k: _mtype(v) for k, v in norm.types.items()}
+                metrics_ok = True
+                problems = []
+                if exp.bad_lines:
+                    problems.append(f"{exp.bad_lines} unreadable line(s), first: {exp.first_error}")
+                if norm.dropped_duplicates:
+                    problems.append(f"{norm.dropped_duplicates} duplicate series ignored")
+                if problems:
+                    errors.append("/metrics: " + "; ".join(problems))
+                if norm.dropped_nonfinite:
+                    events.append(
+                        AgentEvent(
+                            ts=now, kind="values_dropped", instance=self.base_url,
+                            message=f"{norm.dropped_nonfinite} NaN/Inf sample value(s) dropped",
+                            data={"count": norm.dropped_nonfinite},
+                        )
+                    )
+        except httpx.HTTPError as exc:
+            errors.append(f"/metrics: {_describe(exc)}")
+
+        if not healthy:
+            self.meta.read_at = None
+        if self.meta.read_at is None or now - self.meta.read_at >= self.meta_every_s:
+            errors.extend(self._read_meta(now))
+        meta = self.meta
+        scrape.model, scrape.model_root, scrape.max_model_len = meta.model, meta.model_root, meta.max_model_len
+        scrape.version = meta.version
+        meta.simulated = meta.simulated or simulated
+        scrape.simulated = meta.simulated
+        scrape.ok = metrics_ok
+        scrape.error = "; ".join(errors)[:2000] if errors else None
+        return scrape, events
+
+    def _read_meta(self, now: float) -> list[str]:
+        errors: list[str] = []
+        ok = True
+        try:
+            r = self._get("/v1/models")
+            if r.status_code == 200:
+                model = _first_model(_json(r))
+                if model is not None:
+                    self.meta.model = _str(model.get("id"))
+                    self.meta.model_root = _str(model.get("root"))
+                    mml = model.get("max_model_len")
+                    self.meta.max_model_len = mml if isinstance(mml, int) and not isinstance(mml, bool) else None
+                else:
+                    errors.append("/v1/models: no model listed")
+            else:
+                ok = False
+                errors.append(f"/v1/models answered {r.status_code}")
+        except httpx.HTTPError as exc:
+            ok = False
+            errors.append(f"/v1/models: {_describe(exc)}")
+        try:
+            r = self._get("/version")
+            if r.headers.get(SIM_HEADER) == "1":
+                self.meta.simulated = True
+            if r.status_code == 200:
+                data = _json(r)
+                if isinstance(data, dict):
+                    self.meta.version = _str(data.get("version"))
+                    if data.get("kvscope_simulated") is True:
+                        self.meta.simulated = True
+            else:
+                ok = False
+                errors.append(f"/version answered {r.status_code}")
+        except httpx.HTTPError as exc:
+            ok = False
+            errors.append(f"/version: {_describe(exc)}")
+        self.meta.read_at = now if ok else None
+        return errors
+
+    def _get(self, path: str, accept: str = "*/*") -> httpx.Response:
+        return self.client.get(self.base_url + path, headers={"Accept": accept}, timeout=self.timeout_s)
+
+    # ------------------------------------------------------------------ capture
+    def fetch_raw(self) -> dict[str, bytes | str]:
+        """The raw answers of every endpoint (or the error text), for `kvscope agent capture`."""
+        out: dict[str, bytes | str] = {}
+        for path, name in (("/metrics", "metrics.prom"), ("/v1/models", "v1_models.json"),
+                           ("/version", "version.json"), ("/health", "health.txt")):
+            try:
+                r = self._get(path, accept="text/plain" if path == "/metrics" else "*/*")
+                out[name] = r.content if r.status_code == 200 else f"HTTP {r.status_code}\n{r.text[:2000]}"
+            except httpx.HTTPError as exc:
+                out[name] = f"error: {_describe(exc)}"
+        return out
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused or unreachable"
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _json(r: httpx.Response) -> Any:
+    try:
+        return json.loads(r.content)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _first_model(data: Any) -> dict[str, Any] | None:
+    if isinstance(data, dict):
+        models = data.get("data")
+        if isinstance(models, list) and models and isinstance(models[0], dict):
+            return models[0]
+    return None
+
+
+def _str(v: Any) -> str | None:
+    return str(v)[:1024] if v is not None else None
+
+
+def _mtype(v: str) -> MetricType:
+    return v if v in _VALID_TYPES else "unknown"  # type: ignore[return-value]
