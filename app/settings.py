@@ -19,6 +19,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from app.alerts.channel_config import AlertChannel
 from kvscope.errors import UserError
 
 PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "secret", "token", "placeholder"})
@@ -59,6 +60,58 @@ class Settings(BaseSettings):
     alert_eval_interval_s: float = Field(15.0, gt=0, description="How often alert rules are evaluated.")
     # --- scheduler
     run_scheduler: bool = Field(True, description="Run background jobs (rollups, alerts) in this process.")
+
+    # --- alerts (issue 8; app/alerts, docs/alerts.md): rule defaults, channels, delivery
+    alert_rules: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Rule parameter defaults, e.g. {hit_rate_drop_overall = {for_s = 60}} (see docs/alerts.md).",
+    )
+    alert_channels: list[AlertChannel] = Field(
+        default_factory=list, description="Notification channels: webhook, ntfy, slack, discord, alertmanager."
+    )
+    alert_delivery_interval_s: float = Field(5.0, gt=0, description="How often queued notifications are sent.")
+    alert_retry_base_s: float = Field(10.0, gt=0, description="First retry delay of a failed notification.")
+    alert_retry_max_s: float = Field(900.0, gt=0, description="Longest retry delay (exponential backoff cap).")
+    alert_max_attempts: int = Field(10, ge=1, description="Give a notification up after this many attempts.")
+    alert_resend_s: float = Field(60.0, gt=0, description="Re-send firing alerts to Alertmanager this often.")
+    alert_nodata_resolve_s: float = Field(
+        900.0, gt=0, description="Resolve a firing alert after this long without data."
+    )
+    alert_public_url: str | None = Field(
+        None, description="This app's URL as users reach it, for links in notifications."
+    )
+
+    @field_validator("alert_rules")
+    @classmethod
+    def _alert_rules(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from app.alerts.params import ParamError, validate_overrides
+
+        try:
+            return validate_overrides(v)
+        except ParamError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("alert_channels")
+    @classmethod
+    def _alert_channels(cls, v: list[AlertChannel]) -> list[AlertChannel]:
+        names = [c.name for c in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"alert channel names must be unique: {', '.join(dup)}")
+        return v
+    # --- scale-out: the app as a Prometheus exporter, Prometheus as a history source
+    exporter_enabled: bool = Field(True, description="Export derived per-instance series on /metrics.")
+    exporter_window_s: float = Field(
+        60.0, gt=0, description="Window of the exported rates and hit ratios (seconds of stored samples)."
+    )
+    exporter_cache_s: float = Field(5.0, ge=0, description="Reuse one computation of /metrics this long.")
+    prometheus_url: str | None = Field(
+        None, description="Base URL of a Prometheus that scrapes the vLLM servers (history source)."
+    )
+    prometheus_instance_label: str = Field(
+        "instance", description="Prometheus label that names the vLLM server (host:port, as in its scrape)."
+    )
+    prometheus_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Prometheus query.")
 
     @field_validator("data_dir", mode="before")
     @classmethod
