@@ -118,7 +118,7 @@ class Profile(BaseModel):
     @property
     def pinned_bytes(self) -> int:
         """The pinned host buffer this profile asks for (0 when offload is off)."""
-        return int(round(self.offload_size_gib * GIB)) if self.offload_size_gib else 0
+        return round(self.offload_size_gib * GIB) if self.offload_size_gib else 0
 
     @property
     def uses_cpu_offload(self) -> bool:

@@ -36,7 +36,9 @@ def test_knobs_render_a_transfer_config_json() -> None:
     assert extra["spec_name"] == "TieringOffloadingSpec"
     assert extra["cpu_bytes_to_use"] == 4 * GIB
     assert extra["eviction_policy"] == "arc" and extra["store_threshold"] == 2
-    assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": "/mnt/kv", "n_read_threads": 8, "n_write_threads": 4}]
+    assert extra["secondary_tiers"] == [
+        {"type": "fs", "root_dir": "/mnt/kv", "n_read_threads": 8, "n_write_threads": 4}
+    ]
     cpu = json.loads(parse_profile("lru", {"offload_size_gib": 1, "eviction_policy": "lru"}).to_argv()[1])
     assert cpu["kv_connector_extra_config"]["spec_name"] == "CPUOffloadingSpec"
 

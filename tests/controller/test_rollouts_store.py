@@ -6,13 +6,15 @@ from typing import Any
 
 import pytest
 
+from agent.protocol import PushBatch, Scrape
 from app.storage import rollouts_store as rs
 from app.storage.events import list_events
 from app.storage.ingest_store import IngestWriter
-from agent.protocol import PushBatch, Scrape
 
 
-def _instance(engine: Any, host: str = "rig1", url: str = "http://127.0.0.1:8000", now: float = 1000.0) -> tuple[int, int]:
+def _instance(
+    engine: Any, host: str = "rig1", url: str = "http://127.0.0.1:8000", now: float = 1000.0
+) -> tuple[int, int]:
     w = IngestWriter(engine)
     res = w.write(PushBatch(agent_id=f"agent-{host}", host=host, seq=int(now), sent_at=now,
                             scrapes=[Scrape(instance=url, ts=now, ok=True)]), now)

@@ -1,0 +1,285 @@
+"""The subprocess launcher: the agent starts and supervises the server process itself.
+
+    launcher = SubprocessLauncher(["vllm", "serve", "/models/x", "--port", "8000"], log_dir=Path("logs"))
+    launcher.start(["--kv-cache-dtype", "fp8"])
+    launcher.wait_healthy("http://127.0.0.1:8000", deadline_s=300)
+    launcher.stop()
+
+The process runs in its own session (process group), so stop() reaches vLLM's engine children
+too: SIGTERM to the group, wait, SIGKILL whatever is left. Output goes to one log file per start
+in `log_dir` (the newest `keep_logs` are kept). A pid file lets a restarted agent adopt a server
+it started before (and stop it later) instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from agent.launcher.base import LauncherError
+from agent.launcher.health import HealthResult, wait_healthy
+
+
+class SubprocessLauncher:
+    kind = "subprocess"
+
+    def __init__(
+        self,
+        base_argv: Sequence[str],
+        *,
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        name: str = "server",
+        stop_timeout_s: float = 30.0,
+        keep_logs: int = 10,
+        adopt: bool = True,
+    ) -> None:
+        if not base_argv:
+            raise LauncherError("subprocess launcher needs a command")
+        self.base_argv = list(base_argv)
+        self.log_dir = Path(log_dir)
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.name = name
+        self.stop_timeout_s = stop_timeout_s
+        self.keep_logs = keep_logs
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._adopted_pid: int | None = None
+        self._argv: list[str] | None = None
+        self._log_path: Path | None = None
+        self._log_file: IO[bytes] | None = None
+        self._exit: str | None = None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if adopt:
+            self._adopt()
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def current_argv(self) -> list[str] | None:
+        return None if self._argv is None else list(self._argv)
+
+    @property
+    def pid(self) -> int | None:
+        if self._proc is not None:
+            return self._proc.pid
+        return self._adopted_pid
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    def start(self, extra_argv: list[str]) -> None:
+        if self.alive():
+            raise LauncherError(f"{self.name} is already running (pid {self.pid}); stop it first")
+        argv = [*self.base_argv, *extra_argv]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        n = 0
+        while True:
+            path = self.log_dir / f"{self.name}-{stamp}-{n}.log"
+            if not path.exists():
+                break
+            n += 1
+        log = path.open("ab")
+        log.write(f"# kvscope: starting {json.dumps(argv)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env}, cwd=self.cwd, start_new_session=True,
+            )
+        except OSError as exc:
+            log.close()
+            raise LauncherError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        self._close_log()
+        self._proc, self._adopted_pid = proc, None
+        self._argv = list(extra_argv)
+        self._log_path, self._log_file = path, log
+        self._exit = None
+        self._write_pidfile(proc.pid, extra_argv)
+        self._prune_logs()
+
+    def stop(self) -> None:
+        pid = self.pid
+        if pid is None:
+            return
+        if self._proc is not None:
+            self._stop_child(self._proc)
+        else:
+            self._stop_adopted(pid)
+        self._proc, self._adopted_pid = None, None
+        self._close_log()
+        self._remove_pidfile()
+
+    def restart(self, extra_argv: list[str]) -> None:
+        self.stop()
+        self.start(extra_argv)
+
+    def alive(self) -> bool | None:
+        if self._proc is not None:
+            code = self._proc.poll()
+            if code is None:
+                return True
+            self._exit = _describe_exit(code)
+            return False
+        if self._adopted_pid is not None:
+            if _pid_alive(self._adopted_pid):
+                return True
+            self._exit = "exited (adopted process, exit code unknown)"
+            return False
+        return None if self._exit is None else False
+
+    def exit_info(self) -> str | None:
+        self.alive()
+        return self._exit
+
+    def log_tail(self, max_lines: int = 40) -> str:
+        if self._log_path is None:
+            return ""
+        try:
+            with self._log_path.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - 64 * 1024))
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-max_lines:])
+
+    def wait_healthy(self, url: str, deadline_s: float, **kwargs: Any) -> HealthResult:
+        return wait_healthy(url, deadline_s, alive=self.alive, **kwargs)
+
+    # ------------------------------------------------------------------ internals
+    def _stop_child(self, proc: subprocess.Popen[bytes]) -> None:
+        pgid = proc.pid  # its own session: pgid == pid
+        if proc.poll() is None:
+            _killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                _killpg(pgid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self._exit = _describe_exit(proc.returncode) + " (stopped by kvscope)"
+        self._reap_group(pgid)
+
+    def _stop_adopted(self, pid: int) -> None:
+        _killpg(pid, signal.SIGTERM)
+        t_end = time.monotonic() + self.stop_timeout_s
+        while _pid_alive(pid) and time.monotonic() < t_end:
+            time.sleep(0.1)
+        if _pid_alive(pid):
+            _killpg(pid, signal.SIGKILL)
+        self._exit = "stopped by kvscope (adopted process)"
+        self._reap_group(pid)
+
+    def _reap_group(self, pgid: int) -> None:
+        """Children left in the group after the main process exited: TERM, short grace, KILL."""
+        if not _group_alive(pgid):
+            return
+        _killpg(pgid, signal.SIGTERM)
+        t_end = time.monotonic() + 5.0
+        while _group_alive(pgid) and time.monotonic() < t_end:
+            time.sleep(0.05)
+        _killpg(pgid, signal.SIGKILL)
+
+    def _prune_logs(self) -> None:
+        logs = sorted(self.log_dir.glob(f"{self.name}-*.log"), key=lambda p: p.stat().st_mtime)
+        for old in logs[: max(0, len(logs) - self.keep_logs)]:
+            if old != self._log_path:
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            try:
+                self._log_file.close()
+            except OSError:
+                pass
+            self._log_file = None
+
+    @property
+    def _pidfile(self) -> Path:
+        return self.log_dir / f"{self.name}.pid.json"
+
+    def _write_pidfile(self, pid: int, extra_argv: list[str]) -> None:
+        data = {"pid": pid, "argv": [*self.base_argv, *extra_argv], "extra_argv": extra_argv,
+                "log": str(self._log_path) if self._log_path else None}
+        try:
+            self._pidfile.write_text(json.dumps(data))
+        except OSError:
+            pass
+
+    def _remove_pidfile(self) -> None:
+        try:
+            self._pidfile.unlink()
+        except OSError:
+            pass
+
+    def _adopt(self) -> None:
+        try:
+            data = json.loads(self._pidfile.read_text())
+            pid = int(data["pid"])
+            argv = [str(a) for a in data["argv"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if not _pid_alive(pid) or _cmdline(pid) != argv:
+            self._remove_pidfile()
+            return
+        self._adopted_pid = pid
+        self._argv = [str(a) for a in data.get("extra_argv") or []]
+        log = data.get("log")
+        self._log_path = Path(log) if log else None
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie is not alive
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]

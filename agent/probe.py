@@ -1,0 +1,221 @@
+"""The verification probe (the field method), reusable as a workload.
+
+One long prefix A cold; A again (a GPU prefix-cache hit); enough other long prefixes to evict A
+from the GPU pool; A again (reloaded from the offload tier, or recomputed without one). Each
+request is a NON-streaming completion with max_tokens=16 at temperature 0: its whole duration is
+the field reports' stand-in for TTFT, reported as `ttft_s`. Around every step the server's
+/metrics are read, so each step carries its prompt-token deltas by source (local_compute,
+local_cache_hit, external_kv_transfer) and offload bytes.
+
+An HTTP 5xx, a dropped connection or a dead process is a `crash`; a request with no answer
+within `request_timeout_s` is a `hang`. Either fails the probe (and so the rollout).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Counter families read around each step (summed over labels except `source`).
+SOURCE_COUNTER = "vllm:prompt_tokens_by_source"
+TOTAL_COUNTERS = {
+    "prompt_tokens": "vllm:prompt_tokens",
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "external_prefix_cache_queries": "vllm:external_prefix_cache_queries",
+    "external_prefix_cache_hits": "vllm:external_prefix_cache_hits",
+    "kv_offload_load_bytes": "vllm:kv_offload_load_bytes",
+    "kv_offload_store_bytes": "vllm:kv_offload_store_bytes",
+}
+_VOCAB = (
+    "cache block prefix token tier offload buffer memory pinned device host reload compute layer attention "
+    "query value key batch queue engine request prompt decode model serve latency transfer bandwidth pool "
+    "evict reuse hash store load window chunk stream"
+)
+_WORDS = tuple(_VOCAB.split())
+
+
+@dataclass
+class ProbeConfig:
+    prefix_words: int = 1500  # ~1 token per word for most tokenizers (plus the document header)
+    evict_count: int = 8  # other prefixes sent to push A out of the GPU pool
+    max_tokens: int = 16
+    request_timeout_s: float = 60.0
+    nonce: str | None = None  # makes the prefixes unique per probe (default: random)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProbeConfig:
+        c = cls()
+        if isinstance(data, dict):
+            for key in ("prefix_words", "evict_count", "max_tokens"):
+                if isinstance(data.get(key), int | float) and data[key] >= 0:
+                    setattr(c, key, int(data[key]))
+            if isinstance(data.get("request_timeout_s"), int | float) and data["request_timeout_s"] > 0:
+                c.request_timeout_s = float(data["request_timeout_s"])
+            if data.get("nonce"):
+                c.nonce = str(data["nonce"])
+        return c
+
+
+@dataclass
+class ProbeStep:
+    name: str  # cold | gpu_hit | evict_N | reload
+    ttft_s: float | None
+    status: int | None = None
+    error: str | None = None
+    deltas: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    failure: str | None  # None | crash | hang | error
+    message: str
+    model: str | None = None
+    steps: list[ProbeStep] = field(default_factory=list)
+    deltas: dict[str, float] = field(default_factory=dict)  # whole probe
+    reload_source: str | None = None  # external_kv_transfer | local_cache_hit | local_compute
+
+    def ttft(self, name: str) -> float | None:
+        return next((s.ttft_s for s in self.steps if s.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ttft_s"] = {s.name: s.ttft_s for s in self.steps if not s.name.startswith("evict_")}
+        return d
+
+
+def read_counters(client: httpx.Client, base_url: str, timeout_s: float = 10.0) -> dict[str, float] | None:
+    """The probe's counters from /metrics; None when unreadable."""
+    try:
+        r = client.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s, headers={"accept": "text/plain"})
+        if r.status_code != 200:
+            return None
+        return counters_from_text(r.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def counters_from_text(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    wanted = {v: k for k, v in TOTAL_COUNTERS.items()}
+    try:
+        for fam in text_string_to_metric_families(text):
+            if fam.name == SOURCE_COUNTER:
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        key = s.labels.get("source", "unknown")
+                        out[key] = out.get(key, 0.0) + float(s.value)
+            elif fam.name in wanted:
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        out[wanted[fam.name]] = out.get(wanted[fam.name], 0.0) + float(s.value)
+    except (ValueError, TypeError, IndexError):
+        pass
+    return out
+
+
+def _delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    if before is None or after is None:
+        return {}
+    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) != 0}
+
+
+def make_prefix(nonce: str, index: int, words: int) -> str:
+    rnd = random.Random(f"{nonce}-{index}")
+    body = " ".join(rnd.choice(_WORDS) for _ in range(words))
+    return f"Document {nonce}-{index}. {body}"
+
+
+def first_model(client: httpx.Client, base_url: str, timeout_s: float) -> str | None:
+    try:
+        r = client.get(base_url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        data = r.json().get("data") or []
+        return str(data[0]["id"]) if data else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+
+
+def run_probe(
+    base_url: str,
+    *,
+    model: str | None = None,
+    config: ProbeConfig | None = None,
+    client: httpx.Client | None = None,
+    alive: Callable[[], bool | None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> ProbeResult:
+    cfg = config or ProbeConfig()
+    own = client is None
+    c = client or httpx.Client()
+    try:
+        return _run(c, base_url.rstrip("/"), model, cfg, alive, clock)
+    finally:
+        if own:
+            c.close()
+
+
+def _run(
+    c: httpx.Client, base: str, model: str | None, cfg: ProbeConfig,
+    alive: Callable[[], bool | None], clock: Callable[[], float],
+) -> ProbeResult:
+    model = model or first_model(c, base, cfg.request_timeout_s)
+    if model is None:
+        return ProbeResult(False, "error", "no model listed on /v1/models")
+    nonce = cfg.nonce or f"{random.getrandbits(40):010x}"
+    plan = [("cold", 0), ("gpu_hit", 0)] + [(f"evict_{i}", i) for i in range(1, cfg.evict_count + 1)] + [("reload", 0)]
+    steps: list[ProbeStep] = []
+    start_counters = read_counters(c, base)
+    before = start_counters
+    for name, idx in plan:
+        prompt = make_prefix(nonce, idx, cfg.prefix_words) + "\nQuestion: what is this document about?"
+        step = _request(c, base, model, prompt, cfg, clock)
+        step.name = name
+        after = read_counters(c, base) if step.error is None else None
+        step.deltas = _delta(before, after)
+        before = after if after is not None else before
+        steps.append(step)
+        if step.error is not None:
+            if step.error.startswith("timeout"):
+                failure = "hang"
+            elif step.status is not None and step.status < 500:
+                failure = "error"
+            else:
+                failure = "crash"
+            if alive() is False:
+                failure = "crash"
+            return ProbeResult(
+                False, failure, f"{name} request: {step.error}", model=model, steps=steps,
+                deltas=_delta(start_counters, read_counters(c, base)),
+            )
+    result = ProbeResult(True, None, "probe passed", model=model, steps=steps,
+                         deltas=_delta(start_counters, before))
+    reload = steps[-1].deltas
+    if reload:
+        result.reload_source = max(
+            ("external_kv_transfer", "local_cache_hit", "local_compute"), key=lambda k: reload.get(k, 0.0)
+        )
+    return result
+
+
+def _request(
+    c: httpx.Client, base: str, model: str, prompt: str, cfg: ProbeConfig, clock: Callable[[], float]
+) -> ProbeStep:
+    body = {"model": model, "prompt": prompt, "max_tokens": cfg.max_tokens, "temperature": 0}
+    t0 = clock()
+    try:
+        r = c.post(base + "/v1/completions", json=body, timeout=cfg.request_timeout_s)
+    except httpx.TimeoutException:
+        return ProbeStep("", None, error=f"timeout: no answer within {cfg.request_timeout_s:.0f} s")
+    except httpx.HTTPError as exc:
+        return ProbeStep("", None, error=f"connection failed: {type(exc).__name__}: {exc}"[:300])
+    dt = clock() - t0
+    if r.status_code != 200:
+        return ProbeStep("", dt, status=r.status_code, error=f"HTTP {r.status_code}: {r.text[:200]}")
+    return ProbeStep("", dt, status=200)
