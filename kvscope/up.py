@@ -1,0 +1,117 @@
+"""`kvscope up --vllm-url URL`: the app and a local agent in one process, for a single GPU rig.
+
+Creates an agent token on the app's database (revoking the ones earlier `up` runs made), serves
+the app with uvicorn in a thread, runs the agent loop in another, prints the URL, and stops
+both cleanly on Ctrl-C / SIGTERM. Module level imports are standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kvscope.errors import UserError
+
+TOKEN_PREFIX = "kvscope-up-"
+
+
+def register(sub: Any) -> None:
+    from app.cli import add_settings_args
+
+    p = sub.add_parser("up", help="app + local agent in one command (single GPU rig)")
+    add_settings_args(p)
+    p.add_argument("--vllm-url", action="append", metavar="URL",
+                   help="vLLM base URL (repeatable; default http://127.0.0.1:8000)")
+    p.add_argument("--host", help="app bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="app port (default 8080)")
+    p.add_argument("--interval", default="1s", help="agent tick interval (default 1s)")
+    p.add_argument("--state-dir", help="agent spool folder (default <data dir>/agent)")
+    p.add_argument("--no-gpu", action="store_true", help="skip GPU readings")
+    p.add_argument("--nvidia-smi", help="nvidia-smi executable for the fallback")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_up)
+
+
+def _local_token(engine: Any, now: float) -> str:
+    from app.storage.tokens import create_token, list_tokens, revoke_token
+
+    for t in list_tokens(engine):
+        name = str(t["name"])
+        if name.startswith(TOKEN_PREFIX) and not t["revoked_at"]:
+            revoke_token(engine, name, now)
+    return create_token(engine, f"{TOKEN_PREFIX}{int(now * 1000)}", now)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    import uvicorn
+
+    from agent.cli import build_agent, parse_interval
+    from app.cli import check_port_free, settings_from_args
+    from app.main import create_app
+    from app.storage.engine import open_database
+
+    try:
+        interval = parse_interval(args.interval)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(str(exc)) from None
+    settings = settings_from_args(args, host=args.host, port=args.port)
+    settings.check_for_bind()
+    check_port_free(settings.host, settings.port)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    engine = open_database(settings.effective_database_url)
+    token = _local_token(engine, time.time())
+    app = create_app(settings, engine=engine)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+    )
+    server_thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
+    server_thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not server_thread.is_alive() or time.monotonic() > deadline:
+            raise UserError(f"the app did not start on {settings.host}:{settings.port}; see the log above")
+        time.sleep(0.05)
+
+    local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    url = f"http://{local_host}:{settings.port}"
+    agent_args = argparse.Namespace(
+        vllm_url=args.vllm_url, interval=interval, state_dir=args.state_dir or str(Path(settings.data_dir) / "agent"),
+        no_gpu=args.no_gpu, nvidia_smi=args.nvidia_smi, host_name=None, spool_max_mb=256.0,
+    )
+    stop = threading.Event()
+    try:
+        agent = build_agent(agent_args, server=url, token=token)
+    except BaseException:
+        server.should_exit = True
+        server_thread.join(timeout=10)
+        raise
+    agent_thread = threading.Thread(target=agent.run, args=(stop,), name="kvscope-agent", daemon=True)
+    agent_thread.start()
+
+    def _stop(_sig: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    urls = ", ".join(r.base_url for r in agent.readers)
+    print(f"kvscope up: dashboard {url}  (agent reading {urls}; data: {settings.effective_database_url})")
+    print("kvscope up: Ctrl-C stops both", flush=True)
+    while not stop.is_set():
+        stop.wait(0.5)
+        if not server_thread.is_alive():
+            print("kvscope up: the app stopped; stopping the agent", file=sys.stderr)
+            stop.set()
+    agent_thread.join(timeout=agent.config.push_timeout_s + 5)
+    server.should_exit = True
+    server_thread.join(timeout=15)
+    engine.dispose()
+    print("kvscope up: stopped", flush=True)
+    return 0
