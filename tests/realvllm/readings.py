@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from agent.protocol import Scrape
 from agent.vllm_reader import VllmReader
+
+from .workload import complete, prompt_tokens_of
 
 # The families the dashboard, alerts and controller read, as the agent must send them
 # (current names, counters with _total, histograms as _bucket/_sum/_count).
@@ -107,3 +110,24 @@ class AgentView:
 
     def close(self) -> None:
         self.client.close()
+
+
+def read_until(agent: AgentView, ok: Callable[[Reading], bool], what: str, deadline_s: float = 30.0) -> Reading:
+    """vLLM publishes stats from its output loop: the counters can trail the HTTP reply a little."""
+    end = time.monotonic() + deadline_s
+    reading = agent.read()
+    while not ok(reading):
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} not seen within {deadline_s:.0f} s: {reading.snapshot()}")
+        time.sleep(0.5)
+        reading = agent.read()
+    return reading
+
+
+def send(base_url: str, agent: AgentView, prompt: list[int]) -> Reading:
+    """One completion, then the agent's reading once the server has counted its prompt."""
+    before = agent.read().value("vllm:prompt_tokens_total")
+    reply = complete(base_url, prompt)
+    assert prompt_tokens_of(reply) == len(prompt)
+    return read_until(agent, lambda r: r.value("vllm:prompt_tokens_total") >= before + len(prompt),
+                      f"prompt_tokens_total += {len(prompt)}")

@@ -8,21 +8,16 @@ other prompts to evict it, again (recomputed).
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from .conftest import ServerPool
-from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, Reading, delta
+from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, delta, read_until, send
 from .server import Server, http_get
-from .workload import complete, prompt_tokens_of, tokens
+from .workload import BLOCK, POOL_BLOCKS, PREFIX, TAIL, complete, tokens
 
-BLOCK = 128
-POOL_BLOCKS = 24
 FLAGS = ("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS))
-PREFIX = 8 * BLOCK  # 1,024 tokens: 8 full blocks
-TAIL = 40  # a unique tail per request, so the whole prefix can hit
 
 
 @pytest.fixture(scope="module")
@@ -37,26 +32,6 @@ def agent(server: Server) -> Iterator[AgentView]:
         yield view
     finally:
         view.close()
-
-
-def read_until(agent: AgentView, ok: Callable[[Reading], bool], what: str, deadline_s: float = 30.0) -> Reading:
-    """vLLM publishes stats from its output loop: the counters can trail the HTTP reply a little."""
-    end = time.monotonic() + deadline_s
-    reading = agent.read()
-    while not ok(reading):
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} not seen within {deadline_s:.0f} s: {reading.snapshot()}")
-        time.sleep(0.5)
-        reading = agent.read()
-    return reading
-
-
-def send(server: Server, agent: AgentView, prompt: list[int]) -> Reading:
-    before = agent.read().value("vllm:prompt_tokens_total")
-    reply = complete(server.url, prompt)
-    assert prompt_tokens_of(reply) == len(prompt)
-    return read_until(agent, lambda r: r.value("vllm:prompt_tokens_total") >= before + len(prompt),
-                      f"prompt_tokens_total += {len(prompt)}")
 
 
 def test_every_dashboard_family_is_found_and_normalised(server: Server, agent: AgentView) -> None:
@@ -132,12 +107,12 @@ def test_agent_values_equal_prometheus_client(server: Server, agent: AgentView) 
 def test_prefix_hit_then_eviction_moves_the_right_sources(server: Server, agent: AgentView) -> None:
     prefix = tokens(100, PREFIX)
     r0 = agent.read()
-    r1 = send(server, agent, prefix + tokens(101, TAIL))  # cold
+    r1 = send(server.url, agent, prefix + tokens(101, TAIL))  # cold
     d_cold = delta(r1, r0)
     assert d_cold["src:local_compute"] == PREFIX + TAIL
     assert d_cold["src:local_cache_hit"] == 0
 
-    r2 = send(server, agent, prefix + tokens(102, TAIL))  # the prefix again: GPU prefix cache
+    r2 = send(server.url, agent, prefix + tokens(102, TAIL))  # the prefix again: GPU prefix cache
     d_hit = delta(r2, r1)
     assert d_hit["src:local_cache_hit"] == PREFIX, d_hit
     assert d_hit["src:local_compute"] == TAIL, d_hit
@@ -150,8 +125,8 @@ def test_prefix_hit_then_eviction_moves_the_right_sources(server: Server, agent:
     # Evict: other prompts totalling well over the 24-block pool, LRU pushes the prefix out.
     r = r2
     for i in range(4):
-        r = send(server, agent, tokens(200 + i, 1100))
-    r3 = send(server, agent, prefix + tokens(103, TAIL))  # the prefix again: recomputed
+        r = send(server.url, agent, tokens(200 + i, 1100))
+    r3 = send(server.url, agent, prefix + tokens(103, TAIL))  # the prefix again: recomputed
     d_evicted = delta(r3, r)
     assert d_evicted["src:local_cache_hit"] == 0, d_evicted
     assert d_evicted["src:local_compute"] == PREFIX + TAIL, d_evicted

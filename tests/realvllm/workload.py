@@ -11,6 +11,10 @@ from typing import Any
 
 from .server import http_post_json
 
+BLOCK = 128  # the CPU backend's KV block size
+POOL_BLOCKS = 24  # --num-gpu-blocks-override for the eviction tests: a 3,072-token pool
+PREFIX = 8 * BLOCK  # 1,024 tokens: 8 full blocks
+TAIL = 40  # a unique tail per request, so the whole prefix can hit
 FIRST_ID = 4  # 0-3 are the special tokens of the tiny model
 VOCAB = 4096
 

@@ -1,0 +1,72 @@
+"""Issue 6 (1), the external tier: vLLM's own ExampleConnector stores KV blocks as files on disk,
+so on the CPU build an evicted prefix comes back "reloaded, not recomputed"
+(prompt_tokens_by_source{external_kv_transfer}), as an offload tier would on a GPU server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import ServerPool
+from .readings import SOURCES, AgentView, delta, send
+from .server import Server
+from .workload import POOL_BLOCKS, PREFIX, TAIL, tokens
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("example-connector-store")
+
+
+@pytest.fixture(scope="module")
+def server(vllm_pool: ServerPool, store_dir: Path) -> Server:
+    config = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(store_dir)},
+    }
+    return vllm_pool.get(("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS),
+                          "--kv-transfer-config", json.dumps(config)))
+
+
+@pytest.fixture(scope="module")
+def agent(server: Server) -> Iterator[AgentView]:
+    view = AgentView(server.url)
+    try:
+        yield view
+    finally:
+        view.close()
+
+
+def test_evicted_prefix_is_reloaded_from_the_external_tier(server: Server, agent: AgentView,
+                                                           store_dir: Path) -> None:
+    prefix = tokens(300, PREFIX)
+    r0 = agent.read()
+    r1 = send(server.url, agent, prefix + tokens(301, TAIL))  # cold: computed, stored to disk
+    d_cold = delta(r1, r0)
+    assert d_cold["src:local_compute"] == PREFIX + TAIL, d_cold
+    assert any(store_dir.rglob("*")), "ExampleConnector stored nothing on disk"
+
+    r = r1
+    for i in range(4):  # evict the prefix from the 24-block GPU pool
+        r = send(server.url, agent, tokens(400 + i, 1100))
+    r2 = send(server.url, agent, prefix + tokens(302, TAIL))  # again: back from the disk store
+    d = delta(r2, r)
+    print(f"\nExampleConnector reload deltas: {d}")
+    # The whole 8-block prefix comes back from disk; only the unique tail is computed.
+    assert d["src:external_kv_transfer"] == PREFIX, d
+    assert d["src:local_compute"] == TAIL, d
+    assert d["src:local_cache_hit"] == 0, d
+    # Not found on the GPU -> asked of the connector: the whole prompt.
+    assert d["vllm:external_prefix_cache_queries_total"] == PREFIX + TAIL, d
+    assert d["vllm:external_prefix_cache_hits_total"] == d["src:external_kv_transfer"], d
+    assert r2.value("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified") \
+        - r.value("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified") \
+        == d["src:external_kv_transfer"]
+    # The connector's own gauge, kept by the agent (num_requests_* prefix).
+    assert "vllm:num_requests_kv_fetch_by_stage" in r2.names()
+    assert sum(r2.by_source(s) for s in SOURCES) == r2.value("vllm:prompt_tokens_total")
