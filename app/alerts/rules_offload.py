@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.alerts.rule_io import RuleResult, TargetData
-from app.alerts.series import bucket_increases, histogram_quantile, window_increase
+from app.alerts.series import bucket_increases, window_increase
+from app.derived.evaluate import histogram_quantile
 
 STORE_BYTES = "vllm:kv_offload_store_bytes_total"
 LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
@@ -70,7 +71,8 @@ def ttft_p95(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleResult:
     if count is None or count < float(p["min_requests"]):
         return RuleResult(None, message="too few requests to judge TTFT")
     q = float(p["quantile"])
-    value = histogram_quantile(q, bucket_increases(data.series.get(TTFT_BUCKET), start, now))
+    buckets: dict[float, float | None] = dict(bucket_increases(data.series.get(TTFT_BUCKET), start, now))
+    value = histogram_quantile(q, buckets)
     if value is None:
         return RuleResult(None, message="no TTFT histogram")
     budget = float(p["budget_s"])

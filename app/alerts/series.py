@@ -132,36 +132,6 @@ def ratio(num: float | None, den: float | None) -> float | None:
     return max(0.0, min(1.0, num / den))
 
 
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
-    """PromQL-style quantile from cumulative bucket counts {le: count} (le may be inf).
-
-    Linear interpolation inside the bucket; None without observations. When the quantile lands
-    in the +Inf bucket, the largest finite bound is returned (as Prometheus does)."""
-    if not buckets:
-        return None
-    les = sorted(buckets)
-    counts = [buckets[le] for le in les]
-    # enforce monotonic counts (increases of separate series can wobble by a reset)
-    for i in range(1, len(counts)):
-        counts[i] = max(counts[i], counts[i - 1])
-    total = counts[-1]
-    if total <= 0:
-        return None
-    rank = q * total
-    prev_le = 0.0
-    prev_count = 0.0
-    for le, c in zip(les, counts, strict=True):
-        if c >= rank:
-            if math.isinf(le):
-                finite = [x for x in les if not math.isinf(x)]
-                return finite[-1] if finite else None
-            if c == prev_count:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_count) / (c - prev_count)
-        prev_le, prev_count = le, c
-    return None
-
-
 def bucket_increases(
     series: Sequence[Series], start: float, end: float, *, anchor_s: float = 120.0
 ) -> dict[float, float]:

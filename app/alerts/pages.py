@@ -1,0 +1,180 @@
+"""Alert pages: list + history (/alerts), one alert (/alerts/{id}), rules and per-instance
+overrides (/alerts/rules); form actions acknowledge, silence, expire silence, send test, save
+overrides. Forms post to the same origin only (Origin/Referer checked) and redirect back."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from app.alerts.catalog import BY_NAME, RULES
+from app.alerts.delivery import send_test
+from app.alerts.params import ParamError, coerce, effective
+from app.context import AppContext
+from app.storage import alerts_store as store
+from app.storage.series_store import get_instance, list_instances
+
+
+def _same_origin(request: Request) -> None:
+    """Refuse cross-site form posts (CSRF): Origin, or else Referer, must name this host."""
+    host = request.headers.get("host", "")
+    for header in ("origin", "referer"):
+        v = request.headers.get(header)
+        if v:
+            if v == "null" or urlsplit(v).netloc != host:
+                raise HTTPException(403, f"cross-site form post refused ({header} {v!r} is not {host})")
+            return
+
+
+def _back(path: str, msg: str | None = None) -> RedirectResponse:
+    url = path + (("&" if "?" in path else "?") + "msg=" + quote(msg[:300]) if msg else "")
+    return RedirectResponse(url, status_code=303)
+
+
+def _render(ctx: AppContext, request: Request, name: str, data: dict[str, Any]) -> HTMLResponse:
+    data.setdefault("active_nav", "alerts")
+    data.setdefault("now", ctx.now())
+    data.setdefault("msg", request.query_params.get("msg"))
+    return ctx.extras["templates"].TemplateResponse(request, name, data)  # type: ignore[no-any-return]
+
+
+def _list_context(ctx: AppContext) -> dict[str, Any]:
+    from app.alerts_api import alert_json
+
+    now = ctx.now()
+    silences = store.active_silences(ctx.engine, now)
+    open_rows = store.list_alerts(ctx.engine, states=["pending", "firing"], limit=500)
+    history = store.list_transitions(ctx.engine, limit=200)
+    channels = []
+    for c in ctx.settings.alert_channels:
+        last = store.list_deliveries(ctx.engine, channel=c.name, limit=5)
+        channels.append({"cfg": c, "recent": last})
+    failing = [d for c in channels for d in c["recent"] if d["status"] in ("failed",) or d["last_error"]]
+    instances = list_instances(ctx.engine)
+    return {
+        "open": [alert_json(a, silences, now) for a in open_rows],
+        "history": history,
+        "silences": silences,
+        "channels": channels,
+        "failing": failing,
+        "rules": RULES,
+        "instances": instances,
+        "simulated": any(i.get("simulated") for i in instances),
+        "eval_interval": ctx.settings.alert_eval_interval_s,
+    }
+
+
+def router(ctx: AppContext) -> APIRouter:
+    r = APIRouter(include_in_schema=False)
+
+    @r.get("/alerts", response_class=HTMLResponse)
+    async def alerts_page(request: Request) -> HTMLResponse:
+        data = await run_in_threadpool(_list_context, ctx)
+        return _render(ctx, request, "alerts/list.html", data)
+
+    @r.get("/fragments/alerts/banner", response_class=HTMLResponse)
+    async def banner_fragment(request: Request) -> HTMLResponse:
+        return _render(ctx, request, "alerts/_banner.html", {})
+
+    @r.get("/alerts/rules", response_class=HTMLResponse)
+    async def rules_page(request: Request, instance: int | None = None) -> HTMLResponse:
+        instances = list_instances(ctx.engine)
+        overrides = store.all_overrides(ctx.engine)
+        chosen = instance if instance is not None else (instances[0]["id"] if instances else None)
+        rows = []
+        for spec in RULES:
+            ov = overrides.get((chosen, spec.name), {}) if chosen is not None else {}
+            eff = effective(spec.name, ctx.settings.alert_rules, ov)
+            base = effective(spec.name, ctx.settings.alert_rules, None)
+            rows.append({"spec": spec, "effective": eff, "base": base, "override": ov})
+        return _render(ctx, request, "alerts/rules.html", {
+            "rows": rows, "instances": instances, "chosen": chosen,
+            "simulated": any(i.get("simulated") for i in instances),
+        })
+
+    @r.post("/alerts/rules/{instance_id}/{rule}")
+    async def save_override(instance_id: int, rule: str, request: Request) -> Response:
+        _same_origin(request)
+        spec = BY_NAME.get(rule)
+        if spec is None or spec.scope != "instance":
+            raise HTTPException(404, f"no per-instance rule {rule!r}")
+        if get_instance(ctx.engine, instance_id) is None:
+            raise HTTPException(404, f"no instance {instance_id}")
+        form = await request.form()
+        base = effective(rule, ctx.settings.alert_rules, None)
+        params: dict[str, Any] = {}
+        reset = form.get("reset") is not None
+        if not reset:
+            for key, default in base.items():
+                if isinstance(default, bool):
+                    raw: Any = "true" if form.get(key) in ("on", "true", "1") else "false"
+                else:
+                    raw = form.get(key)
+                    if raw is None or str(raw).strip() == "":
+                        continue
+                try:
+                    v = coerce(rule, key, raw)
+                except ParamError as exc:
+                    return _back(f"/alerts/rules?instance={instance_id}", f"not saved: {exc}")
+                if v != default:
+                    params[key] = v
+        store.set_override(ctx.engine, instance_id, rule, params, ctx.now())
+        what = "reset to defaults" if not params else "saved: " + ", ".join(f"{k}={v}" for k, v in params.items())
+        return _back(f"/alerts/rules?instance={instance_id}", f"{rule} on instance {instance_id} {what}")
+
+    @r.get("/alerts/{alert_id}", response_class=HTMLResponse)
+    async def alert_page(alert_id: int, request: Request) -> HTMLResponse:
+        from app.alerts_api import alert_json
+
+        row = store.get_alert(ctx.engine, alert_id)
+        if row is None:
+            raise HTTPException(404, f"no alert {alert_id}")
+        now = ctx.now()
+        return _render(ctx, request, "alerts/detail.html", {
+            "alert": alert_json(row, store.active_silences(ctx.engine, now), now),
+            "transitions": store.list_transitions(ctx.engine, alert_id=alert_id),
+            "deliveries": store.list_deliveries(ctx.engine, alert_id=alert_id),
+            "simulated": bool(row.get("simulated")),
+        })
+
+    @r.post("/alerts/{alert_id}/ack")
+    async def ack(alert_id: int, request: Request) -> Response:
+        _same_origin(request)
+        if store.get_alert(ctx.engine, alert_id) is None:
+            raise HTTPException(404, f"no alert {alert_id}")
+        form = await request.form()
+        ok = store.acknowledge(ctx.engine, alert_id, ctx.now(), str(form.get("note") or ""))
+        return _back(f"/alerts/{alert_id}", "acknowledged" if ok else "was already acknowledged")
+
+    @r.post("/alerts/silences")
+    async def silence(request: Request) -> Response:
+        from app.alerts_api import create_silence
+
+        _same_origin(request)
+        form = await request.form()
+        sid = create_silence(ctx, minutes=form.get("minutes"), rule=form.get("rule"),
+                             instance=form.get("instance"), host=form.get("host"), reason=form.get("reason"))
+        return _back(str(form.get("back") or "/alerts"), f"silence {sid} created")
+
+    @r.post("/alerts/silences/{silence_id}/expire")
+    async def expire(silence_id: int, request: Request) -> Response:
+        _same_origin(request)
+        ok = store.expire_silence(ctx.engine, silence_id, ctx.now())
+        return _back("/alerts", f"silence {silence_id} " + ("expired" if ok else "was not active"))
+
+    @r.post("/alerts/channels/{name}/test")
+    async def test_channel(name: str, request: Request) -> Response:
+        from app.alerts_api import delivery_config
+
+        _same_origin(request)
+        channel = next((c for c in ctx.settings.alert_channels if c.name == name), None)
+        if channel is None:
+            raise HTTPException(404, f"no channel {name!r} in settings.alert_channels")
+        _did, err = await run_in_threadpool(send_test, ctx.engine, channel, ctx.now(), delivery_config(ctx))
+        return _back("/alerts", f"test to {name}: " + ("sent" if err is None else f"FAILED: {err}"))
+
+    return r
