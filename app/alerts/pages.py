@@ -49,11 +49,12 @@ def _list_context(ctx: AppContext) -> dict[str, Any]:
     silences = store.active_silences(ctx.engine, now)
     open_rows = store.list_alerts(ctx.engine, states=["pending", "firing"], limit=500)
     history = store.list_transitions(ctx.engine, limit=200)
-    channels = []
+    channels: list[dict[str, Any]] = []
+    failing: list[dict[str, Any]] = []
     for c in ctx.settings.alert_channels:
         last = store.list_deliveries(ctx.engine, channel=c.name, limit=5)
         channels.append({"cfg": c, "recent": last})
-    failing = [d for c in channels for d in c["recent"] if d["status"] in ("failed",) or d["last_error"]]
+        failing.extend(d for d in last if d["status"] == "failed" or d["last_error"])
     instances = list_instances(ctx.engine)
     return {
         "open": [alert_json(a, silences, now) for a in open_rows],
