@@ -31,6 +31,7 @@ OPTIONAL_PARTS = (
     "app.controller_api",  # profiles, rollouts
     "app.alerts_api",
     "app.ab_api",
+    "app.exporter",  # derived per-instance series on /metrics (scale-out)
 )
 
 
