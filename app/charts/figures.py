@@ -60,7 +60,8 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
                   "anchor": _axis_name(nrows - 1)[0]},
         "shapes": [],
         "annotations": [],
-        "meta": {"key": panel.key, "tier": g.tier, "step_s": g.step, "points": len(xs)},
+        "meta": {"key": panel.key, "tier": g.tier, "step_s": g.step, "points": len(xs),
+                 "rate_window_s": g.rate_window if g.tier == "raw" else g.step},
     }
     for row, title in enumerate(panel.rows):
         top = 1.0 - row * (height + ROW_GAP)

@@ -23,7 +23,8 @@ def counter_rate(s: TieredSeries, grid: Grid) -> Values:
     if not grid.times:
         return []
     if s.tier == "raw":
-        return [v for _, v in rate_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step)][
+        return [v for _, v in rate_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step,
+                                          grid.rate_window)][
             : len(grid.times)
         ]
     return _bucket_eval(s, grid, lambda bs: _rate_of(bs, s.res))

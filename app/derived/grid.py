@@ -15,13 +15,18 @@ class Grid:
     step: float
     tier: str
     times: list[float]
+    window: float = 0.0  # raw tier: the rate window (seconds); 0 = step
+
+    @property
+    def rate_window(self) -> float:
+        return max(self.window, self.step)
 
     @property
     def res(self) -> float:
         return TIER_RES[self.tier]
 
 
-def make_grid(start: float, end: float, tier: str, px: int = DEFAULT_PX) -> Grid:
+def make_grid(start: float, end: float, tier: str, px: int = DEFAULT_PX, scrape_gap: float | None = None) -> Grid:
     """Step = the tier's resolution or span/px, whichever is larger (<= 1 point per pixel column),
     in whole seconds; instants are multiples of the step inside [start, end]."""
     span = max(end - start, 1.0)
@@ -31,4 +36,6 @@ def make_grid(start: float, end: float, tier: str, px: int = DEFAULT_PX) -> Grid
         step = math.ceil(step / res) * res  # whole buckets per step
     first = math.ceil(start / step) * step
     n = math.floor((end - first) / step + 1e-9) + 1 if end >= first else 0
-    return Grid(start, end, step, tier, [first + i * step for i in range(n)])
+    # rate window on raw samples: at least the step and two scrape gaps, like rate(x[w]) in PromQL
+    window = max(step, 2.0 * scrape_gap) if scrape_gap else step
+    return Grid(start, end, step, tier, [first + i * step for i in range(n)], window)

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from app.derived.evaluate import Values
 from app.derived.grid import Grid, make_grid
-from app.storage.rollups import DEFAULT_PX, TieredSeries, pick_tier, tiered_points
+from app.storage.rollups import DEFAULT_PX, TieredSeries, pick_tier, scrape_gap, tiered_points
 
 
 @dataclass
@@ -82,9 +82,10 @@ def make_scope(
     raw_retention_s: float, px: int = DEFAULT_PX, tier: str | None = None,
 ) -> Scope:
     chosen = tier or pick_tier(start, end, now, raw_retention_s, px)
-    grid = make_grid(start, end, chosen, px)
-    # raw rates look back up to two steps (their window); rollups one step
-    lookback = 2 * grid.step + 120.0 if chosen == "raw" else grid.step
+    gap = scrape_gap(engine, int(instance["id"]), start, end) if chosen == "raw" else None
+    grid = make_grid(start, end, chosen, px, gap)
+    # raw rates look back one window; rollups one step
+    lookback = grid.rate_window + 1.0 if chosen == "raw" else grid.step
     return Scope(engine=engine, instance=instance, grid=grid, now=now, state=state, lookback=lookback)
 
 

@@ -31,11 +31,11 @@ def _instance(ctx: AppContext, instance_id: int) -> dict[str, Any]:
     return inst
 
 
-def _scope(ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int) -> Scope:
+def _scope(ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int, tier: str | None = None) -> Scope:
     now = ctx.now()
     state = state_of(ctx.engine, inst, now, ctx.settings.stale_after_s)
     return make_scope(ctx.engine, inst, start=tr.start, end=tr.end, now=now, state=state,
-                      raw_retention_s=ctx.settings.raw_retention_h * 3600, px=px)
+                      raw_retention_s=ctx.settings.raw_retention_h * 3600, px=px, tier=tier)
 
 
 def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[str, Any]]:
@@ -50,11 +50,12 @@ def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[s
 
 
 def chart_data(ctx: AppContext, inst: dict[str, Any], key: str, tr: TimeRange, px: int = DEFAULT_PX,
-               scope: Scope | None = None, events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               scope: Scope | None = None, events: list[dict[str, Any]] | None = None,
+               tier: str | None = None) -> dict[str, Any]:
     """One chart: the Plotly figure (or why it is empty), notes, the tier and step used."""
     if key not in CHARTS:
         raise HTTPException(404, f"no chart {key!r}: charts are {', '.join(CHARTS)}")
-    sc = scope or _scope(ctx, inst, tr, px)
+    sc = scope or _scope(ctx, inst, tr, px, tier)
     panel = CHARTS[key](sc)
     figure = None if panel.empty else build_figure(panel, events if events is not None else _events(ctx, inst, tr))
     return {
@@ -124,11 +125,12 @@ def router(ctx: AppContext) -> APIRouter:
     async def chart_json(
         instance_id: int, key: str, range: str | None = None, start: float | None = None, end: float | None = None,
         px: int = Query(DEFAULT_PX, ge=50, le=4000, description="plot width in pixels"),
+        tier: str | None = Query(None, pattern="^(raw|1m|1h)$", description="force a storage tier"),
     ) -> JSONResponse:
         def build() -> dict[str, Any]:
             inst = _instance(ctx, instance_id)
             tr = resolve(ctx.now(), range, start, end)
-            return {**chart_data(ctx, inst, key, tr, px), "start": tr.start, "end": tr.end}
+            return {**chart_data(ctx, inst, key, tr, px, tier=tier), "start": tr.start, "end": tr.end}
 
         return JSONResponse(await run_in_threadpool(build))
 

@@ -231,7 +231,9 @@ def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
         conn.execute(_upsert(dialect, Rollup1m.__table__), rows)
     if new_carry:
         conn.execute(delete(RollupCarry).where(RollupCarry.series_id.in_(list(new_carry))))
-        conn.execute(insert(RollupCarry), [{"series_id": s, "ts_ms": c[0], "value": c[1]} for s, c in new_carry.items()])
+        conn.execute(
+            insert(RollupCarry), [{"series_id": s, "ts_ms": c[0], "value": c[1]} for s, c in new_carry.items()]
+        )
     return len(rows)
 
 
@@ -335,3 +337,21 @@ def tiered_points(
             points=data if tier == "raw" else [], buckets=data if tier != "raw" else [],
         ))
     return out
+
+
+def scrape_gap(engine: Engine, instance_id: int, start: float, end: float, limit: int = 400) -> float | None:
+    """Median time between scrapes of an instance in [start, end] (seconds), from the timestamps of
+    one of its series (every sample of a scrape shares its timestamp). None with < 2 samples."""
+    lo, hi = int(start * 1000), int(end * 1000)
+    with engine.connect() as conn:
+        for (sid,) in conn.execute(select(Series.id).where(Series.instance_id == instance_id).order_by(Series.id)):
+            ts = [int(r[0]) for r in conn.execute(
+                select(SampleRow.ts_ms).where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
+                .order_by(SampleRow.ts_ms.desc()).limit(limit)
+            )]
+            if len(ts) >= 2:
+                gaps = sorted(ts[i] - ts[i + 1] for i in range(len(ts) - 1))
+                return gaps[len(gaps) // 2] / 1000.0
+            if ts:
+                return None
+    return None
