@@ -7,6 +7,7 @@ plotted value is recomputed by tests/app/promql_oracle.py from the recorded scra
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.app import promql_oracle as o
-from tests.app.pages.recorded import recorded_batches, push_all
+from tests.app.pages.recorded import push_all, recorded_batches
 
 TOL = 1e-9
 
@@ -66,7 +67,7 @@ def test_every_plotted_rate_and_ratio_matches_the_oracle(client: Any, recorded: 
     w = tokens["figure"]["layout"]["meta"]["rate_window_s"]
     assert tokens["tier"] == "raw" and w >= tokens["step"]
     stamps = [b["scrapes"][0]["ts"] for b in recorded]
-    max_gap = max(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+    max_gap = max(b - a for a, b in itertools.pairwise(stamps))
     assert w <= max(tokens["step"], 2 * max_gap)  # rate(x[w]) over about two scrape gaps
     tr = _traces(tokens)
     for name, src in (("GPU prefix-cache hit", "local_cache_hit"), ("CPU/offload reload", "external_kv_transfer"),
