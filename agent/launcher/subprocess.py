@@ -258,11 +258,25 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the group."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,0 +1,274 @@
+"""The agent's rollout state machine, with a fake launcher and a fake probe (no processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent.controller import Controller, ManagedInstance, load_config
+from agent.launcher.base import LauncherError
+from agent.launcher.health import HealthResult
+from agent.preflight import GIB
+from agent.probe import ProbeResult
+from agent.protocol import Command
+
+FIX = Path(__file__).parent / "fixtures"
+BOX = FIX / "hosts" / "box32g-cgv2"
+URL = "http://127.0.0.1:8001"
+HELP = "--kv-offloading-size --kv-offloading-backend --kv-cache-dtype --kv-transfer-config --max-model-len"
+
+
+class FakeLauncher:
+    kind = "fake"
+    base_argv = ["fake-vllm", "serve"]
+
+    def __init__(self, healthy_for: set[tuple[str, ...]] | None = None, fail_for: list[str] | None = None) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self._argv: list[str] | None = []
+        self.healthy_for = healthy_for
+        self.fail_for = fail_for
+        self.running = True
+
+    @property
+    def current_argv(self) -> list[str] | None:
+        return self._argv
+
+    def start(self, extra_argv: list[str]) -> None:
+        self.calls.append(("start", list(extra_argv)))
+        if self.fail_for is not None and extra_argv == self.fail_for:
+            raise LauncherError("boom")
+        self._argv = list(extra_argv)
+        self.running = True
+
+    def stop(self) -> None:
+        self.calls.append(("stop", []))
+        self.running = False
+
+    def restart(self, extra_argv: list[str]) -> None:
+        self.stop()
+        self.start(extra_argv)
+
+    def alive(self) -> bool | None:
+        return self.running
+
+    def exit_info(self) -> str | None:
+        return None
+
+    def log_tail(self, max_lines: int = 40) -> str:
+        return "last log line"
+
+    def wait_healthy(self, url: str, deadline_s: float, **_: Any) -> HealthResult:
+        ok = self.healthy_for is None or tuple(self._argv or []) in self.healthy_for
+        return HealthResult(ok, "healthy" if ok else f"not healthy within {deadline_s:.0f} s", 1.5, model="m")
+
+
+def _server(models_root: str = "/srv/models/Qwen3-4B-FP8", cache_labels: str = 'mamba_cache_mode="none"') -> Any:
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "root": models_root}]})
+        if req.url.path == "/metrics":
+            return httpx.Response(200, text=f'vllm:cache_config_info{{{cache_labels},engine="0"}} 1.0\n')
+        return httpx.Response(404)
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+def _probe(ok: bool = True, failure: str | None = None) -> Any:
+    calls: list[dict[str, Any]] = []
+
+    def fn(url: str, **kw: Any) -> ProbeResult:
+        calls.append({"url": url, **kw})
+        return ProbeResult(ok, failure, "probe passed" if ok else "reload request: timeout", model="m",
+                           reload_source="external_kv_transfer" if ok else None)
+
+    fn.calls = calls  # type: ignore[attr-defined]
+    return fn
+
+
+def _ctl(launcher: FakeLauncher, probe: Any = None, **server: Any) -> Controller:
+    inst = ManagedInstance(
+        url=URL, launcher=launcher, initial_args=["--max-model-len", "4096"], proc_root=BOX / "proc",
+        cgroup_root=BOX / "sys" / "fs" / "cgroup", model_dirs=[FIX / "models"],
+    )
+    t = [100.0]
+
+    def clock() -> float:
+        t[0] += 0.25
+        return t[0]
+
+    return Controller([inst], clock=clock, monotonic=clock, probe_fn=probe or _probe(), http=_server(**server),
+                      help_reader=lambda _c, _e: HELP, shm_free=lambda _p: 16 * GIB)
+
+
+def _cmd(rid: int, argv: list[str], pinned: int = 0, **extra: Any) -> Command:
+    payload = {"profile": {"name": "p"}, "argv": argv,
+               "offload": {"enabled": pinned > 0, "backend": "native", "spec": "cpu", "pinned_bytes": pinned},
+               **extra}
+    return Command(id=rid, kind="rollout", instance=URL, payload=payload)
+
+
+def _states(ctl: Controller) -> list[str]:
+    return [u.state for u in ctl.drain_updates()]
+
+
+def test_healthy_rollout() -> None:
+    fl = FakeLauncher()
+    probe = _probe()
+    ctl = _ctl(fl, probe)
+    argv = ["--kv-offloading-size", "8", "--kv-offloading-backend", "native"]
+    assert ctl.run_rollout(_cmd(1, argv, 8 * GIB)) == "healthy"
+    updates = ctl.drain_updates()
+    assert [u.state for u in updates] == ["preflight", "restarting", "waiting_health", "probing", "healthy"]
+    assert all(u.rollout_id == 1 for u in updates)
+    assert {c["name"] for c in updates[0].data["preflight"]} >= {"pinned_vs_memavailable", "hybrid_model",
+                                                                   "accepted_flags"}
+    assert "external_kv_transfer" in updates[-1].message
+    assert set(updates[-1].data["timings"]) >= {"preflight_s", "restart_s", "health_s", "probe_s", "total_s"}
+    assert fl.calls == [("stop", []), ("start", argv)]
+    assert probe.calls[0]["model"] == "m"
+    assert ctl.instances[URL].last_good() == argv
+
+
+def test_oversize_is_refused_before_any_restart() -> None:
+    fl = FakeLauncher()
+    ctl = _ctl(fl)
+    assert ctl.run_rollout(_cmd(2, ["--kv-offloading-size", "24"], 24 * GIB)) == "refused"
+    ups = ctl.drain_updates()
+    assert [u.state for u in ups] == ["preflight", "refused"]
+    assert "24.00 GiB" in ups[-1].message and "MemAvailable" in ups[-1].message
+    assert fl.calls == []
+
+
+def test_hybrid_refused_then_override_probe_hang_rolls_back() -> None:
+    fl = FakeLauncher()
+    ctl = _ctl(fl, _probe(ok=False, failure="hang"), models_root="/srv/models/Qwen3.5-4B-FP8")
+    argv = ["--kv-offloading-size", "8", "--kv-offloading-backend", "native"]
+    assert ctl.run_rollout(_cmd(3, argv, 8 * GIB)) == "refused"
+    assert "hybrid" in ctl.drain_updates()[-1].message
+    assert fl.calls == []
+    assert ctl.run_rollout(_cmd(4, argv, 8 * GIB, override_hybrid=True)) == "rolled_back"
+    ups = ctl.drain_updates()
+    assert [u.state for u in ups] == ["preflight", "restarting", "waiting_health", "probing", "rolling_back",
+                                      "rolled_back"]
+    assert "probe hang" in ups[-2].message and ups[-2].data["log_tail"] == "last log line"
+    # Back on the initial (last-known-good) args.
+    assert fl.calls[-1] == ("start", ["--max-model-len", "4096"])
+    assert ctl.instances[URL].last_good() == ["--max-model-len", "4096"]
+
+
+def test_unhealthy_start_rolls_back_to_payload_lkg_and_failed_when_that_fails_too() -> None:
+    lkg = ["--kv-cache-dtype", "fp8"]
+    fl = FakeLauncher(healthy_for={tuple(lkg)})
+    ctl = _ctl(fl)
+    assert ctl.run_rollout(_cmd(5, ["--max-model-len", "8192"], lkg_argv=lkg)) == "rolled_back"
+    assert fl.calls[-1] == ("start", lkg)
+    fl2 = FakeLauncher(healthy_for=set())
+    ctl2 = _ctl(fl2)
+    assert ctl2.run_rollout(_cmd(6, ["--max-model-len", "8192"])) == "failed"
+    assert _states(ctl2)[-2:] == ["rolling_back", "failed"]
+
+
+def test_launcher_error_rolls_back() -> None:
+    fl = FakeLauncher(fail_for=["--kv-cache-dtype", "fp8"])
+    ctl = _ctl(fl)
+    assert ctl.run_rollout(_cmd(7, ["--kv-cache-dtype", "fp8"])) == "rolled_back"
+
+
+def test_unknown_flag_refused() -> None:
+    ctl = _ctl(FakeLauncher())
+    assert ctl.run_rollout(_cmd(8, ["--kv-cache-dtype", "fp8", "--made-up-flag"])) == "refused"
+
+
+def test_submit_dedups_and_refuses_unmanaged_instances() -> None:
+    ctl = _ctl(FakeLauncher())
+    other = Command(id=9, kind="rollout", instance="http://10.0.0.9:8000", payload={})
+    ctl.submit(other, 0.0)
+    ctl.submit(other, 0.0)
+    ups = ctl.drain_updates()
+    assert [u.state for u in ups] == ["failed"] and "not in this agent's launcher config" in ups[0].message
+    ctl.submit(Command(id=10, kind="workload", instance=URL, payload={}), 0.0)
+    assert ctl.drain_events()[0].kind == "note"
+
+
+def test_worker_thread_runs_submitted_rollouts() -> None:
+    import time
+
+    ctl = _ctl(FakeLauncher())
+    ctl.supervise_every_s = 0.05
+    ctl.start_worker()
+    try:
+        ctl.submit(_cmd(11, ["--kv-cache-dtype", "fp8"], probe={"enabled": False}), 0.0)
+        states: list[str] = []
+        for _ in range(200):  # bounded wait for the worker thread, not for a clock
+            states += _states(ctl)
+            if states and states[-1] in ("healthy", "failed"):
+                break
+            time.sleep(0.01)
+        assert states == ["preflight", "restarting", "waiting_health", "healthy"]
+    finally:
+        ctl.stop_on_exit = False
+        ctl.close()
+
+
+def test_supervise_restarts_an_exited_server() -> None:
+    fl = FakeLauncher()
+    ctl = _ctl(fl)
+    fl._argv = ["--a"]
+    fl.running = False
+    ctl.supervise()
+    assert fl.calls == [("start", ["--a"])]
+    assert "restarting" in ctl.drain_events()[0].message
+    fl.running = False
+    ctl.supervise()  # inside the back-off: no second restart yet
+    assert len(fl.calls) == 1
+
+
+def test_load_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "launch.toml"
+    cfg.write_text(f"""
+state_dir = "{tmp_path / 'state'}"
+headroom_gib = 1
+[[instance]]
+url = "http://127.0.0.1:8001/"
+command = ["kvscope", "sim", "--port", "8001"]
+initial_args = ["--max-model-len", "4096"]
+[instance.probe]
+prefix_words = 100
+[[instance]]
+url = "http://127.0.0.1:8002"
+launcher = "systemd"
+command = ["/usr/bin/vllm", "serve", "m"]
+[instance.systemd]
+unit = "vllm"
+dropin_dir = "{tmp_path / 'systemd'}"
+""")
+    insts, _ = load_config(cfg)
+    a, b = insts
+    assert a.url == "http://127.0.0.1:8001" and a.launcher.kind == "subprocess" and a.start
+    assert a.headroom_bytes == GIB and a.probe == {"prefix_words": 100}
+    assert b.launcher.kind == "systemd" and not b.start and not b.restart_on_exit
+    a.remember_good(["--x"])
+    insts2, _ = load_config(cfg)
+    assert insts2[0].last_good() == ["--x"]  # survives an agent restart
+
+
+def test_bad_configs_are_user_errors(tmp_path: Path) -> None:
+    import pytest
+
+    from kvscope.errors import UserError
+
+    cases = {
+        "not toml": "[[instance",
+        "no instance": "stop_on_exit = true",
+        "shell string": '[[instance]]\nurl = "http://x"\ncommand = "vllm serve m"',
+        "bad launcher": '[[instance]]\nurl = "http://x"\nlauncher = "k8s"\ncommand = ["a"]',
+    }
+    for text in cases.values():
+        p = tmp_path / "c.toml"
+        p.write_text(text)
+        with pytest.raises(UserError):
+            load_config(p)
+    with pytest.raises(UserError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
