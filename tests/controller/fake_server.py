@@ -25,7 +25,7 @@ def main() -> None:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 
     class H(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 body = b""
             elif self.path == "/v1/models":
