@@ -113,6 +113,19 @@ class Settings(BaseSettings):
     )
     prometheus_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Prometheus query.")
 
+    # --- controller (issue 7; app/rollouts.py, docs/controller.md): rollout deadlines and the probe
+    rollout_health_deadline_s: float = Field(
+        300.0, gt=0, description="A restarted server must answer /health and /v1/models within this."
+    )
+    rollout_request_ttl_s: float = Field(900.0, gt=0, description="Expire a rollout no agent picked up this long.")
+    rollout_silent_ttl_s: float = Field(
+        3600.0, gt=0, description="Expire an unfinished rollout whose agent reported nothing this long."
+    )
+    probe_enabled: bool = Field(True, description="Run the verification probe after each restart.")
+    probe_prefix_words: int = Field(1500, ge=1, description="Words per probe prefix (~tokens).")
+    probe_evict_count: int = Field(8, ge=0, description="Other prefixes the probe sends to evict the first.")
+    probe_request_timeout_s: float = Field(60.0, gt=0, description="A probe request slower than this is a hang.")
+
     @field_validator("data_dir", mode="before")
     @classmethod
     def _expand(cls, v: Any) -> Any:
