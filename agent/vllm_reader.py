@@ -84,8 +84,10 @@ class VllmReader:
                     self.meta.read_at = None  # re-read model and version
                 scrape.samples = [Sample(n, dict(lab), v) for n, lab, v in samples]
                 scrape.types = {k: _mtype(v) for k, v in norm.types.items()}
-                metrics_ok = True
+                metrics_ok = bool(samples)
                 problems = []
+                if not samples:
+                    problems.append("no vLLM families in the answer (truncated, garbage, or not a vLLM server)")
                 if exp.bad_lines:
                     problems.append(f"{exp.bad_lines} unreadable line(s), first: {exp.first_error}")
                 if norm.dropped_duplicates:

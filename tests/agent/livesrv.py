@@ -1,0 +1,43 @@
+"""The real app served by uvicorn in a thread on a free loopback port; always stopped."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.app = app
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        import uvicorn
+
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        )
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            assert self._thread.is_alive() and time.monotonic() < deadline, "app did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=20)
+        self._server = self._thread = None
