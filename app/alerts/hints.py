@@ -92,12 +92,15 @@ def hit_rate_hints(
     b0, b1 = baseline
     hints: list[Hint] = []
     info = data.info
-    # restart or counter reset
+    # restart or counter reset: a cold cache drags the hit rate down for up to a window after the
+    # restart, so look back two windows (the alert may fire a `for` after the restart).
+    lookback = start - float(params.get("restart_lookback_s", end - start))
     restart_events = [
-        e for e in data.events if e.get("kind") in RESTART_EVENTS and start - 1 <= float(e.get("ts", 0)) <= end
+        e for e in data.events if e.get("kind") in RESTART_EVENTS and lookback <= float(e.get("ts", 0)) <= end
     ]
+    resets = tuple(sorted(set(resets) | set(window_increase(data.series.get(PROMPT_TOKENS), lookback, end).resets)))
     if resets or restart_events:
-        when = resets[0] if resets else float(restart_events[-1]["ts"])
+        when = max([*resets, *(float(e["ts"]) for e in restart_events)])
         hints.append(Hint(
             "restart",
             f"the server restarted (counters reset) {end - when:.0f} s ago: its prefix cache starts "
