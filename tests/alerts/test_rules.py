@@ -112,7 +112,8 @@ def test_request_rate_and_prompt_length_shift_are_named() -> None:
 
 def test_config_change_event_is_a_hint() -> None:
     rec = history()
-    rec.events.insert(0, {"ts": rec.t + 10, "kind": "config_change", "message": "cache config changed: block_size 16 -> 64"})
+    msg = "cache config changed: block_size 16 -> 64"
+    rec.events.insert(0, {"ts": rec.t + 10, "kind": "config_change", "message": msg})
     rec.run(300, UNIQUE)
     r = run("hit_rate_drop_overall", rec.data(), rec.t)
     assert "config_change" in kinds(r)

@@ -104,7 +104,8 @@ class Server:
             ("vllm:kv_offload_load_bytes_total", LABELS, c("load", 0.0)),
             ("vllm:kv_offload_allocation_failure_total", LABELS, c("alloc_fail", 0.0)),
             ("vllm:cache_config_info", {**LABELS, "block_size": self.block_size, "enable_prefix_caching": "True",
-                                        "kv_offloading_size": self.offload_gib, "kv_offloading_backend": "native"}, 1.0),
+                                        "kv_offloading_size": self.offload_gib,
+                                        "kv_offloading_backend": "native"}, 1.0),
         ]
         for src in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             out.append(("vllm:prompt_tokens_by_source_total", {**LABELS, "source": src}, c(f"src:{src}", 0.0)))
