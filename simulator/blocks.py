@@ -1,0 +1,114 @@
+"""The GPU KV pool: fixed-size blocks shared by running requests and the prefix cache.
+
+Like vLLM v1's BlockPool/KVCacheManager: full blocks are hashed as a chain (each hash covers the
+parent hash and the block's token ids), a cached block with no reference sits in the free queue and
+is evicted (its hash dropped) only when the head of the free queue is popped for a new allocation.
+Freed blocks are appended tail-first, so a prompt's last blocks are evicted before its first ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+
+BlockHash = bytes
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash = b"") -> list[BlockHash]:
+    """Chained hashes of every FULL block of `token_ids` (a partial last block has none)."""
+    out: list[BlockHash] = []
+    h = parent
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        chunk = token_ids[start : start + block_size]
+        h = hashlib.sha256(h + struct.pack(f"<{len(chunk)}I", *chunk)).digest()[:16]
+        out.append(h)
+    return out
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[BlockHash, int] = {}
+        self.evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached)
+
+    def usage(self) -> float:
+        """vllm:kv_cache_usage_perc: blocks held by requests; cached-but-free blocks count as free."""
+        return self.num_used / self.num_blocks
+
+    def longest_hit(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """Block ids of the longest cached prefix of `hashes`."""
+        hit: list[int] = []
+        for h in hashes:
+            bid = self.cached.get(h)
+            if bid is None:
+                break
+            hit.append(bid)
+        return hit
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        for bid in block_ids:
+            if self.ref_cnt[bid] == 0:
+                self.free.pop(bid, None)
+            self.ref_cnt[bid] += 1
+
+    def free_after_touch(self, block_ids: Sequence[int]) -> int:
+        """How many blocks would stay free if `block_ids` were touched now."""
+        return self.num_free - sum(1 for b in set(block_ids) if self.ref_cnt[b] == 0)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise RuntimeError(f"cannot allocate {n} blocks, {len(self.free)} free")
+        out: list[int] = []
+        for _ in range(n):
+            bid, _ = self.free.popitem(last=False)
+            h = self.block_hash[bid]
+            if h is not None:
+                if self.cached.get(h) == bid:
+                    del self.cached[h]
+                    self.evictions += 1
+                self.block_hash[bid] = None
+            self.ref_cnt[bid] = 1
+            out.append(bid)
+        return out
+
+    def cache(self, bid: int, h: BlockHash) -> None:
+        """Mark a computed full block as cached under `h` (first writer wins, like vLLM)."""
+        if self.block_hash[bid] is None and h not in self.cached:
+            self.block_hash[bid] = h
+            self.cached[h] = bid
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block; blocks reaching zero join the free queue tail-first."""
+        for bid in reversed(block_ids):
+            self.ref_cnt[bid] -= 1
+            if self.ref_cnt[bid] < 0:
+                raise RuntimeError(f"block {bid} released twice")
+            if self.ref_cnt[bid] == 0:
+                self.free[bid] = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash. Refused (False) while requests hold blocks, like vLLM."""
+        if self.num_used:
+            return False
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        return True

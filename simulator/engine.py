@@ -1,0 +1,484 @@
+"""The simulated engine: a cost model plus the block cache, driven with an explicit `now`.
+
+Each request goes through phases; each phase is an amount of work done at a rate that depends on
+what else is running (piecewise constant between events, so `advance(now)` integrates exactly):
+
+  frontend   base overhead (+ warm-up on the first request)      seconds at rate 1
+  waiting    FIFO until its blocks fit in the GPU pool             (no work)
+  transfer   KV bytes loaded from the CPU tier                     bytes at PCIe / n_transferring
+  load_step  the extra engine step of a connector load (+ fs read) seconds at rate 1
+  prefill    tokens not found anywhere                             tokens at prefill_rate / n_prefilling
+  decode     one token at a time                                   1 / (itl * (1 + s * (n_decoding - 1)))
+
+TTFT = queueing + recompute + transfer + overheads, as the issue asks; concurrency shares the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from simulator.blocks import BlockHash, BlockPool, block_hashes
+from simulator.config import EngineConfig
+from simulator.engine_stats import declare_families, record_finish, record_first_token
+from simulator.stats import Stats
+from simulator.tiers import CpuTier, FsTier
+from simulator.tokenizer import encode, filler
+
+HANG_LOOKUP_INTERVAL_S = 0.05  # a hung request's connector lookup is retried every engine step
+EPS = 1e-12
+
+
+@dataclass
+class Event:
+    kind: str  # first_token | token | finished | failed
+    request_id: str
+    t: float
+    message: str = ""
+
+
+@dataclass
+class SimRequest:
+    id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival: float
+    n: int = 1
+    hashes: list[BlockHash] = field(default_factory=list)
+    phase: str = "frontend"
+    remaining: float = 0.0
+    blocks: list[int] = field(default_factory=list)
+    enqueued_at: float = 0.0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    gpu_hit_tokens: int = 0
+    ext_tokens: int = 0
+    ext_disk_tokens: int = 0
+    load_bytes: int = 0
+    load_started: float = 0.0
+    fs_read_s: float = 0.0
+    output: list[str] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_len - self.gpu_hit_tokens - self.ext_tokens
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+
+class EngineDead(Exception):
+    pass
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, now: float, wall_time: float | None = None,
+                 on_cpu_store: Callable[[int], None] | None = None) -> None:
+        self.cfg = cfg
+        self.p = cfg.profile
+        self.t = now
+        self.pool = BlockPool(cfg.num_gpu_blocks)
+        self.B = cfg.block_size
+        o = cfg.offload
+        self.cpu: CpuTier | None = None
+        self.fs: list[FsTier] = []
+        self.chunk_blocks = 1
+        if o is not None:
+            self.chunk_blocks = o.chunk_tokens // self.B
+            self.cpu = CpuTier(max(cfg.cpu_num_chunks, 1), o.eviction_policy)
+            key = f"{cfg.profile.model.name}-{cfg.cache_dtype}-{o.chunk_tokens}".replace("/", "_")
+            self.fs = [FsTier(t.root_dir, key, self.chunk_bytes) for t in o.secondary_tiers]
+        self.native = o is not None and o.backend == "native"
+        self.on_cpu_store = on_cpu_store
+        self.stats = Stats(created=wall_time if wall_time is not None else now)
+        declare_families(self.stats, cfg)
+        self.requests: dict[str, SimRequest] = {}
+        self.active: list[SimRequest] = []
+        self.waiting: deque[SimRequest] = deque()
+        self.deferred: list[SimRequest] = []
+        self.running = 0  # admitted and not finished
+        self.dead = False
+        self.stalled_since: float | None = None
+        self._hang_lookups_counted = 0
+        self.started_any = False
+        self.store_jobs: list[tuple[float, int]] = []  # (end time, chunks pinned)
+        self.load_jobs: dict[str, int] = {}  # request id -> chunks pinned by its load
+        self.store_counts: dict[BlockHash, int] = {}
+        # device telemetry for the fake nvidia-smi
+        self.pcie_rx_bytes = 0.0
+        self.pcie_tx_bytes = 0.0
+        self.busy_seconds = 0.0
+        self.offload_config_emitted = False
+        self._pending_events: list[Event] = []
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def chunk_tokens(self) -> int:
+        return self.chunk_blocks * self.B
+
+    @property
+    def chunk_bytes(self) -> int:
+        return int(self.chunk_tokens * self.cfg.kv_bytes_per_token)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_ids: list[int], max_tokens: int, now: float, n: int = 1) -> SimRequest:
+        if self.dead:
+            raise EngineDead("engine is dead")
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) + max_tokens > self.cfg.max_model_len:
+            raise ValueError("prompt + max_tokens exceed max_model_len")
+        self._pending_events.extend(self.advance(now))
+        r = SimRequest(request_id, list(prompt_ids), max_tokens, arrival=now, n=n)
+        r.hashes = block_hashes(r.prompt_ids, self.B)
+        r.remaining = self.p.base_overhead_s + (0.0 if self.started_any else self.p.warmup_s)
+        self.started_any = True
+        self.requests[request_id] = r
+        self.active.append(r)
+        return r
+
+    def abort(self, request_id: str, now: float) -> list[Event]:
+        """The client went away: drop the request and free its blocks (counted as finished_reason=abort)."""
+        events = self.advance(now)
+        r = self.requests.get(request_id)
+        if r is None or r.phase in ("done", "failed", "aborted"):
+            return events
+        if r in self.active:
+            self.active.remove(r)
+        if r in self.waiting:
+            self.waiting.remove(r)
+        if r in self.deferred:
+            self.deferred.remove(r)  # the engine itself stays hung, like the field's builds
+        if r.blocks:
+            self.pool.release(r.blocks)
+            r.blocks = []
+            self.running -= 1
+        self.load_jobs.pop(r.id, None)
+        r.phase = "aborted"
+        r.finish_reason = "abort"
+        self.stats.inc("vllm:request_success", 1, finished_reason="abort")
+        return events
+
+    def forget(self, request_id: str) -> None:
+        r = self.requests.get(request_id)
+        if r is not None and r.phase in ("done", "failed", "aborted"):
+            del self.requests[request_id]
+
+    # ---- time --------------------------------------------------------------------------------
+    def _rate(self, r: SimRequest, counts: dict[str, int]) -> float:
+        if r.phase in ("frontend", "load_step"):
+            return 1.0
+        if r.phase == "transfer":
+            return self.p.device.pcie_bytes_per_s / counts["transfer"]
+        if r.phase == "prefill":
+            return self.p.prefill_tokens_per_s / counts["prefill"]
+        if r.phase == "decode":
+            return 1.0 / (self.p.itl_s * (1.0 + self.p.itl_batch_slowdown * (counts["decode"] - 1)))
+        return 0.0
+
+    def _counts(self) -> dict[str, int]:
+        c = {"frontend": 0, "transfer": 0, "load_step": 0, "prefill": 0, "decode": 0}
+        for r in self.active:
+            c[r.phase] += 1
+        return c
+
+    def next_event_time(self) -> float | None:
+        if self.dead or not self.active or self.stalled_since is not None:
+            return None
+        counts = self._counts()
+        return self.t + min(r.remaining / self._rate(r, counts) for r in self.active)
+
+    def advance(self, now: float) -> list[Event]:
+        events, self._pending_events = self._pending_events, []
+        if self.dead:
+            return events
+        self._schedule(events)
+        while self.active and self.stalled_since is None and not self.dead:
+            counts = self._counts()
+            rates = [self._rate(r, counts) for r in self.active]
+            dts = [r.remaining / rate for r, rate in zip(self.active, rates, strict=True)]
+            dt = min(dts)
+            if self.t + dt > now + EPS:
+                self._progress(now - self.t, rates, counts)
+                self.t = now
+                break
+            self._progress(dt, rates, counts)
+            self.t += dt
+            done = [r for r, d in zip(self.active, dts, strict=True) if d <= dt + EPS]
+            for r in done:
+                r.remaining = 0.0
+                self._complete_phase(r, events)
+            self._schedule(events)
+        else:
+            self.t = max(self.t, now)
+        if self.stalled_since is not None:
+            self._count_hang_lookups()
+        self.store_jobs = [(end, n) for end, n in self.store_jobs if end > self.t]
+        return events
+
+    def _progress(self, dt: float, rates: list[float], counts: dict[str, int]) -> None:
+        if dt <= 0:
+            return
+        for r, rate in zip(self.active, rates, strict=True):
+            r.remaining = max(0.0, r.remaining - rate * dt)
+            if r.phase == "transfer":
+                self.pcie_rx_bytes += rate * dt
+        if counts["prefill"] or counts["decode"] or counts["transfer"]:
+            self.busy_seconds += dt
+
+    # ---- scheduling --------------------------------------------------------------------------
+    def _schedule(self, events: list[Event]) -> None:
+        while (self.waiting and not self.dead and self.stalled_since is None
+               and self.running < self.cfg.max_num_seqs):
+            r = self.waiting[0]
+            cap_blocks = (r.prompt_len - 1) // self.B
+            hit_ids = self.pool.longest_hit(r.hashes[:cap_blocks]) if self.cfg.enable_prefix_caching else []
+            need = math.ceil((r.prompt_len + r.max_tokens) / self.B) - len(hit_ids)
+            if self.pool.free_after_touch(hit_ids) < need:
+                return
+            self.waiting.popleft()
+            self.pool.touch(hit_ids)
+            r.blocks = hit_ids + self.pool.allocate(need)
+            self.running += 1
+            r.scheduled_at = self.t
+            g_tokens = len(hit_ids) * self.B
+            r.gpu_hit_tokens = g_tokens
+            self.stats.inc("vllm:prefix_cache_queries", r.prompt_len)
+            self.stats.inc("vllm:prefix_cache_hits", g_tokens)
+            if self.cpu is not None:
+                self.stats.inc("vllm:external_prefix_cache_queries", r.prompt_len - g_tokens)
+                ext_blocks, disk_blocks = self._lookup_external(r, len(hit_ids), cap_blocks)
+                r.ext_tokens = ext_blocks * self.B
+                r.ext_disk_tokens = disk_blocks * self.B
+            if r.ext_tokens and self.p.model.is_hybrid:
+                self._hybrid_reload_failure(r, events)
+                return
+            if r.ext_tokens:
+                r.load_bytes = r.ext_tokens * self.cfg.kv_bytes_per_token
+                r.phase, r.remaining = "transfer", float(r.load_bytes)
+                r.load_started = self.t
+                self.load_jobs[r.id] = math.ceil(r.ext_tokens / self.chunk_tokens)
+            else:
+                r.phase, r.remaining = "prefill", float(r.computed_tokens)
+            self.active.append(r)
+
+    def _lookup_external(self, r: SimRequest, gpu_blocks: int, cap_blocks: int) -> tuple[int, int]:
+        """Consecutive chunks found in the CPU tier (then fs) after the GPU hit: (blocks, from-disk blocks)."""
+        assert self.cpu is not None
+        k = self.chunk_blocks
+        j = gpu_blocks // k
+        end = gpu_blocks
+        disk_blocks = 0
+        chunks_looked = 0
+        while (j + 1) * k <= len(r.hashes) and j * k < cap_blocks:
+            h = r.hashes[(j + 1) * k - 1]
+            chunks_looked += 1
+            self.stats.inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
+            if h in self.cpu:
+                self.stats.inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
+                self.cpu.touch(h)
+            else:
+                found = False
+                for i, fs in enumerate(self.fs, start=1):
+                    self.stats.inc("vllm:kv_offload_tiering_block_queries", 1, tier=f"{i}:fs")
+                    if h in fs and fs.read(h):
+                        self.stats.inc("vllm:kv_offload_tiering_block_hits", 1, tier=f"{i}:fs")
+                        r.fs_read_s += self._promote_from_fs(h, i)
+                        found = True
+                        break
+                if not found:
+                    break
+                disk_blocks += min((j + 1) * k, cap_blocks) - max(j * k, gpu_blocks)
+            end = min((j + 1) * k, cap_blocks)
+            j += 1
+        if self.native:
+            self.stats.observe("vllm:kv_offload_lookup_sync_delay_seconds", 8e-06 + 1.5e-06 * chunks_looked)
+        return max(0, end - gpu_blocks), disk_blocks
+
+    def _promote_from_fs(self, h: BlockHash, tier: int) -> float:
+        """fs -> CPU staging (every promotion goes through the CPU tier); returns the read seconds."""
+        assert self.cpu is not None
+        secs = self.chunk_bytes / self.p.device.disk_bytes_per_s
+        self.stats.inc("vllm:kv_offload_tiering_read_bytes", self.chunk_bytes, tier=f"{tier}:fs")
+        self.stats.inc("vllm:kv_offload_tiering_read_time", secs, tier=f"{tier}:fs")
+        self._cpu_insert(h)
+        return secs
+
+    def _hybrid_reload_failure(self, r: SimRequest, events: list[Event]) -> None:
+        if self.cfg.hybrid_failure == "crash":
+            self.dead = True
+            msg = ("EngineCore encountered a fatal error: restoring the recurrent (mamba) state of a hybrid model "
+                   "from the KV connector is not supported (mamba_cache_mode=align has no restore path)")
+            for q in [*self.active, *self.waiting, *self.deferred, r]:
+                q.phase, q.error = "failed", msg
+                events.append(Event("failed", q.id, self.t, msg))
+            self.active.clear()
+            self.waiting.clear()
+            return
+        r.phase = "deferred"
+        self.deferred.append(r)
+        self.stalled_since = self.t
+        self._hang_lookups_counted = 0
+
+    def _count_hang_lookups(self) -> None:
+        assert self.stalled_since is not None
+        n = int((self.t - self.stalled_since) / HANG_LOOKUP_INTERVAL_S)
+        for _ in range(n - self._hang_lookups_counted):
+            self.stats.observe("vllm:kv_offload_lookup_sync_delay_seconds", 9.5e-06)
+            self.stats.inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
+            self.stats.inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
+        self._hang_lookups_counted = max(n, self._hang_lookups_counted)
+
+    # ---- phase transitions -------------------------------------------------------------------
+    def _complete_phase(self, r: SimRequest, events: list[Event]) -> None:
+        if r.phase == "frontend":
+            self.active.remove(r)
+            r.phase = "waiting"
+            r.enqueued_at = self.t
+            self.waiting.append(r)
+        elif r.phase == "transfer":
+            r.phase, r.remaining = "load_step", self.p.device.load_step_s + r.fs_read_s
+            if self.native:
+                secs = self.t - r.load_started
+                self.stats.inc("vllm:kv_offload_load_bytes", r.load_bytes)
+                self.stats.inc("vllm:kv_offload_load_time", secs)
+                self.stats.observe("vllm:kv_offload_load_size", r.load_bytes)
+                self.stats.inc("vllm:kv_offload_total_bytes", r.load_bytes, transfer_type="CPU_to_GPU")
+                self.stats.inc("vllm:kv_offload_total_time", secs, transfer_type="CPU_to_GPU")
+                self.stats.observe("vllm:kv_offload_size", r.load_bytes, transfer_type="CPU_to_GPU")
+            self.load_jobs.pop(r.id, None)
+        elif r.phase == "load_step":
+            r.phase, r.remaining = "prefill", float(r.computed_tokens)
+        elif r.phase == "prefill":
+            r.first_token_at = self.t
+            self._cache_prompt_blocks(r)
+            self._store(r)
+            record_first_token(self.stats, self.cfg, r)
+            self._emit_token(r, events, "first_token")
+        elif r.phase == "decode":
+            self._emit_token(r, events, "token")
+
+    def _emit_token(self, r: SimRequest, events: list[Event], kind: str) -> None:
+        if not r.output:
+            r.output = filler(r.max_tokens, self.cfg.seed, r.prompt_ids)
+        r.token_times.append(self.t)
+        self.stats.inc("vllm:generation_tokens", 1)
+        events.append(Event(kind, r.id, self.t))
+        if len(r.token_times) >= r.max_tokens:
+            self._finish(r, events)
+        else:
+            r.phase, r.remaining = "decode", 1.0
+
+    def _finish(self, r: SimRequest, events: list[Event]) -> None:
+        r.finished_at = self.t
+        r.finish_reason = "length"
+        r.phase = "done"
+        self.active.remove(r)
+        out_ids = encode("".join(r.output))
+        all_hashes = block_hashes(r.prompt_ids + out_ids, self.B)
+        if self.cfg.enable_prefix_caching:
+            for bid, h in zip(r.blocks, all_hashes, strict=False):
+                self.pool.cache(bid, h)
+        if self.cfg.offload is not None and not self.cfg.offload.offload_prompt_only:
+            self._store(r, all_hashes)
+        self.pool.release(r.blocks)
+        self.running -= 1
+        record_finish(self.stats, self.cfg, r)
+        events.append(Event("finished", r.id, self.t))
+
+    def _cache_prompt_blocks(self, r: SimRequest) -> None:
+        if self.cfg.enable_prefix_caching:
+            for bid, h in zip(r.blocks, r.hashes, strict=False):
+                self.pool.cache(bid, h)
+
+    # ---- offload stores ----------------------------------------------------------------------
+    def _cpu_insert(self, h: BlockHash) -> None:
+        assert self.cpu is not None
+        self.cpu.insert(h)
+        if self.on_cpu_store is not None:
+            self.on_cpu_store(self.cpu.slot[h])
+
+    def _store(self, r: SimRequest, hashes: list[BlockHash] | None = None) -> None:
+        if self.cpu is None or self.cfg.offload is None:
+            return
+        hashes = r.hashes if hashes is None else hashes
+        k = self.chunk_blocks
+        threshold = self.cfg.offload.store_threshold
+        new: list[BlockHash] = []
+        for j in range(len(hashes) // k):
+            h = hashes[(j + 1) * k - 1]
+            if h in self.cpu:
+                continue
+            if threshold >= 2:
+                seen = self.store_counts.get(h, 0) + 1
+                self.store_counts[h] = seen
+                if seen < threshold:
+                    self.stats.inc("vllm:kv_offload_stores_skipped", 1)
+                    continue
+            new.append(h)
+        if not new:
+            return
+        for h in new:
+            self._cpu_insert(h)
+            for i, fs in enumerate(self.fs, start=1):
+                wrote = fs.write(h, {"model": self.cfg.profile.model.name, "tokens": self.chunk_tokens})
+                if wrote:
+                    self.stats.inc("vllm:kv_offload_tiering_write_bytes", wrote, tier=f"{i}:fs")
+                    self.stats.inc("vllm:kv_offload_tiering_write_time",
+                                   wrote / self.p.device.disk_bytes_per_s, tier=f"{i}:fs")
+        nbytes = len(new) * self.chunk_bytes
+        secs = nbytes / self.p.device.pcie_bytes_per_s
+        self.pcie_tx_bytes += nbytes
+        self.store_jobs.append((self.t + secs, len(new)))
+        if self.native:
+            self.stats.inc("vllm:kv_offload_store_bytes", nbytes)
+            self.stats.inc("vllm:kv_offload_store_time", secs)
+            self.stats.observe("vllm:kv_offload_store_size", nbytes)
+            self.stats.inc("vllm:kv_offload_total_bytes", nbytes, transfer_type="GPU_to_CPU")
+            self.stats.inc("vllm:kv_offload_total_time", secs, transfer_type="GPU_to_CPU")
+            self.stats.observe("vllm:kv_offload_size", nbytes, transfer_type="GPU_to_CPU")
+            self.stats.observe("vllm:kv_offload_cpu_allocation_size", len(new))
+        self.offload_config_emitted = True
+
+    # ---- gauges and control ------------------------------------------------------------------
+    def gauges(self) -> dict[str, float]:
+        cap = self.cpu.capacity if self.cpu is not None else 1
+        writing = sum(n for end, n in self.store_jobs if end > self.t)
+        reading = sum(self.load_jobs.values())
+        return {
+            "running": float(self.running - len(self.deferred)),
+            "waiting_capacity": float(len(self.waiting)),
+            "waiting_deferred": float(len(self.deferred)),
+            "kv_cache_usage": self.pool.usage(),
+            "cpu_write_usage": min(1.0, writing / cap),
+            "cpu_read_usage": min(1.0, reading / cap),
+            "cpu_usage": min(1.0, (writing + reading) / cap),
+        }
+
+    def reset_prefix_cache(self, reset_external: bool) -> bool:
+        if not self.pool.reset_prefix_cache():
+            return False
+        if reset_external:
+            if self.cpu is not None:
+                self.cpu.clear()
+            for fs in self.fs:
+                fs.clear()
+            self.store_counts.clear()
+        return True
+
+    def pool_bytes_in_use(self) -> int:
+        """Bytes of the GPU pool holding KV (running + cached): what a memory heat-map would show."""
+        blocks = self.pool.num_used + sum(1 for b in range(self.pool.num_blocks)
+                                          if self.pool.ref_cnt[b] == 0 and self.pool.block_hash[b] is not None)
+        return int(blocks * self.B * self.cfg.bytes_per_token)
