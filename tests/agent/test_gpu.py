@@ -142,11 +142,11 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's names)
+class NVMLError_NotSupported(NVMLError):
     pass
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     pass
 
 
