@@ -1,0 +1,350 @@
+"""The controller's routes: profiles and rollouts as JSON under /api/v1, pages under /profiles,
+/instances/{id}/apply and /rollouts/{id}; plus the command provider and push hook."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from app import controller_csrf as csrf
+from app import rollouts
+from app.context import AppContext
+from app.jobs import register_job
+from app.profiles import ProfileError, parse_profile
+from app.storage import rollouts_store as rs
+from app.storage.series_store import get_instance, list_instances
+
+PROFILE_FIELDS = (
+    "description", "offload_size_gib", "offload_backend", "offload_spec", "eviction_policy", "store_threshold",
+    "kv_cache_dtype", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len",
+)
+NUMERIC = {"offload_size_gib": float, "store_threshold": int, "gpu_memory_utilization": float,
+           "kv_cache_memory_bytes": int, "max_model_len": int}
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    ctx.command_providers.append(rollouts.command_provider(ctx))
+    ctx.push_hooks.append(rollouts.push_hook(ctx))
+    register_job(ctx, rollouts.EXPIRE_JOB, rollouts.expire_job, 60.0)
+    app.include_router(api_router(ctx))
+    app.include_router(page_router(ctx))
+
+
+# ---------------------------------------------------------------- helpers
+def profile_view(p: dict[str, Any]) -> dict[str, Any]:
+    try:
+        prof = parse_profile(str(p["name"]), dict(p["spec"]))
+        argv, error = prof.to_argv(), None
+    except ProfileError as exc:
+        argv, error = [], str(exc)
+    return {"name": p["name"], "version": p["current_version"], "spec": p["spec"], "argv": argv, "error": error,
+            "updated_at": p.get("updated_at"),
+            "versions": [{"version": v["version"], "spec": v["spec"], "created_at": v["created_at"],
+                          "author": v["author"], "note": v["note"]} for v in p.get("versions", [])]}
+
+
+def rollout_view(r: dict[str, Any], inst: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {k: r.get(k) for k in (
+        "id", "instance_id", "instance_url", "host", "profile", "profile_version", "state", "message",
+        "requested_by", "override_hybrid", "created_at", "updated_at", "claimed_at", "claimed_by", "finished_at",
+    )}
+    out["terminal"] = r.get("state") in rs.TERMINAL_STATES
+    payload: dict[str, Any] = r.get("payload") or {}
+    out["payload"] = payload
+    out["result"] = r.get("result") or {}
+    if inst is not None:
+        b = _int((payload.get("pool_before") or {}).get("kv_cache_size_tokens"))
+        n = _int((inst.get("cache_config") or {}).get("kv_cache_size_tokens"))
+        out["pool"] = {"before_tokens": b, "now_tokens": n, "ratio": round(n / b, 3) if b and n else None}
+    return out
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(float(v))
+    except (TypeError, ValueError):
+        return None
+
+
+def spec_from_form(form: Any) -> dict[str, Any]:
+    """A profile spec from the HTML form: empty fields mean 'vLLM's default'."""
+    spec: dict[str, Any] = {}
+    for key in PROFILE_FIELDS:
+        raw = str(form.get(key) or "").strip()
+        if not raw:
+            continue
+        if key in NUMERIC:
+            try:
+                spec[key] = NUMERIC[key](raw)
+            except ValueError:
+                raise ProfileError(f"{key}: {raw!r} is not a number") from None
+        else:
+            spec[key] = raw
+    pc = str(form.get("enable_prefix_caching") or "")
+    if pc in ("on", "off"):
+        spec["enable_prefix_caching"] = pc == "on"
+    fs_root = str(form.get("fs_root_dir") or "").strip()
+    if fs_root:
+        spec["fs_tier"] = {"root_dir": fs_root}
+    extra = str(form.get("extra_args") or "").strip()
+    if extra:
+        try:
+            spec["extra_args"] = shlex.split(extra)
+        except ValueError as exc:
+            raise ProfileError(f"extra_args: {exc}") from None
+    return spec
+
+
+def _spec_from_json(body: Any) -> tuple[str, dict[str, Any], str]:
+    if not isinstance(body, dict):
+        raise HTTPException(422, "body must be a JSON object")
+    name = str(body.get("name") or "")
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        spec = {k: v for k, v in body.items() if k not in ("name", "note", "author")}
+    return name, spec, str(body.get("note") or "")
+
+
+async def _json(request: Request) -> Any:
+    csrf.require_json(request)
+    try:
+        return await request.json()
+    except ValueError:
+        raise HTTPException(400, "body is not valid JSON") from None
+
+
+# ---------------------------------------------------------------- JSON API
+def api_router(ctx: AppContext) -> APIRouter:
+    r = APIRouter(prefix="/api/v1")
+
+    @r.get("/profiles")
+    def profiles() -> JSONResponse:
+        out = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
+        return JSONResponse({"profiles": out})
+
+    @r.post("/profiles")
+    async def create(request: Request) -> JSONResponse:
+        name, spec, note = _spec_from_json(await _json(request))
+        return _save(ctx, name, spec, note, create=True)
+
+    @r.get("/profiles/{name}")
+    def show(name: str) -> JSONResponse:
+        p = rs.get_profile(ctx.engine, name)
+        if p is None:
+            raise HTTPException(404, f"no profile named {name!r}")
+        return JSONResponse(profile_view(p))
+
+    @r.put("/profiles/{name}")
+    async def edit(name: str, request: Request) -> JSONResponse:
+        _n, spec, note = _spec_from_json(await _json(request))
+        return _save(ctx, name, spec, note, create=False)
+
+    @r.get("/instances/{instance_id}/profile")
+    def instance_profile(instance_id: int) -> JSONResponse:
+        if get_instance(ctx.engine, instance_id) is None:
+            raise HTTPException(404, f"no instance {instance_id}")
+        ip = rs.instance_profiles(ctx.engine, instance_id)
+        return JSONResponse({k: ({"name": v["name"], "version": v["version"], "spec": v["spec"]} if v else None)
+                             for k, v in ip.items()})
+
+    @r.post("/instances/{instance_id}/preview")
+    async def preview(instance_id: int, request: Request) -> JSONResponse:
+        body = await _json(request)
+        if not isinstance(body, dict) or not body.get("profile"):
+            raise HTTPException(422, "give {\"profile\": NAME}")
+        try:
+            out = await run_in_threadpool(rollouts.preview, ctx, instance_id, str(body["profile"]),
+                                          override_hybrid=bool(body.get("override_hybrid")))
+        except rollouts.RolloutError as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        return JSONResponse(out)
+
+    @r.post("/rollouts")
+    async def create_rollout(request: Request) -> JSONResponse:
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise HTTPException(422, "body must be a JSON object")
+        try:
+            instance_id = int(body.get("instance"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise HTTPException(422, "instance must be an instance id (see /api/v1/instances)") from None
+        rid = _request(ctx, instance_id, str(body.get("profile") or ""), bool(body.get("override_hybrid")),
+                       str(body.get("requested_by") or "api"), body.get("probe"))
+        r_ = rs.get_rollout(ctx.engine, rid)
+        return JSONResponse(rollout_view(r_ or {}), status_code=201)
+
+    @r.get("/rollouts")
+    def list_(instance: int | None = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
+        return JSONResponse({"rollouts": [rollout_view(x) for x in rs.list_rollouts(
+            ctx.engine, instance_id=instance, limit=limit)]})
+
+    @r.get("/rollouts/{rollout_id}")
+    def get(rollout_id: int) -> JSONResponse:
+        r_ = rs.get_rollout(ctx.engine, rollout_id)
+        if r_ is None:
+            raise HTTPException(404, f"no rollout {rollout_id}")
+        return JSONResponse(rollout_view(r_, get_instance(ctx.engine, int(r_["instance_id"]))))
+
+    @r.post("/rollouts/{rollout_id}/cancel")
+    async def cancel(rollout_id: int, request: Request) -> JSONResponse:
+        csrf.require_json(request)
+        if not rs.finish_rollout(ctx.engine, rollout_id, "cancelled", "cancelled before an agent picked it up",
+                                 ctx.now(), only_from=("requested",)):
+            raise HTTPException(409, "only a rollout still 'requested' can be cancelled (the agent owns it now)")
+        return JSONResponse(rollout_view(rs.get_rollout(ctx.engine, rollout_id) or {}))
+
+    return r
+
+
+def _save(ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create: bool,
+          author: str = "api") -> JSONResponse:
+    try:
+        prof = parse_profile(name, spec)
+    except ProfileError as exc:
+        raise HTTPException(422, f"invalid profile: {exc}") from None
+    try:
+        if create:
+            p = rs.create_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note=note)
+        else:
+            p = rs.edit_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note=note)
+    except rs.StoreConflict as exc:
+        raise HTTPException(409, str(exc)) from None
+    except rs.NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    return JSONResponse(profile_view(p), status_code=201 if create else 200)
+
+
+def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, who: str, probe: Any) -> int:
+    inst = get_instance(ctx.engine, instance_id)
+    try:
+        rid = rollouts.request_rollout(ctx, instance_id, profile, override_hybrid=override, requested_by=who,
+                                       probe=probe if isinstance(probe, dict) else None)
+    except rollouts.RolloutError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    if inst is not None:  # remember the pool before, to show what the switch changed
+        r_ = rs.get_rollout(ctx.engine, rid)
+        if r_ is not None:
+            payload = dict(r_["payload"])
+            payload["pool_before"] = {"kv_cache_size_tokens": (inst.get("cache_config") or {}).get(
+                "kv_cache_size_tokens")}
+            rs.set_payload(ctx.engine, rid, payload)
+    return rid
+
+
+# ---------------------------------------------------------------- pages
+def page_router(ctx: AppContext) -> APIRouter:
+    r = APIRouter(include_in_schema=False)
+
+    def render(request: Request, name: str, data: dict[str, Any], status: int = 200) -> Response:
+        templates = ctx.extras.get("templates")
+        if templates is None:
+            from app.pages.templating import make_templates
+
+            templates = ctx.extras["templates"] = make_templates()
+        token, new_cookie = csrf.issue(request, ctx.settings.secret_key)
+        resp = templates.TemplateResponse(
+            request, name, {"active_nav": "profiles", "now": ctx.now(), "csrf": token, **data}, status_code=status
+        )
+        if new_cookie is not None:
+            csrf.set_cookie(resp, new_cookie)
+        return resp  # type: ignore[no-any-return]
+
+    @r.get("/profiles", response_class=HTMLResponse)
+    def profiles_page(request: Request) -> Response:
+        items = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
+        return render(request, "controller/profiles.html", {"profiles": items, "form": {}, "error": None})
+
+    @r.post("/profiles")
+    async def profiles_create(request: Request) -> Response:
+        form = await request.form()
+        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        name = str(form.get("name") or "").strip()
+        try:
+            spec = spec_from_form(form)
+            _save(ctx, name, spec, str(form.get("note") or ""), create=True, author="web")
+        except (ProfileError, HTTPException) as exc:
+            msg = exc.detail if isinstance(exc, HTTPException) else str(exc)
+            items = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
+            return render(request, "controller/profiles.html",
+                          {"profiles": items, "form": dict(form), "error": msg}, status=422)
+        return RedirectResponse(f"/profiles/{name}", status_code=303)
+
+    @r.get("/profiles/{name}", response_class=HTMLResponse)
+    def profile_page(name: str, request: Request) -> Response:
+        p = rs.get_profile(ctx.engine, name)
+        if p is None:
+            raise HTTPException(404, f"no profile named {name!r}")
+        return render(request, "controller/profile.html",
+                      {"p": profile_view(p), "error": None, "instances": list_instances(ctx.engine)})
+
+    @r.post("/profiles/{name}")
+    async def profile_edit(name: str, request: Request) -> Response:
+        form = await request.form()
+        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        try:
+            _save(ctx, name, spec_from_form(form), str(form.get("note") or ""), create=False, author="web")
+        except (ProfileError, HTTPException) as exc:
+            p = rs.get_profile(ctx.engine, name)
+            if p is None:
+                raise HTTPException(404, f"no profile named {name!r}") from None
+            msg = exc.detail if isinstance(exc, HTTPException) else str(exc)
+            return render(request, "controller/profile.html",
+                          {"p": profile_view(p), "error": msg, "instances": list_instances(ctx.engine)}, status=422)
+        return RedirectResponse(f"/profiles/{name}", status_code=303)
+
+    @r.get("/instances/{instance_id}/apply", response_class=HTMLResponse)
+    def apply_page(instance_id: int, request: Request, profile: str | None = None,
+                   override_hybrid: bool = False) -> Response:
+        inst = get_instance(ctx.engine, instance_id)
+        if inst is None:
+            raise HTTPException(404, f"no instance {instance_id}")
+        data: dict[str, Any] = {
+            "inst": inst, "simulated": bool(inst.get("simulated")),
+            "profiles": rs.list_profiles(ctx.engine), "ip": rs.instance_profiles(ctx.engine, instance_id),
+            "rollouts": [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance_id, limit=50)],
+            "active": rs.active_rollout(ctx.engine, instance_id), "preview": None, "error": None,
+            "override_hybrid": override_hybrid,
+        }
+        if profile:
+            try:
+                data["preview"] = rollouts.preview(ctx, instance_id, profile, override_hybrid=override_hybrid)
+            except rollouts.RolloutError as exc:
+                data["error"] = str(exc)
+        return render(request, "controller/apply.html", data)
+
+    @r.post("/instances/{instance_id}/apply")
+    async def apply(instance_id: int, request: Request) -> Response:
+        form = await request.form()
+        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        rid = _request(ctx, instance_id, str(form.get("profile") or ""), form.get("override_hybrid") == "on",
+                       "web", None)
+        return RedirectResponse(f"/rollouts/{rid}", status_code=303)
+
+    @r.get("/instances/{instance_id}/rollouts", response_class=HTMLResponse)
+    def rollouts_fragment(instance_id: int, request: Request) -> Response:
+        items = [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance_id, limit=20)]
+        return render(request, "controller/_rollouts.html", {"rollouts": items, "instance_id": instance_id})
+
+    @r.get("/rollouts/{rollout_id}", response_class=HTMLResponse)
+    def rollout_page(rollout_id: int, request: Request) -> Response:
+        ro, inst = _rollout(ctx, rollout_id)
+        return render(request, "controller/rollout.html",
+                      {"r": rollout_view(ro, inst), "inst": inst, "simulated": bool(inst and inst.get("simulated"))})
+
+    @r.get("/rollouts/{rollout_id}/progress", response_class=HTMLResponse)
+    def rollout_progress(rollout_id: int, request: Request) -> Response:
+        ro, inst = _rollout(ctx, rollout_id)
+        return render(request, "controller/_progress.html", {"r": rollout_view(ro, inst)})
+
+    return r
+
+
+def _rollout(ctx: AppContext, rollout_id: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    ro = rs.get_rollout(ctx.engine, rollout_id)
+    if ro is None:
+        raise HTTPException(404, f"no rollout {rollout_id}")
+    return ro, get_instance(ctx.engine, int(ro["instance_id"]))
