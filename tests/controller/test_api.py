@@ -21,7 +21,8 @@ def _push(client: Any, token: str, seq: int, ts: float, **extra: Any) -> dict[st
 
 def test_profile_api_round_trip(client: Any) -> None:
     r = client.post("/api/v1/profiles", json={"name": "off8", "spec": {"offload_size_gib": 8}})
-    assert r.status_code == 201 and r.json()["argv"] == ["--kv-offloading-size", "8", "--kv-offloading-backend", "native"]
+    assert r.status_code == 201
+    assert r.json()["argv"] == ["--kv-offloading-size", "8", "--kv-offloading-backend", "native"]
     assert client.post("/api/v1/profiles", json={"name": "off8", "spec": {}}).status_code == 409
     bad = client.post("/api/v1/profiles", json={"name": "x", "spec": {"kv_cache_dtype": "int3"}})
     assert bad.status_code == 422 and "kv_cache_dtype" in bad.json()["error"]
