@@ -58,3 +58,42 @@ class FakeVllm:
 
     def client(self) -> httpx.Client:
         return httpx.Client(transport=httpx.MockTransport(self.handler))
+
+
+class ServedFake:
+    """The fake on a real loopback port (for subprocesses: `kvscope agent`, `kvscope up`)."""
+
+    def __init__(self, fake: FakeVllm) -> None:
+        import http.server
+        import threading
+
+        outer = fake
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                resp = outer.handler(httpx.Request("GET", "http://fake" + self.path,
+                                                   headers={"accept": self.headers.get("accept", "")}))
+                body = resp.content
+                self.send_response(resp.status_code)
+                for k, v in resp.headers.items():
+                    if k.lower() not in ("content-length", "transfer-encoding"):
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_a: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> ServedFake:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)

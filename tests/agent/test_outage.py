@@ -8,13 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fakevllm import FakeVllm
+from livesrv import LiveServer
 from sqlalchemy import func, select
 
 from agent.loop import Agent, AgentConfig
 from app.storage.models import IngestBatch
 from app.storage.series_store import list_instances, series_points
-from fakevllm import FakeVllm
-from livesrv import LiveServer
 
 
 @pytest.fixture
