@@ -70,7 +70,7 @@ class ServedFake:
         outer = fake
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 resp = outer.handler(httpx.Request("GET", "http://fake" + self.path,
                                                    headers={"accept": self.headers.get("accept", "")}))
                 body = resp.content
