@@ -219,20 +219,11 @@ def _save(ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create
 
 
 def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, who: str, probe: Any) -> int:
-    inst = get_instance(ctx.engine, instance_id)
     try:
-        rid = rollouts.request_rollout(ctx, instance_id, profile, override_hybrid=override, requested_by=who,
-                                       probe=probe if isinstance(probe, dict) else None)
+        return rollouts.request_rollout(ctx, instance_id, profile, override_hybrid=override, requested_by=who,
+                                        probe=probe if isinstance(probe, dict) else None)
     except rollouts.RolloutError as exc:
         raise HTTPException(exc.status, str(exc)) from None
-    if inst is not None:  # remember the pool before, to show what the switch changed
-        r_ = rs.get_rollout(ctx.engine, rid)
-        if r_ is not None:
-            payload = dict(r_["payload"])
-            payload["pool_before"] = {"kv_cache_size_tokens": (inst.get("cache_config") or {}).get(
-                "kv_cache_size_tokens")}
-            rs.set_payload(ctx.engine, rid, payload)
-    return rid
 
 
 # ---------------------------------------------------------------- pages

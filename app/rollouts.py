@@ -87,6 +87,8 @@ def request_rollout(
                             model_root=inst.get("model_root"))
     if probe:
         payload["probe"] = {**payload["probe"], **probe}
+    # The pool before the switch, to show what it changed (e.g. fp8: ~1.8x the tokens).
+    payload["pool_before"] = {"kv_cache_size_tokens": (inst.get("cache_config") or {}).get("kv_cache_size_tokens")}
     try:
         return rs.create_rollout(
             ctx.engine, instance_id=instance_id, version_id=int(version["id"]),
