@@ -1,0 +1,101 @@
+"""A real Prometheus Alertmanager (Debian `prometheus-alertmanager`, installed by
+scripts/setup.d/30-alertmanager.sh) on a free loopback port, with a config the test writes.
+Always stopped (SIGTERM, then SIGKILL) when the fixture ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+CONFIG = """\
+global:
+  resolve_timeout: 5m
+route:
+  receiver: "kvscope-test"
+  group_by: ["alertname", "instance"]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: "kvscope-test"
+"""
+
+
+def find_alertmanager() -> str | None:
+    for name in ("alertmanager", "prometheus-alertmanager"):
+        path = shutil.which(name)
+        if path:
+            return path
+    for path in ("/usr/bin/prometheus-alertmanager", "/usr/bin/alertmanager"):
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Alertmanager:
+    url: str
+    log: Path
+
+    def alerts(self) -> list[dict[str, object]]:
+        r = httpx.get(self.url + "/api/v2/alerts", timeout=5)
+        r.raise_for_status()
+        data = r.json()
+        assert isinstance(data, list)
+        return data
+
+
+@contextmanager
+def alertmanager(tmp: Path) -> Iterator[Alertmanager]:
+    binary = find_alertmanager()
+    if binary is None:
+        pytest.skip("prometheus-alertmanager is not installed (scripts/setup.d/30-alertmanager.sh could not "
+                    "install it: apt-get install prometheus-alertmanager)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "alertmanager.yml").write_text(CONFIG)
+    port = _free_port()
+    log = tmp / "alertmanager.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"alertmanager exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"alertmanager not ready after 30 s: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield Alertmanager(url, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
