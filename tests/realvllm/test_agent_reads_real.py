@@ -8,10 +8,15 @@ other prompts to evict it, again (recomputed).
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from .captures import agent_capture, keep_or_compare
 from .conftest import ServerPool
 from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, delta, read_until, send
 from .server import Server, http_get
@@ -139,3 +144,25 @@ def test_prefix_hit_then_eviction_moves_the_right_sources(server: Server, agent:
         "external_kv_transfer"
     )
     assert not [e for e in agent.events if e.kind in ("counter_reset", "counter_clamped", "restart")]
+
+
+def test_kvscope_agent_capture_keeps_a_real_sample(server: Server, tmp_path: Path) -> None:
+    """Issue 6 (4): `kvscope agent capture` of the real server; the committed fixtures that the
+    parser tests run on still have the live server's shape."""
+    files = agent_capture(server.url, tmp_path)
+    models = json.loads(files["v1_models.json"].read_text())
+    assert models["data"][0]["id"] == "tiny"
+    assert models["data"][0]["max_model_len"] == 2048
+    assert json.loads(files["version.json"].read_text()) == {"version": "0.32.0"}
+    keep_or_compare(files["metrics.prom"], "tiny-llama__evicted.prom")
+    # tests/agent pins values of these two (e.g. the masked root path): compared, never rewritten.
+    keep_or_compare(files["v1_models.json"], "v1_models.json", may_update=False)
+    keep_or_compare(files["version.json"], "version.json", may_update=False)
+    # The capture parses with the agent's own CLI, with nothing unreadable.
+    proc = subprocess.run([sys.executable, "-m", "kvscope.cli", "agent", "parse", str(files["metrics.prom"])],
+                          capture_output=True, text=True, timeout=60, check=True)
+    parsed = json.loads(proc.stdout)
+    assert parsed["bad_lines"] == 0
+    assert parsed["dropped_duplicates"] == 0
+    assert {"vllm:prompt_tokens_by_source", "vllm:cache_config_info", "vllm:prefix_cache_hits"} \
+        <= set(parsed["families"])

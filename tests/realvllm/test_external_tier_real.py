@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from .captures import agent_capture, keep_or_compare
 from .conftest import ServerPool
 from .readings import SOURCES, AgentView, delta, send
 from .server import Server
@@ -70,3 +71,10 @@ def test_evicted_prefix_is_reloaded_from_the_external_tier(server: Server, agent
     # The connector's own gauge, kept by the agent (num_requests_* prefix).
     assert "vllm:num_requests_kv_fetch_by_stage" in r2.names()
     assert sum(r2.by_source(s) for s in SOURCES) == r2.value("vllm:prompt_tokens_total")
+
+
+def test_capture_with_the_external_tier(server: Server, tmp_path: Path) -> None:
+    files = agent_capture(server.url, tmp_path)
+    text = files["metrics.prom"].read_text()
+    assert "vllm:num_requests_kv_fetch_by_stage" in text
+    keep_or_compare(files["metrics.prom"], "tiny-llama__example-connector.prom")
