@@ -78,6 +78,8 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-shm-dir", default="/dev/shm", help="where the offload buffer file is created")
     p.add_argument("--sim-state-dir", default=None, help="state files for kvscope-fake-nvidia-smi")
     p.add_argument("--sim-gpu-index", type=int, default=0)
+    p.add_argument("--sim-time-scale", type=float, default=1.0,
+                   help="run the model this many times faster than the wall clock (modeled times unchanged)")
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         _describe(cfg)
         engine_id = str(uuid.uuid4())
+        if args.sim_time_scale <= 0:
+            log("argument --sim-time-scale must be positive", "ERROR")
+            return 2
         engine = Engine(cfg, time.monotonic(), wall_time=time.time())
         if cfg.offload is not None and cfg.offload.backend == "native":
             try:
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             holder["server"].should_exit = True
 
         app = SimApp(engine, dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE") == "1", on_fatal=on_fatal,
-                     server_info=server_info(cfg))
+                     server_info=server_info(cfg), time_scale=args.sim_time_scale)
         config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, lifespan="on",
             access_log=args.uvicorn_log_level in ("debug", "trace"), timeout_graceful_shutdown=2,

@@ -38,10 +38,17 @@ CRASH_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for th
 
 
 class SimApp:
-    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.monotonic, dev_mode: bool = False,
+    def __init__(self, engine: Engine, *, time_scale: float = 1.0, dev_mode: bool = False,
                  on_fatal: Callable[[str], None] | None = None, server_info: dict[str, Any] | None = None) -> None:
+        """`time_scale` > 1 runs the model faster than the wall clock (tests, quick demos): modeled times
+        (headers, /metrics) are unchanged, only the real waiting shrinks."""
         self.engine = engine
-        self.clock = clock
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.time_scale = time_scale
+        base = time.monotonic()
+        self.clock: Callable[[], float] = (
+            time.monotonic if time_scale == 1.0 else (lambda: base + (time.monotonic() - base) * time_scale))
         self.dev_mode = dev_mode
         self.on_fatal = on_fatal
         self.server_info = server_info or {}
@@ -67,7 +74,7 @@ class SimApp:
         while True:
             self._wake.clear()
             nt = self.engine.next_event_time()
-            timeout = None if nt is None else max(0.0, nt - self.clock())
+            timeout = None if nt is None else max(0.0, (nt - self.clock()) / self.time_scale)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:

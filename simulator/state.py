@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -85,5 +86,6 @@ def engine_state(engine: Any, pid: int, port: int, gpu_index: int) -> dict[str, 
         "pcie_width_max": dev.pcie_width_max,
         "written_at": time.time(),
         "monotonic": time.monotonic(),
+        "process_name": sys.executable,
         "simulated": True,
     }
