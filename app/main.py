@@ -32,6 +32,7 @@ OPTIONAL_PARTS = (
     "app.alerts_api",
     "app.ab_api",
     "app.exporter",  # derived per-instance series on /metrics (scale-out)
+    "app.prometheus_source",  # /api/v1/prometheus/...: charts read from a Prometheus (scale-out)
 )
 
 

@@ -1,0 +1,110 @@
+"""A real Prometheus for the tests and benches: Debian's `prometheus` and `promtool`
+(scripts/setup.d/45-prometheus.sh), started on a loopback port with its storage in a temp dir,
+always stopped. Data can be backfilled from recorded samples with `promtool tsdb
+create-blocks-from openmetrics` before start."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import httpx
+
+
+def binaries() -> tuple[str, str] | None:
+    prom, tool = shutil.which("prometheus"), shutil.which("promtool")
+    return (prom, tool) if prom and tool else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def openmetrics(samples: Iterable[tuple[str, dict[str, str], float, float]]) -> str:
+    """OpenMetrics text of (name, labels, value, ts seconds), grouped by name then time (the
+    importer wants each family's samples together), every family typed `unknown`."""
+    by: dict[str, list[tuple[float, dict[str, str], float]]] = {}
+    for name, labels, value, ts in samples:
+        by.setdefault(name, []).append((ts, labels, value))
+    lines = []
+    for name in sorted(by):
+        lines.append(f"# TYPE {name} unknown")
+        for ts, labels, value in sorted(by[name], key=lambda x: (x[0], sorted(x[1].items()))):
+            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(labels.items()))
+            val = repr(float(value)) if math.isfinite(value) else ("+Inf" if value > 0 else "NaN")
+            lines.append(f"{name}{{{lab}}} {val} {ts:.3f}")
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def backfill(promtool: str, om_text: str, storage: Path, work: Path) -> None:
+    src = work / "backfill.om"
+    src.write_text(om_text)
+    storage.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(storage)],
+                       capture_output=True, text=True, timeout=600, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {r.stderr.strip()[-2000:]}")
+
+
+class PromServer:
+    def __init__(self, binary: str, work: Path, scrape_configs: str = "", scrape_interval: str = "15s") -> None:
+        self.binary = binary
+        self.work = work
+        self.storage = work / "tsdb"
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config = work / "prometheus.yml"
+        self.config.write_text(
+            f"global:\n  scrape_interval: {scrape_interval}\n  evaluation_interval: 1m\n"
+            + (f"scrape_configs:\n{scrape_configs}" if scrape_configs else "")
+        )
+        self.log = work / "prometheus.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.storage.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.storage}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=100y",
+                 "--log.level=warn", "--web.enable-lifecycle"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=str(self.work),
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited: {self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("prometheus did not become ready in time")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None

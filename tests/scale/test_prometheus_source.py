@@ -1,0 +1,332 @@
+"""Prometheus as a history source, against a real Prometheus (Debian `prometheus`):
+
+- the same recorded scrapes go into the app's store (through the ingest API) and into a
+  Prometheus (backfilled with promtool): every chart and the worth figures come out identical
+  from both sources (same derived code, same raw points recovered through query_range);
+- a Prometheus that scrapes a live exposition server on a loopback port is read back with
+  vLLM's labels, real sample times and the served values.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.prometheus_source import (
+    PrometheusError,
+    PrometheusSource,
+    assemble,
+    choose_step,
+    instance_target,
+    prometheus_scope,
+    selector,
+)
+
+from .prom import PromServer, backfill, binaries, openmetrics
+
+pytestmark = pytest.mark.prometheus
+REPO = Path(__file__).resolve().parents[2]
+URL = "http://127.0.0.1:8000"
+LAB = {"model_name": "qwen", "engine": "0"}
+TTFT_LE = ["0.01", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "+Inf"]
+TYPES = {
+    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter", "vllm:external_prefix_cache_hits": "counter",
+    "vllm:prompt_tokens": "counter", "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter", "vllm:kv_offload_load_bytes": "counter",
+    "vllm:kv_offload_load_time": "counter", "vllm:kv_offload_store_bytes": "counter",
+    "vllm:kv_offload_store_time": "counter", "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:kv_offload_cpu_cache_usage_perc": "gauge", "vllm:num_requests_running": "gauge",
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:cache_config_info": "gauge",
+}
+CACHE_CFG = {**LAB, "block_size": "16", "kv_offloading_size": "8", "cache_dtype": "auto"}
+
+
+@pytest.fixture(scope="module")
+def prom_bins() -> tuple[str, str]:
+    b = binaries()
+    if b is None:
+        pytest.skip("prometheus/promtool not installed (apt-get install prometheus; scripts/setup.d/45-prometheus.sh)")
+    return b
+
+
+def recorded(t0: float, n: int, interval: float = 5.0, reset_at: int = 120, seed: int = 7) -> list[dict[str, Any]]:
+    """n scrapes of a vLLM with CPU offload: jittered gaps, a restart (counters from 0) at reset_at."""
+    rnd = random.Random(seed)
+    acc: dict[str, float] = {}
+    out = []
+    ts = t0
+    for i in range(n):
+        ts += interval + rnd.uniform(-1.0, 1.0)
+        if i == reset_at:
+            acc = {}
+        q = rnd.randint(500, 3000)
+        hit = int(q * rnd.uniform(0.2, 0.8))
+        ext_q = q - hit
+        ext_hit = int(ext_q * rnd.uniform(0.0, 0.6))
+        comp = q - hit - ext_hit
+        load_b = ext_hit * 147_456
+        store_b = comp * 147_456 * rnd.uniform(0.3, 1.0)
+        inc = {
+            "q": q, "hit": hit, "ext_q": ext_q, "ext_hit": ext_hit, "comp": comp, "load_b": load_b,
+            "load_t": load_b / 12.6e9, "store_b": store_b, "store_t": store_b / 11e9,
+            "prefill": comp / 23_000.0, "n": rnd.randint(1, 8),
+        }
+        for k, v in inc.items():
+            acc[k] = acc.get(k, 0.0) + v
+        for j, le in enumerate(TTFT_LE):
+            extra = 0 if j < 3 else rnd.randint(0, 2)
+            acc[f"le{le}"] = acc.get(f"le{le}", 0.0) + inc["n"] * (j + 1) / len(TTFT_LE) + extra
+        acc["ttft_sum"] = acc.get("ttft_sum", 0.0) + inc["n"] * rnd.uniform(0.05, 0.6)
+        # cumulative bucket counts must be monotonic in le
+        run = 0.0
+        for le in TTFT_LE:
+            run = max(run, acc[f"le{le}"])
+            acc[f"le{le}"] = run
+        samples = [
+            ("vllm:prefix_cache_queries_total", LAB, acc["q"]),
+            ("vllm:prefix_cache_hits_total", LAB, acc["hit"]),
+            ("vllm:external_prefix_cache_queries_total", LAB, acc["ext_q"]),
+            ("vllm:external_prefix_cache_hits_total", LAB, acc["ext_hit"]),
+            ("vllm:prompt_tokens_total", LAB, acc["q"]),
+            ("vllm:prompt_tokens_cached_total", LAB, acc["hit"] + acc["ext_hit"]),
+            ("vllm:prompt_tokens_by_source_total", {**LAB, "source": "local_compute"}, acc["comp"]),
+            ("vllm:prompt_tokens_by_source_total", {**LAB, "source": "local_cache_hit"}, acc["hit"]),
+            ("vllm:prompt_tokens_by_source_total", {**LAB, "source": "external_kv_transfer"}, acc["ext_hit"]),
+            ("vllm:kv_offload_load_bytes_total", LAB, acc["load_b"]),
+            ("vllm:kv_offload_load_time_total", LAB, acc["load_t"]),
+            ("vllm:kv_offload_store_bytes_total", LAB, acc["store_b"]),
+            ("vllm:kv_offload_store_time_total", LAB, acc["store_t"]),
+            ("vllm:request_prefill_time_seconds_sum", LAB, acc["prefill"]),
+            ("vllm:request_prefill_time_seconds_count", LAB, acc["n"]),
+            ("vllm:kv_cache_usage_perc", LAB, rnd.uniform(0.1, 0.95)),
+            ("vllm:kv_offload_cpu_cache_usage_perc", LAB, rnd.uniform(0.0, 0.2)),
+            ("vllm:num_requests_running", LAB, float(rnd.randint(0, 6))),
+            ("vllm:time_to_first_token_seconds_sum", LAB, acc["ttft_sum"]),
+            ("vllm:time_to_first_token_seconds_count", LAB, acc["le+Inf"]),
+            ("vllm:cache_config_info", CACHE_CFG, 1.0),
+        ] + [("vllm:time_to_first_token_seconds_bucket", {**LAB, "le": le}, acc[f"le{le}"]) for le in TTFT_LE]
+        out.append({
+            "agent_id": "agent-rig1", "host": "rig1", "seq": i + 1, "sent_at": ts,
+            "scrapes": [{"instance": URL, "ts": ts, "ok": True, "healthy": True, "model": "qwen", "types": TYPES,
+                         "samples": [{"name": n_, "labels": la, "value": float(v)} for n_, la, v in samples]}],
+            "host_ts": ts,
+            "host_samples": [
+                {"name": "kvscope:gpu_pcie_link_gen", "labels": {"gpu": "0", "name": "H200", "kind": "max"},
+                 "value": 5.0},
+                {"name": "kvscope:gpu_pcie_link_width", "labels": {"gpu": "0", "name": "H200", "kind": "max"},
+                 "value": 16.0},
+                {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 256 * 2.0**30},
+                {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 180 * 2.0**30 - i * 1e6},
+            ],
+        })
+    return out
+
+
+def _to_openmetrics(batches: list[dict[str, Any]]) -> str:
+    """What a Prometheus scraping that vLLM would hold: instance samples, target labels added,
+    timestamps at the millisecond as the store keeps them."""
+    target = {"instance": instance_target(URL), "job": "vllm"}
+    return openmetrics(
+        (s["name"], {**s["labels"], **target}, s["value"], round(sc["ts"] * 1000) / 1000)
+        for b in batches for sc in b["scrapes"] for s in sc["samples"]
+    )
+
+
+@pytest.fixture
+def backfilled(client: Any, token: str, clock: Any, tmp_path: Path, prom_bins: tuple[str, str]
+               ) -> Iterator[tuple[list[dict[str, Any]], PromServer]]:
+    t0 = float(math.floor(time.time() / 60) * 60 - 4 * 3600)  # recent past: Prometheus keeps it
+    batches = recorded(t0, 240)
+    for b in batches:
+        clock.t = b["sent_at"]
+        r = client.post("/api/v1/ingest", content=json.dumps(b),
+                        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert r.status_code == 200, r.text
+    clock.t = batches[-1]["sent_at"] + 2
+    server = PromServer(prom_bins[0], tmp_path)
+    backfill(prom_bins[1], _to_openmetrics(batches), server.storage, tmp_path)
+    server.start()
+    try:
+        yield batches, server
+    finally:
+        server.stop()
+
+
+def _panel_values(panel: Any) -> list[tuple[str, list[float | None]]]:
+    return [(t.name, list(t.y)) for t in panel.traces]
+
+
+def _same(a: list[float | None], b: list[float | None]) -> bool:
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-9,
+                                                                                          abs_tol=1e-9))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_charts_identical_from_store_and_prometheus(app: Any, backfilled: Any) -> None:
+    from app.derived.instance_charts import CHARTS
+    from app.derived.panels import make_scope
+    from app.derived.worth import compute_worth
+    from app.storage.series_store import list_instances
+
+    batches, server = backfilled
+    ctx = app.state.ctx
+    inst = next(i for i in list_instances(ctx.engine) if i["url"] == URL)
+    now = ctx.now()
+    first, last = batches[0]["sent_at"], batches[-1]["sent_at"]
+    source = PrometheusSource(server.url)
+    compared = 0
+    for start, end in ((first + 60, last - 3), (first + 300, first + 1500), (first + 500, last - 400)):
+        store = make_scope(ctx.engine, inst, start=start, end=end, now=now, state="up", raw_retention_s=math.inf,
+                           tier="raw")
+        prom = prometheus_scope(source, ctx.engine, inst, start=start, end=end, now=now, state="up")
+        assert prom.grid == store.grid
+        for key, chart in CHARTS.items():
+            a, b = chart(store), chart(prom)
+            assert prom.error is None, prom.error
+            assert a.empty == b.empty, (key, a.empty, b.empty)
+            va, vb = _panel_values(a), _panel_values(b)
+            assert [n for n, _ in va] == [n for n, _ in vb], key
+            for (name, ya), (_, yb) in zip(va, vb, strict=True):
+                assert _same(ya, yb), f"{key}/{name} differs between store and Prometheus"
+                compared += sum(v is not None for v in ya)
+        assert compute_worth(store) == compute_worth(prom)
+    assert compared > 1000  # the comparison is not vacuous
+
+
+def test_prometheus_chart_api(client: Any, app: Any, backfilled: Any) -> None:
+    batches, server = backfilled
+    first, last = batches[0]["sent_at"], batches[-1]["sent_at"]
+    params = {"range": "custom", "start": first + 60, "end": last - 3}
+    r = client.get("/api/v1/prometheus/instances/1/charts/tokens", params=params)
+    assert r.status_code == 404 and "KVSCOPE_PROMETHEUS_URL" in r.json()["error"]
+    app.state.ctx.settings.prometheus_url = server.url
+    try:
+        via_prom = client.get("/api/v1/prometheus/instances/1/charts/tokens", params=params)
+        via_store = client.get("/api/v1/instances/1/charts/tokens", params={**params, "tier": "raw"})
+    finally:
+        app.state.ctx.settings.prometheus_url = None
+    assert via_prom.status_code == 200, via_prom.text
+    body = via_prom.json()
+    assert body["source"] == "prometheus" and body["figure"] is not None
+    assert via_store.status_code == 200
+    ys = {t["name"]: t["y"] for t in body["figure"]["data"] if t.get("name") != "events"}
+    ys_store = {t["name"]: t["y"] for t in via_store.json()["figure"]["data"] if t.get("name") != "events"}
+    assert ys.keys() == ys_store.keys() and ys
+
+
+def test_unreachable_prometheus_is_a_clear_error() -> None:
+    src = PrometheusSource("http://127.0.0.1:9", timeout_s=2.0)
+    with pytest.raises(PrometheusError, match="cannot reach Prometheus"):
+        src.fetch(["vllm:prompt_tokens_total"], URL, 0.0, 100.0)
+
+    def bad(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"status": "error", "errorType": "bad_data", "error": "parse error"})
+
+    src = PrometheusSource("http://prom", transport=httpx.MockTransport(bad))
+    with pytest.raises(PrometheusError, match="parse error"):
+        src.fetch(["vllm:prompt_tokens_total"], URL, 0.0, 100.0)
+    html = httpx.MockTransport(lambda r: httpx.Response(200, text="<html>"))
+    garbage = PrometheusSource("http://prom", transport=html)
+    with pytest.raises(PrometheusError, match="not JSON"):
+        garbage.fetch(["x"], URL, 0.0, 100.0)
+
+
+def test_helpers() -> None:
+    assert instance_target("http://127.0.0.1:8000") == "127.0.0.1:8000"
+    assert instance_target("http://gpu1.lab") == "gpu1.lab:80"
+    assert instance_target("http://[::1]:8000/") == "[::1]:8000"
+    assert selector(["b", "a:x"], {"instance": 'h"1'}) == '{__name__=~"a:x|b", instance="h\\"1"}'
+    assert choose_step(0, 3600, 1.0) == 1.0
+    assert choose_step(0, 30 * 86400, 1.0) == pytest.approx(259.2)
+    # garbage in the matrices is skipped, not fatal; NaN values are dropped
+    vals = [{"metric": {"__name__": "m_total", "instance": "h:1", "job": "j", "a": "1"},
+             "values": [[10, "1"], [11, "1"], [12, "NaN"], [13, "5"]]}, {"bad": 1}, "junk"]
+    stamps = {"m_total": [{"metric": {"instance": "h:1", "job": "j", "a": "1"},
+                           "values": [[10, "9.5"], [11, "9.5"], [12, "11.9"], [13, "12.9"]]}, None]}
+    out = assemble(vals, stamps)
+    assert len(out) == 1 and out[0].labels == {"a": "1"} and out[0].kind == "counter"
+    assert out[0].points == [(9.5, 1.0), (12.9, 5.0)]
+
+
+class _Exposition(http.server.BaseHTTPRequestHandler):
+    """A static exposition server: a real vLLM capture, with its counters advanced per request."""
+
+    body = ""
+    hits = 0
+
+    def do_GET(self) -> None:
+        if self.path != "/metrics":
+            self.send_error(404)
+            return
+        type(self).hits += 1
+        extra = f'kvscope_test_scrapes_total{{model_name="tiny"}} {type(self).hits}\n'
+        data = (self.body + extra).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_reads_a_prometheus_that_scrapes_a_live_server(tmp_path: Path, prom_bins: tuple[str, str]) -> None:
+    fixture = REPO / "tests" / "fixtures" / "vllm" / "real__vllm-0.32.0-cpu__tiny-llama__prefix-cache.prom"
+    _Exposition.body = fixture.read_text()
+    _Exposition.hits = 0
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
+    port = httpd.server_address[1]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    server = PromServer(prom_bins[0], tmp_path, scrape_interval="1s", scrape_configs=(
+        f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"))
+    try:
+        server.start()
+        url = f"http://127.0.0.1:{port}"
+        src = PrometheusSource(server.url)
+        deadline = time.monotonic() + 60
+        got: list[Any] = []
+        while time.monotonic() < deadline:
+            now = time.time()
+            got = src.fetch(["kvscope_test_scrapes_total", "vllm:prompt_tokens_total", "vllm:cache_config_info"],
+                            url, now - 120, now)
+            pts = next((s.points for s in got if s.name == "kvscope_test_scrapes_total"), [])
+            if len(pts) >= 4:
+                break
+            time.sleep(0.5)
+        by = {s.name: s for s in got}
+        scrapes = by["kvscope_test_scrapes_total"]
+        assert len(scrapes.points) >= 4, "Prometheus did not scrape the server"
+        # every real sample, with its own time: values count the scrapes, about one per second
+        vals = [v for _, v in scrapes.points]
+        assert vals == sorted(vals) and len(set(vals)) == len(vals)
+        gaps = [b[0] - a[0] for a, b in zip(scrapes.points, scrapes.points[1:], strict=False)]
+        assert all(0.5 < g < 3.0 for g in gaps), gaps
+        assert scrapes.kind == "counter" and scrapes.labels == {"model_name": "tiny"}
+        # vLLM's own labels come through, Prometheus' target labels do not
+        pt = by["vllm:prompt_tokens_total"]
+        assert "instance" not in pt.labels and "job" not in pt.labels and pt.labels.get("model_name")
+        want = next(float(line.rsplit(" ", 1)[1]) for line in _Exposition.body.splitlines()
+                    if line.startswith("vllm:prompt_tokens_total{"))
+        assert pt.points[-1][1] == want
+        info = by["vllm:cache_config_info"]
+        assert info.labels.get("enable_prefix_caching") == "True"
+    finally:
+        server.stop()
+        httpd.shutdown()
+        httpd.server_close()
