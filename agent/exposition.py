@@ -69,7 +69,7 @@ def parse(
         text = "\n" + text
         for fam, mtype in type_re.findall(text):
             _add_type(out, fam, mtype)
-        _parse_sample_lines(line_re.findall(text), out, label_cache)
+        _parse_rows(line_re.findall(text), out, label_cache)
         return out
     lines: list[str] = []
     for raw in text.split("\n"):
@@ -92,8 +92,9 @@ def parse(
 def _selectors(prefixes: tuple[str, ...]) -> tuple[re.Pattern[str], re.Pattern[str]]:
     alt = _alternation(prefixes)
     return (
-        # a literal "\n" first lets the regex engine jump from line start to line start
-        re.compile(rf"\n[ \t]*((?:{alt})[^\n]*)"),
+        # A literal "\n" first lets the regex engine jump from line start to line start. Every
+        # kept line matches (the last group takes whatever is left); _parse_rows judges it.
+        re.compile(rf"\n[ \t]*((?:{alt})[^\s{{]*)(?:\{{([^\n]*)\}})?([^\n]*)"),
         re.compile(rf"\n# TYPE[ \t]+((?:{alt})\S*)[ \t]+(\S+)"),
     )
 
@@ -119,6 +120,52 @@ def _add_type(out: Exposition, fam: str, mtype: str) -> None:
         out.types[family_of(fam, mtype)] = "unknown" if mtype == "untyped" else mtype
     else:
         out.note_bad(f"# TYPE {fam} {mtype}")
+
+
+_NO_LABELS: dict[str, str] = {}
+
+
+def _parse_rows(
+    rows: list[tuple[str, str, str]], out: Exposition, label_cache: dict[str, dict[str, str]] | None
+) -> None:
+    """(name, label body, rest) per kept line, as split by the selector regex, in C."""
+    samples = out.samples
+    find_pairs = _LABEL_PAIR.findall
+    name_ok = _NAME_OK.match
+    cache: dict[str, dict[str, str]] = label_cache if label_cache is not None else {}
+    good_names: set[str] = set()
+    for name, body, rest in rows:
+        parts = rest.split()
+        try:
+            if not 0 < len(parts) < 3:
+                raise ValueError("value missing or extra fields")
+            if name not in good_names:
+                if not name_ok(name):
+                    raise ValueError("bad metric name")
+                good_names.add(name)
+            if body:
+                labels = cache.get(body)
+                if labels is None:
+                    if "\\" in body:
+                        labels = _parse_labels_slow(body)
+                    else:
+                        pairs = find_pairs(body)
+                        if body.count('"') != 2 * len(pairs) or (not pairs and body.strip(" ,")):
+                            raise ValueError("bad label set")
+                        labels = dict(pairs)
+                        if len(labels) != len(pairs):
+                            raise ValueError("repeated label name")
+                    if len(cache) < LABEL_CACHE_MAX:
+                        cache[body] = labels
+            else:
+                labels = _NO_LABELS
+            value = float(parts[0])
+            if len(parts) == 2:
+                float(parts[1])  # a timestamp: must be a number; vLLM sends none, we ignore it
+        except ValueError:
+            out.note_bad(f"{name}{{{body}}}{rest}" if body else name + rest)
+            continue
+        samples.append((name, labels, value))
 
 
 def _parse_sample_lines(
