@@ -330,3 +330,48 @@ def test_reads_a_prometheus_that_scrapes_a_live_server(tmp_path: Path, prom_bins
         server.stop()
         httpd.shutdown()
         httpd.server_close()
+
+
+def _by_source(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:prompt_tokens_by_source_total{"):
+            src = line.split('source="', 1)[1].split('"', 1)[0]
+            out[src] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_reads_a_prometheus_that_scrapes_kvscope_sim(tmp_path: Path, prom_bins: tuple[str, str]) -> None:
+    """Prometheus scrapes a `kvscope sim` every second while requests with a shared prefix run;
+    the source reads back the by-source token counters the sim reports."""
+    from .prom import free_port
+    from .sim import running_sim
+
+    port = free_port()
+    with running_sim(port, tmp_path / "sim") as sim_url:
+        server = PromServer(prom_bins[0], tmp_path, scrape_interval="1s", scrape_configs=(
+            f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"))
+        try:
+            server.start()
+            doc = " ".join(f"word{i}" for i in range(600))
+            with httpx.Client(base_url=sim_url, timeout=30) as c:
+                for i in range(6):
+                    r = c.post("/v1/completions", json={"model": "tiny", "prompt": f"{doc} question {i}",
+                                                        "max_tokens": 4})
+                    assert r.status_code == 200, r.text
+                want = _by_source(c.get("/metrics").text)
+            assert want.get("local_cache_hit", 0) > 0 and want.get("local_compute", 0) > 0
+            src = PrometheusSource(server.url)
+            deadline = time.monotonic() + 60
+            last: dict[str, float] = {}
+            while time.monotonic() < deadline:
+                now = time.time()
+                got = src.fetch(["vllm:prompt_tokens_by_source_total"], sim_url, now - 300, now)
+                last = {s.labels.get("source", ""): s.points[-1][1] for s in got if s.points}
+                if all(last.get(k) == v for k, v in want.items()):
+                    break
+                time.sleep(0.5)
+            assert last == want
+            assert all(s.labels.get("model_name") == "tiny" for s in got)
+        finally:
+            server.stop()
