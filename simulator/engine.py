@@ -100,6 +100,7 @@ class Engine:
             key = f"{cfg.profile.model.name}-{cfg.cache_dtype}-{o.chunk_tokens}".replace("/", "_")
             self.fs = [FsTier(t.root_dir, key, self.chunk_bytes) for t in o.secondary_tiers]
         self.native = o is not None and o.backend == "native"
+        self.tiering = self.native and o is not None and o.spec_name == "TieringOffloadingSpec"
         self.on_cpu_store = on_cpu_store
         self.stats = Stats(created=wall_time if wall_time is not None else now)
         declare_families(self.stats, cfg)
@@ -284,16 +285,16 @@ class Engine:
         while (j + 1) * k <= len(r.hashes) and j * k < cap_blocks:
             h = r.hashes[(j + 1) * k - 1]
             chunks_looked += 1
-            self.stats.inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
+            self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
             if h in self.cpu:
-                self.stats.inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
+                self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
                 self.cpu.touch(h)
             else:
                 found = False
                 for i, fs in enumerate(self.fs, start=1):
-                    self.stats.inc("vllm:kv_offload_tiering_block_queries", 1, tier=f"{i}:fs")
+                    self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier=f"{i}:fs")
                     if h in fs and fs.read(h):
-                        self.stats.inc("vllm:kv_offload_tiering_block_hits", 1, tier=f"{i}:fs")
+                        self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier=f"{i}:fs")
                         r.fs_read_s += self._promote_from_fs(h, i)
                         found = True
                         break
@@ -310,8 +311,8 @@ class Engine:
         """fs -> CPU staging (every promotion goes through the CPU tier); returns the read seconds."""
         assert self.cpu is not None
         secs = self.chunk_bytes / self.p.device.disk_bytes_per_s
-        self.stats.inc("vllm:kv_offload_tiering_read_bytes", self.chunk_bytes, tier=f"{tier}:fs")
-        self.stats.inc("vllm:kv_offload_tiering_read_time", secs, tier=f"{tier}:fs")
+        self._tier_inc("vllm:kv_offload_tiering_read_bytes", self.chunk_bytes, tier=f"{tier}:fs")
+        self._tier_inc("vllm:kv_offload_tiering_read_time", secs, tier=f"{tier}:fs")
         self._cpu_insert(h)
         return secs
 
@@ -331,13 +332,17 @@ class Engine:
         self.stalled_since = self.t
         self._hang_lookups_counted = 0
 
+    def _tier_inc(self, name: str, value: float, tier: str) -> None:
+        if self.tiering:
+            self.stats.inc(name, value, tier=tier)
+
     def _count_hang_lookups(self) -> None:
         assert self.stalled_since is not None
         n = int((self.t - self.stalled_since) / HANG_LOOKUP_INTERVAL_S)
         for _ in range(n - self._hang_lookups_counted):
             self.stats.observe("vllm:kv_offload_lookup_sync_delay_seconds", 9.5e-06)
-            self.stats.inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
-            self.stats.inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
+            self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
+            self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
         self._hang_lookups_counted = max(n, self._hang_lookups_counted)
 
     # ---- phase transitions -------------------------------------------------------------------
@@ -434,8 +439,8 @@ class Engine:
             for i, fs in enumerate(self.fs, start=1):
                 wrote = fs.write(h, {"model": self.cfg.profile.model.name, "tokens": self.chunk_tokens})
                 if wrote:
-                    self.stats.inc("vllm:kv_offload_tiering_write_bytes", wrote, tier=f"{i}:fs")
-                    self.stats.inc("vllm:kv_offload_tiering_write_time",
+                    self._tier_inc("vllm:kv_offload_tiering_write_bytes", wrote, tier=f"{i}:fs")
+                    self._tier_inc("vllm:kv_offload_tiering_write_time",
                                    wrote / self.p.device.disk_bytes_per_s, tier=f"{i}:fs")
         nbytes = len(new) * self.chunk_bytes
         secs = nbytes / self.p.device.pcie_bytes_per_s

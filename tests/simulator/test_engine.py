@@ -1,0 +1,160 @@
+"""The engine driven with explicit time: queueing, pool pressure, tiers, failure modes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simdrive import doc_ids, engine, run, settle
+
+from simulator.engine import Engine
+
+
+def test_concurrent_requests_share_prefill_throughput() -> None:
+    e = engine("--profile", "rtx4070-qwen3-4b")
+    run(e, doc_ids(99, 10), 1)  # warm-up
+    alone = run(e, doc_ids(1, 3000), 1)
+    t = e.t + 1
+    a = e.submit("a", doc_ids(2, 3000), 1, t)
+    b = e.submit("b", doc_ids(3, 3000), 1, t)
+    settle(e)
+    assert alone.ttft is not None and a.ttft is not None and b.ttft is not None
+    # two prefills at once: each gets half the device, so both take ~twice as long
+    assert abs(a.ttft - b.ttft) < 1e-9
+    prefill = 3000 / e.p.prefill_tokens_per_s
+    assert abs((a.ttft - alone.ttft) - prefill) < 1e-6
+
+
+def test_requests_queue_when_the_pool_is_full() -> None:
+    e = engine("--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
+               "--max-model-len", "2048")
+    run(e, doc_ids(99, 10), 1)  # warm-up
+    t = e.t + 1
+    a = e.submit("a", doc_ids(1, 1500), 100, t)
+    b = e.submit("b", doc_ids(2, 1500), 100, t)
+    e.advance(t + 0.03)  # past the front-end overhead
+    g = e.gauges()
+    assert g["running"] == 1 and g["waiting_capacity"] == 1  # b does not fit beside a
+    assert e.pool.usage() > 0.6
+    settle(e)
+    assert a.finished_at is not None and b.scheduled_at is not None
+    assert b.scheduled_at >= a.finished_at - 1e-9  # b waited for a's blocks
+    assert e.stats.histograms["vllm:request_queue_time_seconds"][()].total > 0.5
+    assert e.pool.usage() == 0.0
+
+
+def test_prefix_caching_off_never_hits() -> None:
+    e = engine("--profile", "tiny", "--no-enable-prefix-caching")
+    run(e, doc_ids(1, 500))
+    r = run(e, doc_ids(1, 500))
+    assert r.gpu_hit_tokens == 0 and e.stats.get("vllm:prefix_cache_hits") == 0
+
+
+def test_store_threshold_skips_first_sightings() -> None:
+    tc = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28, "store_threshold": 2}}
+    e = engine("--profile", "tiny", "--kv-transfer-config", json.dumps(tc))
+    run(e, doc_ids(1, 160))
+    assert e.stats.get("vllm:kv_offload_stores_skipped") == 10 and e.cpu is not None and len(e.cpu) == 0
+    e.reset_prefix_cache(reset_external=False)
+    run(e, doc_ids(1, 160))
+    assert len(e.cpu) == 10  # seen twice: stored
+
+
+def test_offload_prompt_only_false_also_stores_generated_blocks() -> None:
+    base = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28}}
+    e1 = engine("--profile", "tiny", "--kv-transfer-config", json.dumps(base))
+    base["kv_connector_extra_config"]["offload_prompt_only"] = False  # type: ignore[index]
+    e2 = engine("--profile", "tiny", "--kv-transfer-config", json.dumps(base))
+    for e in (e1, e2):
+        run(e, doc_ids(1, 160), max_tokens=40)
+    assert e1.cpu is not None and e2.cpu is not None
+    assert len(e1.cpu) == 10 and len(e2.cpu) == 12  # 200 tokens -> 12 full blocks
+
+
+def _tiering(root: Path, cpu_bytes: int) -> str:
+    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                       "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+                                                     "cpu_bytes_to_use": cpu_bytes, "eviction_policy": "lru",
+                                                     "secondary_tiers": [{"type": "fs", "root_dir": str(root)}]}})
+
+
+def test_fs_tier_serves_after_cpu_eviction_and_across_restarts(tmp_path: Path) -> None:
+    tc = _tiering(tmp_path, 40 * 16 * 114_688)  # 40 chunks of 16 tokens
+    argv = ("--profile", "tiny", "--num-gpu-blocks-override", "80", "--max-model-len", "1024",
+            "--kv-transfer-config", tc)
+    e = engine(*argv)
+    run(e, doc_ids(1, 320))
+    run(e, doc_ids(2, 960))  # with doc 3, evicts doc 1 from the GPU and from the 40-chunk CPU tier
+    run(e, doc_ids(3, 960))
+    r = run(e, doc_ids(1, 320))
+    assert r.gpu_hit_tokens == 0
+    assert r.ext_tokens == 304 and r.ext_disk_tokens == 304  # all from disk (promoted through CPU)
+    assert len(list(tmp_path.rglob("*.kv"))) == 140
+    assert e.stats.get("vllm:kv_offload_tiering_block_hits", tier="1:fs") == 19
+    assert e.stats.get("vllm:prompt_tokens_cached_by_source", source="disk") == 304
+    e2 = engine(*argv)  # a restart: GPU and CPU empty, the fs tier still holds the prompts
+    r2 = run(e2, doc_ids(2, 960))
+    assert r2.ext_disk_tokens == 944 and r2.gpu_hit_tokens == 0
+    assert e2.reset_prefix_cache(reset_external=True)
+    assert not list(tmp_path.rglob("*.kv"))
+
+
+def test_lmcache_backend_reloads_but_has_no_offload_families() -> None:
+    e = engine("--profile", "tiny", "--num-gpu-blocks-override", "80", "--max-model-len", "1024",
+               "--kv-offloading-size", "0.5", "--kv-offloading-backend", "lmcache")
+    run(e, doc_ids(1, 320))
+    run(e, doc_ids(2, 960))
+    run(e, doc_ids(3, 960))
+    r = run(e, doc_ids(1, 320))
+    assert r.ext_tokens == 304
+    assert not any(n.startswith("vllm:kv_offload") for n in e.stats.counters)
+    assert e.stats.get("vllm:prompt_tokens_cached_by_source", source="external_unspecified") == 304
+
+
+HYBRID = ("--profile", "rtx4070-qwen3.5-4b", "--num-gpu-blocks-override", "4", "--max-model-len", "3000",
+          "--kv-offloading-size", "1")
+
+
+def _evict_and_reload(e: Engine) -> None:
+    run(e, doc_ids(1, 1700), 4)
+    run(e, doc_ids(2, 1700), 4)  # evicts doc 1 from the 4-block GPU pool; its blocks are in the CPU tier
+    assert e.cpu is not None and len(e.cpu) == 4
+
+
+def test_hybrid_reload_crashes_the_engine() -> None:
+    e = engine(*HYBRID, "--hybrid-failure", "crash")
+    _evict_and_reload(e)
+    stored = e.stats.get("vllm:kv_offload_store_bytes")
+    assert stored > 0  # offload stores work on the hybrid model
+    r = run(e, doc_ids(1, 1700), 4)
+    assert r.phase == "failed" and r.error and e.dead
+    assert e.stats.get("vllm:kv_offload_load_bytes") == 0
+
+
+def test_hybrid_reload_hangs_the_engine_and_lookups_grow() -> None:
+    e = engine(*HYBRID, "--hybrid-failure", "hang")
+    _evict_and_reload(e)
+    t = e.t + 1
+    r = e.submit("reload", doc_ids(1, 1700), 4, t)
+    other = e.submit("other", doc_ids(3, 100), 4, t + 0.1)
+    e.advance(t + 1)
+    lookups = e.stats.histograms["vllm:kv_offload_lookup_sync_delay_seconds"][()].count
+    e.advance(t + 3)
+    assert e.stats.histograms["vllm:kv_offload_lookup_sync_delay_seconds"][()].count > lookups
+    assert r.phase == "deferred" and r.first_token_at is None and other.first_token_at is None
+    assert e.next_event_time() is None
+    assert e.gauges()["waiting_deferred"] == 1
+    assert e.stats.get("vllm:kv_offload_load_bytes") == 0  # 0 tokens transferred
+
+
+def test_abort_frees_blocks_and_counts() -> None:
+    e = engine("--profile", "tiny")
+    r = e.submit("x", doc_ids(1, 500), 500, 1.0)
+    e.advance(1.2)
+    assert e.pool.num_used > 0
+    e.abort("x", 1.3)
+    assert e.pool.num_used == 0 and r.phase == "aborted"
+    assert e.stats.get("vllm:request_success", finished_reason="abort") == 1
+    assert e.next_event_time() is None
