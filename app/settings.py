@@ -126,6 +126,16 @@ class Settings(BaseSettings):
     probe_evict_count: int = Field(8, ge=0, description="Other prefixes the probe sends to evict the first.")
     probe_request_timeout_s: float = Field(60.0, gt=0, description="A probe request slower than this is a hang.")
 
+    # --- A/B experiments (issue 9; app/ab, docs/ab.md)
+    ab_tick_interval_s: float = Field(1.0, gt=0, description="How often running A/B experiments are moved on.")
+    ab_switch_timeout_s: float = Field(1800.0, gt=0, description="An arm's profile switch must end within this.")
+    ab_run_timeout_s: float = Field(3600.0, gt=0, description="One workload run must end within this.")
+    ab_max_error_rate: float = Field(
+        0.5, ge=0, le=1, description="A run with a larger share of failed requests fails its arm."
+    )
+    ab_bootstrap_resamples: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples per verdict.")
+    ab_workers: int = Field(2, ge=1, le=16, description="Workload runs that may run at once (app-side threads).")
+
     @field_validator("data_dir", mode="before")
     @classmethod
     def _expand(cls, v: Any) -> Any:

@@ -1,0 +1,386 @@
+"""Moves experiments forward, one small step per tick (a function of `now`; nothing here blocks).
+
+    pending -> running: switch (rollout to the run's profile, unless it runs already)
+                        -> switching (wait for the rollout: healthy, or the arm failed)
+                        -> run (start the workload on the executor) -> running (wait for the record)
+                        -> next run ... -> verdict
+            -> restoring (back to the profile the instance had before) -> completed | failed | cancelled
+    cancel: running -> cancelling (the workload stops between requests) -> restoring -> cancelled
+
+Every way out goes through `restoring`, so cancel, failure and the normal end all put the
+instance back on its previous profile (through a normal rollout, when it is not there already).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from agent.workloads.spec import WorkloadSpec, parse_workload
+from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
+from app.ab.results import summarise_run
+from app.ab.verdict import compute_verdict, focus_tags
+from app.storage import ab_store as st
+from app.storage.series_store import get_instance
+
+log = logging.getLogger("kvscope.ab")
+FAILED_ROLLOUT_STATES = frozenset({"rolled_back", "failed", "refused", "cancelled", "expired"})
+
+
+@dataclass
+class Limits:
+    switch_timeout_s: float = 1800.0  # a rollout must end within this
+    run_timeout_s: float = 3600.0  # a workload run must end within this
+    max_error_rate: float = 0.5  # a run with more failed requests than this fails its arm
+    n_boot: int = 2000
+
+
+def plan_runs(runs_per_arm: int) -> list[str]:
+    """Interleaved arms: A B A B ..."""
+    return ["A", "B"] * runs_per_arm
+
+
+class Orchestrator:
+    def __init__(self, engine: Engine, port: ControllerPort, executor: RunExecutor,
+                 limits: Limits | None = None, actor: str = "ab") -> None:
+        self.engine = engine
+        self.port = port
+        self.executor = executor
+        self.limits = limits or Limits()
+        self.actor = actor
+
+    # ------------------------------------------------------------------ entry points
+    def tick(self, now: float) -> None:
+        for exp in st.unfinished_experiments(self.engine):
+            try:
+                self.advance(exp, now)
+            except Exception as exc:  # one broken experiment never stops the others
+                log.exception("A/B experiment %s step failed", exp["id"])
+                msg = f"internal error in step {exp['step']!r}: {type(exc).__name__}: {exc}"
+                if exp["state"] == "restoring":
+                    self._finish(exp, now, "failed", msg)
+                else:
+                    self._fail(exp, now, msg)
+
+    def advance(self, exp: dict[str, Any], now: float) -> None:
+        state = exp["state"]
+        if state == "pending":
+            self._start(exp, now)
+        elif state == "running":
+            step = exp["step"]
+            if step == "switch":
+                self._switch(exp, now)
+            elif step == "switching":
+                self._switching(exp, now)
+            elif step == "run":
+                self._run(exp, now)
+            elif step == "running":
+                self._running(exp, now)
+        elif state == "cancelling":
+            self._cancelling(exp, now)
+        elif state == "restoring":
+            self._restoring(exp, now)
+
+    def cancel(self, experiment_id: int, now: float, by: str = "") -> bool:
+        """Ask a running experiment to stop; it restores the previous profile on the next ticks."""
+        exp = st.get_experiment(self.engine, experiment_id)
+        if exp is None or exp["finished_at"] is not None:
+            return False
+        if exp["state"] == "pending":
+            return st.update_experiment(
+                self.engine, experiment_id, now, expect_state="pending", state="cancelled", outcome="cancelled",
+                message="cancelled before it started",
+                event=f"A/B experiment #{experiment_id} cancelled" + (f" by {by}" if by else ""),
+            )
+        return st.update_experiment(
+            self.engine, experiment_id, now, expect_state="running", state="cancelling",
+            message="cancelling: stopping the workload, then back to the previous profile",
+            event=f"A/B experiment #{experiment_id} cancel requested" + (f" by {by}" if by else ""),
+        )
+
+    # ------------------------------------------------------------------ steps
+    def _start(self, exp: dict[str, Any], now: float) -> None:
+        eid = int(exp["id"])
+        try:
+            parse_workload(exp["workload"])
+        except ValueError as exc:
+            self._finish(exp, now, "failed", f"invalid workload: {exc}")
+            return
+        versions: dict[str, int] = {}
+        for arm, name in (("A", exp["profile_a"]), ("B", exp["profile_b"])):
+            prof = self.port.profile(str(name))
+            if prof is None:
+                self._finish(exp, now, "failed", f"arm {arm}: no profile named {name!r}")
+                return
+            versions[arm] = int(prof["version_id"])
+        current = self.port.current(int(exp["instance_id"]))
+        prev = int(current["id"]) if current else None
+        st.create_runs(self.engine, eid, [(arm, versions[arm]) for arm in plan_runs(int(exp["runs_per_arm"]))])
+        st.update_experiment(
+            self.engine, eid, now, expect_state="pending", state="running", step="switch", current_run=0,
+            version_a_id=versions["A"], version_b_id=versions["B"], previous_version_id=prev,
+            step_started_at=now, message=f"starting: {2 * int(exp['runs_per_arm'])} runs, A B A B ...",
+            event=f"A/B experiment #{eid} started",
+        )
+
+    def _arm_profile(self, exp: dict[str, Any], arm: str) -> str:
+        return str(exp["profile_a"] if arm == "A" else exp["profile_b"])
+
+    def _switch(self, exp: dict[str, Any], now: float) -> None:
+        eid, iid = int(exp["id"]), int(exp["instance_id"])
+        run = st.get_run(self.engine, eid, int(exp["current_run"]))
+        if run is None:
+            self._fail(exp, now, f"run {exp['current_run']} is missing")
+            return
+        total = 2 * int(exp["runs_per_arm"])
+        label = f"run {run['idx'] + 1}/{total} (arm {run['arm']}, {self._arm_profile(exp, run['arm'])})"
+        current = self.port.current(iid)
+        if current is not None and int(current["id"]) == run["version_id"] and self.port.active(iid) is None:
+            st.update_run(self.engine, int(run["id"]), state="switching", argv=self._argv_of(current))
+            st.update_experiment(self.engine, eid, now, expect_step="switch", step="run", step_started_at=now,
+                                 message=f"{label}: already on the profile")
+            return
+        try:
+            rid = self.port.request(iid, self._arm_profile(exp, run["arm"]), now, requested_by=f"A/B #{eid}",
+                                    override_hybrid=bool((exp.get("options") or {}).get("override_hybrid")))
+        except SwitchBusy as exc:
+            if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
+                self._fail(exp, now, f"{label}: could not start a rollout: {exc}")
+            else:
+                st.update_experiment(self.engine, eid, now, expect_step="switch", message=f"{label}: waiting: {exc}")
+            return
+        except SwitchRefused as exc:
+            self._fail(exp, now, f"{label}: the controller refused the switch: {exc}")
+            return
+        st.update_run(self.engine, int(run["id"]), state="switching", rollout_id=rid)
+        st.update_experiment(self.engine, eid, now, expect_step="switch", step="switching", rollout_id=rid,
+                             step_started_at=now, message=f"{label}: switching profile (rollout #{rid})")
+
+    def _switching(self, exp: dict[str, Any], now: float) -> None:
+        eid = int(exp["id"])
+        run = st.get_run(self.engine, eid, int(exp["current_run"]))
+        assert run is not None
+        label = f"run {run['idx'] + 1} (arm {run['arm']}, {self._arm_profile(exp, run['arm'])})"
+        rid = int(exp["rollout_id"])
+        r = self.port.rollout(rid)
+        if r is None:
+            self._fail(exp, now, f"{label}: rollout #{rid} vanished")
+            return
+        if r.get("finished_at") is None:
+            if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
+                self._fail(exp, now, f"{label}: rollout #{rid} still {r.get('state')} after "
+                           f"{self.limits.switch_timeout_s:.0f} s")
+            else:
+                st.update_experiment(self.engine, eid, now, expect_step="switching",
+                                     message=f"{label}: rollout #{rid} {r.get('state')}")
+            return
+        if r.get("state") != "healthy":
+            st.update_run(self.engine, int(run["id"]), state="failed", finished_at=now,
+                          message=f"rollout #{rid} {r.get('state')}: {r.get('message', '')}")
+            self._fail(exp, now, f"arm {run['arm']} ({self._arm_profile(exp, run['arm'])}) did not come up: "
+                       f"rollout #{rid} {r.get('state')}: {r.get('message', '')}".strip())
+            return
+        if run["version_id"] is not None and int(r.get("version_id") or -1) != int(run["version_id"]):
+            self._fail(exp, now, f"{label}: profile {self._arm_profile(exp, run['arm'])!r} was edited during the "
+                       "experiment; start a new one to compare the new version")
+            return
+        argv = [str(a) for a in ((r.get("payload") or {}).get("argv") or [])]
+        st.update_run(self.engine, int(run["id"]), argv=argv)
+        st.update_experiment(self.engine, eid, now, expect_step="switching", step="run", step_started_at=now,
+                             message=f"{label}: profile healthy (rollout #{rid})")
+
+    def _run(self, exp: dict[str, Any], now: float) -> None:
+        eid = int(exp["id"])
+        run = st.get_run(self.engine, eid, int(exp["current_run"]))
+        assert run is not None
+        spec: WorkloadSpec = parse_workload(exp["workload"])
+        key = (eid, int(run["idx"]))
+        run_key = f"ab{eid}-s{exp['seed']}-{run['idx']}"
+        url = str(exp["instance_url"])
+        st.update_run(self.engine, int(run["id"]), state="running", started_at=now)
+        st.update_experiment(self.engine, eid, now, expect_step="run", step="running", step_started_at=now,
+                             message=f"run {run['idx'] + 1}/{2 * int(exp['runs_per_arm'])} (arm {run['arm']}): "
+                             f"{spec.describe()}")
+        self.executor.start(key, url, spec, run_key, self._cancel_check(eid))
+
+    def _cancel_check(self, eid: int) -> Any:
+        engine = self.engine
+
+        def cancelled() -> bool:
+            e = st.get_experiment(engine, eid)
+            return e is None or e["state"] != "running"
+
+        return cancelled
+
+    def _running(self, exp: dict[str, Any], now: float) -> None:
+        eid = int(exp["id"])
+        run = st.get_run(self.engine, eid, int(exp["current_run"]))
+        assert run is not None
+        key = (eid, int(run["idx"]))
+        record = self.executor.result(key)
+        if record is None:
+            if not self.executor.known(key):
+                self._fail(exp, now, f"run {run['idx'] + 1} was lost (the app restarted while it ran)")
+            elif now - float(exp["step_started_at"] or now) > self.limits.run_timeout_s:
+                self._fail(exp, now, f"run {run['idx'] + 1} took longer than {self.limits.run_timeout_s:.0f} s")
+            return
+        self._record_run(exp, run, record, now)
+
+    def _record_run(self, exp: dict[str, Any], run: dict[str, Any], record: dict[str, Any], now: float) -> None:
+        eid = int(exp["id"])
+        spec = parse_workload(exp["workload"])
+        summary = summarise_run(record, focus_tags(spec.kind))
+        failure = self._run_failure(record, summary)
+        state = "cancelled" if record.get("cancelled") else ("failed" if failure else "done")
+        st.update_run(self.engine, int(run["id"]), state=state, finished_at=now, record=record, summary=summary,
+                      message=failure or ("cancelled" if state == "cancelled" else "ok"))
+        if state == "cancelled":
+            return  # the cancelling step takes it from here
+        if failure:
+            self._fail(exp, now, f"arm {run['arm']} ({self._arm_profile(exp, run['arm'])}) failed in run "
+                       f"{run['idx'] + 1}: {failure}")
+            return
+        nxt = int(run["idx"]) + 1
+        if nxt < 2 * int(exp["runs_per_arm"]):
+            st.update_experiment(self.engine, eid, now, expect_step="running", step="switch", current_run=nxt,
+                                 step_started_at=now, message=f"run {nxt} done")
+            return
+        verdict = self.verdict(exp)
+        st.update_experiment(
+            self.engine, eid, now, expect_state="running", state="restoring", step="restore", outcome="completed",
+            verdict=verdict, rollout_id=None, step_started_at=now,
+            message="all runs done; back to the previous profile", event=f"A/B experiment #{eid}: {verdict['call']}",
+        )
+
+    def _run_failure(self, record: dict[str, Any], summary: dict[str, Any]) -> str | None:
+        if record.get("cancelled"):
+            return None
+        if not record.get("ok"):
+            return str(record.get("error") or "the run failed")
+        n, errors = int(summary.get("requests") or 0), int(summary.get("errors") or 0)
+        if n and errors / n > self.limits.max_error_rate:
+            first = next((r.get("error") for r in record.get("requests") or [] if not r.get("ok")), "")
+            return f"{errors} of {n} requests failed ({first})"
+        return None
+
+    def verdict(self, exp: dict[str, Any]) -> dict[str, Any]:
+        runs = [r for r in st.list_runs(self.engine, int(exp["id"])) if r["state"] == "done"]
+        spec = parse_workload(exp["workload"])
+        return compute_verdict(
+            spec.kind, [r["record"] for r in runs if r["arm"] == "A"], [r["record"] for r in runs if r["arm"] == "B"],
+            seed=int(exp["seed"]), n_boot=self.limits.n_boot,
+            profile_a=str(exp["profile_a"]), profile_b=str(exp["profile_b"]),
+        )
+
+    def _cancelling(self, exp: dict[str, Any], now: float) -> None:
+        eid = int(exp["id"])
+        run = st.get_run(self.engine, eid, int(exp["current_run"]))
+        if run is not None and run["state"] == "running":
+            key = (eid, int(run["idx"]))
+            record = self.executor.result(key)
+            if record is None and self.executor.known(key):
+                return  # the workload stops at its next request boundary
+            if record is not None:
+                self._record_run(exp, run, {**record, "cancelled": True}, now)
+            else:
+                st.update_run(self.engine, int(run["id"]), state="cancelled", finished_at=now, message="cancelled")
+        st.update_experiment(self.engine, eid, now, expect_state="cancelling", state="restoring", step="restore",
+                             outcome="cancelled", step_started_at=now,
+                             rollout_id=exp["rollout_id"] if exp["step"] == "switching" else None,
+                             message="cancelled; back to the previous profile")
+
+    def _restoring(self, exp: dict[str, Any], now: float) -> None:
+        eid, iid = int(exp["id"]), int(exp["instance_id"])
+        outcome = str(exp["outcome"] or "failed")
+        base = str(exp["message"] or "") if outcome == "failed" else ""
+        prev_id = exp["previous_version_id"]
+        # A rollout we started (a switch cut short, or the restore itself) must end first.
+        rid = exp["rollout_id"]
+        if rid is not None:
+            r = self.port.rollout(int(rid))
+            if r is not None and r.get("finished_at") is None:
+                if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
+                    self._finish(exp, now, outcome, _join(base, f"rollout #{rid} did not end; check the instance"))
+                else:
+                    st.update_experiment(self.engine, eid, now, expect_step=exp["step"],
+                                         message=_join(base, f"waiting for rollout #{rid} ({r.get('state')})"))
+                return
+            if exp["step"] == "restoring":  # our restore rollout is over
+                ok = r is not None and r.get("state") == "healthy"
+                self._finish(exp, now, outcome, _join(base, (
+                    f"back on the previous profile (rollout #{rid})" if ok else
+                    f"could not restore the previous profile: rollout #{rid} {r.get('state') if r else 'vanished'}"
+                )))
+                return
+        if prev_id is None:
+            self._finish(exp, now, outcome, _join(base, "no previous profile was recorded: the instance stays as is"))
+            return
+        current = self.port.current(iid)
+        if current is not None and int(current["id"]) == int(prev_id) and self.port.active(iid) is None:
+            self._finish(exp, now, outcome, _join(base, f"instance on its previous profile ({current['name']})"))
+            return
+        if self.port.active(iid) is not None:
+            st.update_experiment(self.engine, eid, now, message=_join(base, "waiting for a rollout in progress"))
+            return
+        name = self._version_name(exp, int(prev_id))
+        if name is None:
+            self._finish(exp, now, outcome, _join(base, "the previous profile no longer exists; instance left as is"))
+            return
+        try:
+            rid = self.port.request(iid, name, now, requested_by=f"A/B #{eid} (restore)", override_hybrid=False)
+        except SwitchBusy:
+            return
+        except SwitchRefused as exc:
+            self._finish(exp, now, outcome, _join(base, f"could not restore the previous profile: {exc}"))
+            return
+        st.update_experiment(self.engine, eid, now, step="restoring", rollout_id=rid, step_started_at=now,
+                             message=_join(base, f"restoring {name} (rollout #{rid})"))
+
+    # ------------------------------------------------------------------ helpers
+    def _version_name(self, exp: dict[str, Any], version_id: int) -> str | None:
+        current = self.port.current(int(exp["instance_id"]))
+        if current is not None and int(current["id"]) == version_id:
+            return str(current["name"])
+        for arm, vid in (("A", exp["version_a_id"]), ("B", exp["version_b_id"])):
+            if vid is not None and int(vid) == version_id:
+                return self._arm_profile(exp, arm)
+        getter = getattr(self.port, "version", None)
+        if getter is not None:
+            v = getter(version_id)
+            return str(v["name"]) if v else None
+        return None
+
+    @staticmethod
+    def _argv_of(version: dict[str, Any]) -> list[str]:
+        try:
+            from app.profiles import parse_profile
+
+            return parse_profile(str(version["name"]), dict(version.get("spec") or {})).to_argv()
+        except Exception:
+            return []
+
+    def _fail(self, exp: dict[str, Any], now: float, message: str) -> None:
+        """End the runs and go back to the previous profile (state restoring, outcome failed)."""
+        eid = int(exp["id"])
+        st.update_experiment(
+            self.engine, eid, now, expect_state=("pending", "running", "cancelling"), state="restoring",
+            step="restore", outcome="failed", message=message, step_started_at=now,
+            rollout_id=exp["rollout_id"] if exp["step"] == "switching" else None,
+            event=f"A/B experiment #{eid} failed: {message}",
+        )
+
+    def _finish(self, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
+        eid = int(exp["id"])
+        st.update_experiment(self.engine, eid, now, state=outcome, outcome=outcome, step="", message=message,
+                             rollout_id=None, event=f"A/B experiment #{eid} {outcome}: {message}")
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+def instance_exists(engine: Engine, instance_id: int) -> bool:
+    return get_instance(engine, instance_id) is not None

@@ -1,0 +1,155 @@
+"""Starting experiments and reading them back, shared by the JSON API, the pages and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from agent.workloads.spec import parse_workload
+from app.ab.results import summarise_run
+from app.ab.verdict import focus_tags
+from app.context import AppContext
+from app.storage import ab_store as st
+from app.storage.series_store import get_instance
+
+MAX_RUNS_PER_ARM = 50
+
+
+class ExperimentError(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def start_experiment(
+    ctx: AppContext,
+    *,
+    instance_id: int,
+    profile_b: str,
+    profile_a: str | None = None,
+    workload: dict[str, Any] | None = None,
+    runs_per_arm: int = 3,
+    seed: int = 0,
+    override_hybrid: bool = False,
+    requested_by: str = "",
+) -> int:
+    """Validate and store a new experiment (state pending; the scheduler moves it on).
+    A defaults to the profile the instance runs now."""
+    from app.storage import rollouts_store as rs
+
+    inst = get_instance(ctx.engine, instance_id)
+    if inst is None:
+        raise ExperimentError(f"no instance {instance_id} (see /api/v1/instances)", 404)
+    if not profile_a:
+        current = rs.instance_profiles(ctx.engine, instance_id)["current"]
+        if current is None:
+            raise ExperimentError(
+                "the instance has no known current profile: name profile A explicitly (or apply one first)", 422
+            )
+        profile_a = str(current["name"])
+    for arm, name in (("A", profile_a), ("B", profile_b)):
+        if not name:
+            raise ExperimentError(f"profile {arm} is required", 422)
+        if rs.get_profile(ctx.engine, name) is None:
+            raise ExperimentError(f"profile {arm}: no profile named {name!r} (see /api/v1/profiles)", 404)
+    if not 1 <= runs_per_arm <= MAX_RUNS_PER_ARM:
+        raise ExperimentError(f"runs per arm must be between 1 and {MAX_RUNS_PER_ARM}", 422)
+    if not 0 <= seed < 2**31:
+        raise ExperimentError("seed must be between 0 and 2^31-1", 422)
+    try:
+        spec = parse_workload(workload or {"kind": "probe"})
+    except ValueError as exc:
+        raise ExperimentError(f"workload: {exc}", 422) from None
+    try:
+        return st.create_experiment(
+            ctx.engine, instance_id=instance_id, profile_a=profile_a, profile_b=profile_b,
+            workload=spec.to_dict() | ({"records": spec.records} if spec.kind == "replay" else {}),
+            runs_per_arm=runs_per_arm, seed=seed, now=ctx.now(), requested_by=requested_by,
+            options={"override_hybrid": bool(override_hybrid)},
+        )
+    except st.ExperimentConflict as exc:
+        raise ExperimentError(str(exc), 409) from None
+
+
+def experiment_view(exp: dict[str, Any], runs: list[dict[str, Any]] | None = None,
+                    *, with_records: bool = False) -> dict[str, Any]:
+    total = 2 * int(exp["runs_per_arm"])
+    done = sum(1 for r in runs or [] if r["state"] in ("done", "failed", "cancelled"))
+    wl = dict(exp.get("workload") or {})
+    n_records = len(wl.pop("records", []) or [])
+    if n_records:
+        wl["records"] = f"{n_records} requests"
+    out: dict[str, Any] = {
+        k: exp.get(k) for k in (
+            "id", "instance_id", "instance_url", "host", "simulated", "profile_a", "profile_b", "version_a_id",
+            "version_b_id", "previous_version_id", "runs_per_arm", "seed", "state", "step", "current_run",
+            "outcome", "message", "rollout_id", "requested_by", "created_at", "updated_at", "finished_at",
+        )
+    }
+    out["simulated"] = bool(exp.get("simulated"))
+    out["workload"] = wl
+    out["options"] = exp.get("options") or {}
+    out["finished"] = exp.get("finished_at") is not None
+    out["progress"] = {"runs_done": done, "runs_total": total,
+                       "fraction": (1.0 if out["finished"] else (done / total if total else 0.0))}
+    out["verdict"] = exp.get("verdict") or {}
+    if runs is not None:
+        out["runs"] = [run_view(r, with_record=with_records) for r in runs]
+    return out
+
+
+def run_view(r: dict[str, Any], *, with_record: bool = False) -> dict[str, Any]:
+    rec = r.get("record") or {}
+    server = rec.get("server") or {}
+    out = {k: r.get(k) for k in ("idx", "arm", "state", "rollout_id", "argv", "started_at", "finished_at", "message")}
+    out["version_id"] = r.get("version_id")
+    out["vllm_version"] = server.get("version")
+    out["model"] = server.get("model")
+    out["simulated"] = bool(server.get("simulated"))
+    out["reset"] = rec.get("reset")
+    out["summary"] = r.get("summary") or {}
+    if with_record:
+        out["record"] = rec
+    return out
+
+
+def load(ctx: AppContext, experiment_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    exp = st.get_experiment(ctx.engine, experiment_id)
+    if exp is None:
+        raise ExperimentError(f"no experiment {experiment_id}", 404)
+    return exp, st.list_runs(ctx.engine, experiment_id)
+
+
+def export_json(exp: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    return json.dumps(experiment_view(exp, runs, with_records=True), indent=1, default=str)
+
+
+CSV_FIELDS = (
+    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "focus_ttft_p50_ms", "focus_ttft_p95_ms", "focus_ttft_p99_ms",
+    "itl_mean_ms", "throughput_tok_s", "server_ttft_p50_ms", "server_ttft_p95_ms", "server_ttft_p99_ms",
+    "server_itl_mean_ms", "share_local_compute", "share_local_cache_hit", "share_external_kv_transfer",
+    "gpu_hit_rate", "external_hit_rate", "overall_hit_rate", "load_gbps", "store_gbps", "load_bytes",
+    "store_bytes", "configured_offload_bytes", "preemptions", "requests", "errors", "error_rate", "elapsed_s",
+)
+
+
+def export_csv(exp: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+    """One row per run: arm, profile, state, argv, server, then the run summary's numbers."""
+    kind = str((exp.get("workload") or {}).get("kind", "probe"))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["experiment", "run", "arm", "profile", "state", "argv", "vllm_version", "model", "simulated",
+                "reset", *CSV_FIELDS])
+    for r in runs:
+        rec = r.get("record") or {}
+        summary = r.get("summary") or (summarise_run(rec, focus_tags(kind)) if rec else {})
+        server = rec.get("server") or {}
+        w.writerow([
+            exp["id"], r["idx"] + 1, r["arm"], exp["profile_a"] if r["arm"] == "A" else exp["profile_b"],
+            r["state"], " ".join(r.get("argv") or []), server.get("version") or "", server.get("model") or "",
+            int(bool(server.get("simulated"))), rec.get("reset") or "",
+            *["" if summary.get(f) is None else summary.get(f) for f in CSV_FIELDS],
+        ])
+    return buf.getvalue()

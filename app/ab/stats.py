@@ -1,0 +1,151 @@
+"""Bootstrap confidence intervals for the difference between two arms. Pure functions.
+
+The data of an arm is a list of runs, each run a list of observations (request TTFTs, or one
+per-run value such as throughput). Requests of one run share that run's server start, cache state
+and neighbours, so they are not independent: the resampling is hierarchical (runs with
+replacement, then observations with replacement within each drawn run). With one value per run
+this is the plain run-level bootstrap.
+
+Every statistic of one data set is computed from the same resamples (one sort per resample), and
+the random generator is seeded, so a result is reproducible from (data, seed).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# A statistic of a sorted, non-empty sample.
+StatFn = Callable[[Sequence[float]], float]
+
+
+def percentile(sorted_vals: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of sorted values, linear interpolation (numpy's default)."""
+    n = len(sorted_vals)
+    if n == 0:
+        raise ValueError("percentile of no values")
+    if n == 1:
+        return float(sorted_vals[0])
+    pos = (n - 1) * min(100.0, max(0.0, q)) / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    return float(sorted_vals[lo]) + (float(sorted_vals[hi]) - float(sorted_vals[lo])) * frac
+
+
+def mean(vals: Sequence[float]) -> float:
+    if not vals:
+        raise ValueError("mean of no values")
+    return math.fsum(vals) / len(vals)
+
+
+def stat_fn(name: str) -> StatFn:
+    """'mean', 'p50', 'p95', 'p99' (any 'pNN') -> a statistic of a sorted sample."""
+    if name == "mean":
+        return mean
+    if name.startswith("p"):
+        try:
+            q = float(name[1:])
+        except ValueError:
+            raise ValueError(f"unknown statistic {name!r}") from None
+        if 0 <= q <= 100:
+            return lambda s: percentile(s, q)
+    raise ValueError(f"unknown statistic {name!r}")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The observed difference B - A of one statistic, its CI, and the same as a relative change."""
+
+    a: float
+    b: float
+    diff: float
+    lo: float
+    hi: float
+    rel: float | None  # b / a - 1, None when a is 0
+    rel_lo: float | None
+    rel_hi: float | None
+    level: float  # confidence level of [lo, hi], e.g. 0.99
+    n_a: int  # observations in arm A (all runs)
+    n_b: int
+    runs_a: int
+    runs_b: int
+
+    @property
+    def significant(self) -> bool:
+        """The CI excludes zero. A CI that touches or spans zero is no significant difference."""
+        return self.lo > 0 or self.hi < 0
+
+
+def _clean(runs: Sequence[Sequence[float]]) -> list[list[float]]:
+    return [[float(v) for v in r if isinstance(v, int | float) and math.isfinite(v)] for r in runs if r] or []
+
+
+def _pool(runs: list[list[float]]) -> list[float]:
+    return sorted(v for r in runs for v in r)
+
+
+def _resample(runs: list[list[float]], rng: random.Random) -> list[float]:
+    drawn = rng.choices(runs, k=len(runs))
+    out: list[float] = []
+    for r in drawn:
+        out.extend(rng.choices(r, k=len(r)) if len(r) > 1 else r)
+    out.sort()
+    return out
+
+
+def bootstrap_diffs(
+    a_runs: Sequence[Sequence[float]],
+    b_runs: Sequence[Sequence[float]],
+    stats: Sequence[StatFn],
+    *,
+    seed: int,
+    n_boot: int = 2000,
+    level: float = 0.95,
+) -> list[Interval] | None:
+    """CIs of stat(B) - stat(A) for each statistic, from one hierarchical bootstrap.
+
+    None when an arm has no observation (nothing to compare). Percentile intervals at `level`.
+    """
+    if not 0 < level < 1:
+        raise ValueError("level must be between 0 and 1")
+    a = [r for r in _clean(a_runs) if r]
+    b = [r for r in _clean(b_runs) if r]
+    if not a or not b:
+        return None
+    pa, pb = _pool(a), _pool(b)
+    rng = random.Random(seed)
+    diffs: list[list[float]] = [[] for _ in stats]
+    rels: list[list[float]] = [[] for _ in stats]
+    for _ in range(max(1, n_boot)):
+        sa, sb = _resample(a, rng), _resample(b, rng)
+        for i, fn in enumerate(stats):
+            va, vb = fn(sa), fn(sb)
+            diffs[i].append(vb - va)
+            if va != 0:
+                rels[i].append(vb / va - 1.0)
+    tail = (1.0 - level) / 2.0 * 100.0
+    out = []
+    for i, fn in enumerate(stats):
+        va, vb = fn(pa), fn(pb)
+        d = sorted(diffs[i])
+        r = sorted(rels[i])
+        has_rel = va != 0 and len(r) == len(d)
+        out.append(
+            Interval(
+                a=va, b=vb, diff=vb - va,
+                lo=percentile(d, tail), hi=percentile(d, 100.0 - tail),
+                rel=(vb / va - 1.0) if va != 0 else None,
+                rel_lo=percentile(r, tail) if has_rel else None,
+                rel_hi=percentile(r, 100.0 - tail) if has_rel else None,
+                level=level, n_a=len(pa), n_b=len(pb), runs_a=len(a), runs_b=len(b),
+            )
+        )
+    return out
+
+
+def bonferroni_level(family_level: float, k: int) -> float:
+    """Per-metric confidence level so that k intervals hold together with `family_level`."""
+    return 1.0 - (1.0 - family_level) / max(1, k)

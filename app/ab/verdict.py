@@ -1,0 +1,234 @@
+"""The verdict of an experiment: B - A for each metric with a bootstrap CI, in plain words.
+
+Headline metrics (the ones the verdict speaks about) depend on the workload: for `probe`, TTFT of
+the reload request (a prefix evicted from the GPU pool, asked again) at p50/p95/p99 and ITL; for
+traffic workloads, TTFT p50/p95/p99 of all requests, ITL and throughput; for `observe`, the
+server's own histograms. Their intervals are Bonferroni-corrected so that all of them together
+hold at 95%: a difference is called only when its CI excludes zero. Secondary metrics (shares by
+source, hit rates, transfer rates, server-side TTFT ...) are shown with plain 95% intervals and
+are not part of the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.ab.results import SOURCE_LABELS, Metric, arm_samples, summarise_run
+from app.ab.stats import Interval, bonferroni_level, bootstrap_diffs, stat_fn
+
+FAMILY_LEVEL = 0.95
+GIB = 1024**3
+
+
+def _ttft(tags: tuple[str, ...], what: str) -> list[Metric]:
+    return [
+        Metric(f"ttft_p{q}", f"TTFT p{q}{what}", "ms", "request", f"p{q}", "ttft_s", tags) for q in (50, 95, 99)
+    ]
+
+
+ITL = Metric("itl_mean", "ITL (mean)", "ms", "request", "mean", "itl_s")
+THROUGHPUT = Metric("throughput_tok_s", "output throughput", "tok/s", "run", lower_is_better=False)
+
+
+def headline_metrics(kind: str) -> list[Metric]:
+    if kind == "probe":
+        return [*_ttft(("reload",), " on evicted prefixes"), ITL]
+    if kind == "observe":
+        return [
+            Metric("server_ttft_p50_ms", "server TTFT p50", "ms", "run"),
+            Metric("server_ttft_p95_ms", "server TTFT p95", "ms", "run"),
+            Metric("server_itl_mean_ms", "server ITL (mean)", "ms", "run"),
+        ]
+    return [*_ttft((), ""), ITL, THROUGHPUT]
+
+
+def focus_tags(kind: str) -> tuple[str, ...]:
+    return ("reload",) if kind == "probe" else ()
+
+
+def secondary_metrics(kind: str) -> list[Metric]:
+    out = []
+    if kind == "probe":
+        out += [
+            Metric("ttft_cold_p50_ms", "TTFT p50, cold prefix", "ms", "run"),
+            Metric("ttft_hit_p50_ms", "TTFT p50, GPU hit", "ms", "run"),
+        ]
+    if kind != "observe":
+        out += [Metric(f"server_ttft_p{q}_ms", f"server TTFT p{q} (histogram delta)", "ms", "run") for q in (50, 95)]
+    out += [
+        Metric("share_external_kv_transfer", "share of prompt tokens reloaded from the offload tier", "ratio", "run",
+               lower_is_better=False),
+        Metric("share_local_cache_hit", "share of prompt tokens from the GPU prefix cache", "ratio", "run",
+               lower_is_better=False),
+        Metric("share_local_compute", "share of prompt tokens recomputed", "ratio", "run"),
+        Metric("gpu_hit_rate", "GPU prefix-cache hit rate", "ratio", "run", lower_is_better=False),
+        Metric("external_hit_rate", "offload-tier hit rate", "ratio", "run", lower_is_better=False),
+        Metric("load_gbps", "offload load rate (CPU->GPU)", "GB/s", "run", lower_is_better=False),
+        Metric("store_gbps", "offload store rate (GPU->CPU)", "GB/s", "run", lower_is_better=False),
+        Metric("store_bytes", "bytes stored to the offload tier per run", "bytes", "run"),
+        Metric("preemptions", "preemptions per run", "count", "run"),
+        Metric("error_rate", "request error rate", "ratio", "run"),
+    ]
+    return out
+
+
+def _compare(records_a: list[dict[str, Any]], records_b: list[dict[str, Any]], metrics: list[Metric],
+             kind: str, seed: int, level: float, n_boot: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    tags = focus_tags(kind)
+    # Request-level metrics over the same field and tags share one bootstrap (one sort per resample).
+    groups: dict[tuple[str, str, tuple[str, ...]], list[Metric]] = {}
+    for m in metrics:
+        gkey = (m.level, m.field, m.tags) if m.level == "request" else (m.level, m.key, ())
+        groups.setdefault(gkey, []).append(m)
+    results: dict[str, Interval | None] = {}
+    for gi, group in enumerate(groups.values()):
+        first = group[0]
+        a = arm_samples(records_a, first, tags)
+        b = arm_samples(records_b, first, tags)
+        fns = [stat_fn(m.stat) for m in group]
+        ivs = bootstrap_diffs(a, b, fns, seed=seed * 1000 + gi, n_boot=n_boot, level=level)
+        for i, m in enumerate(group):
+            results[m.key] = ivs[i] if ivs else None
+    for m in metrics:
+        iv = results.get(m.key)
+        row: dict[str, Any] = {"key": m.key, "label": m.label, "unit": m.unit, "level": m.level,
+                               "lower_is_better": m.lower_is_better}
+        if iv is None:
+            row.update(available=False, significant=False, better=None)
+        else:
+            better = None
+            if iv.significant:
+                b_lower = iv.hi < 0
+                better = "B" if b_lower == m.lower_is_better else "A"
+            row.update(
+                available=True, a=iv.a, b=iv.b, diff=iv.diff, lo=iv.lo, hi=iv.hi, rel=iv.rel, rel_lo=iv.rel_lo,
+                rel_hi=iv.rel_hi, confidence=iv.level, n_a=iv.n_a, n_b=iv.n_b, runs_a=iv.runs_a, runs_b=iv.runs_b,
+                significant=iv.significant, better=better,
+            )
+        out.append(row)
+    return out
+
+
+def compute_verdict(
+    kind: str,
+    records_a: list[dict[str, Any]],
+    records_b: list[dict[str, Any]],
+    *,
+    seed: int,
+    n_boot: int = 2000,
+    profile_a: str = "A",
+    profile_b: str = "B",
+) -> dict[str, Any]:
+    head = headline_metrics(kind)
+    level = bonferroni_level(FAMILY_LEVEL, len(head))
+    headline = _compare(records_a, records_b, head, kind, seed, level, n_boot)
+    secondary = _compare(records_a, records_b, secondary_metrics(kind), kind, seed + 7, FAMILY_LEVEL, n_boot)
+    tags = focus_tags(kind)
+    sums_a = [summarise_run(r, tags) for r in records_a]
+    sums_b = [summarise_run(r, tags) for r in records_b]
+    v: dict[str, Any] = {
+        "workload": kind,
+        "seed": seed,
+        "n_boot": n_boot,
+        "family_confidence": FAMILY_LEVEL,
+        "per_metric_confidence": level,
+        "headline": headline,
+        "secondary": secondary,
+        "costs": _costs(sums_a, sums_b),
+        "caveats": _caveats(records_a + records_b),
+    }
+    v["call"] = _call(headline)
+    v["summary"] = summary_text(v, profile_a, profile_b)
+    return v
+
+
+def _mean(vals: list[Any]) -> float | None:
+    xs = [float(x) for x in vals if isinstance(x, int | float)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _costs(sums_a: list[dict[str, Any]], sums_b: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for arm, sums in (("a", sums_a), ("b", sums_b)):
+        out[f"pinned_bytes_{arm}"] = _mean([s.get("configured_offload_bytes") for s in sums])
+        out[f"store_bytes_{arm}"] = _mean([s.get("store_bytes") for s in sums])
+        out[f"load_bytes_{arm}"] = _mean([s.get("load_bytes") for s in sums])
+        for src in SOURCE_LABELS:
+            out[f"share_{src}_{arm}"] = _mean([s.get(f"share_{src}") for s in sums])
+    return out
+
+
+def _caveats(records: list[dict[str, Any]]) -> list[str]:
+    out = []
+    if any(str(r.get("reset", "")).startswith("unavailable") for r in records):
+        out.append("caches could not be reset between runs (the server is not in dev mode); "
+                   "each profile switch restarted the server instead")
+    if any((r.get("counters") or {}).get("valid") is False for r in records):
+        out.append("a counter went down during a run (server restart?): its counter deltas are left out")
+    if any((r.get("server") or {}).get("simulated") for r in records):
+        out.append("simulated server (kvscope sim): the timings come from its cost model")
+    return out
+
+
+def _call(headline: list[dict[str, Any]]) -> str:
+    better = {row["better"] for row in headline if row.get("significant")}
+    if not better:
+        return "no significant difference"
+    if better == {"B"}:
+        return "B is better"
+    if better == {"A"}:
+        return "A is better"
+    return "mixed"
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "n/a"
+    if unit == "ms":
+        return f"{v:.1f} ms"
+    if unit == "ratio":
+        return f"{v * 100:.0f}%"
+    if unit == "bytes":
+        return f"{v / GIB:.2f} GiB"
+    return f"{v:.3g} {unit}"
+
+
+def describe(row: dict[str, Any]) -> str:
+    """One metric in words: 'B cut TTFT p95 by 54% [49, 58] (77.0 ms -> 35.4 ms)'."""
+    if not row.get("available"):
+        return f"{row['label']}: not measured"
+    a, b, unit = row["a"], row["b"], row["unit"]
+    if not row["significant"]:
+        return f"no significant difference in {row['label']} ({_fmt(a, unit)} vs {_fmt(b, unit)})"
+    rel, lo, hi = row.get("rel"), row.get("rel_lo"), row.get("rel_hi")
+    verb = "cut" if row["diff"] < 0 else "raised"
+    if rel is not None and lo is not None and hi is not None:
+        if row["diff"] < 0:
+            pct, plo, phi = -rel * 100, -hi * 100, -lo * 100
+        else:
+            pct, plo, phi = rel * 100, lo * 100, hi * 100
+        return f"B {verb} {row['label']} by {pct:.0f}% [{plo:.0f}, {phi:.0f}] ({_fmt(a, unit)} -> {_fmt(b, unit)})"
+    return f"B {verb} {row['label']} from {_fmt(a, unit)} to {_fmt(b, unit)}"
+
+
+def summary_text(v: dict[str, Any], profile_a: str, profile_b: str) -> str:
+    parts = [f"A = {profile_a}, B = {profile_b}: {v['call']}."]
+    sig = [describe(r) for r in v["headline"] if r.get("significant")]
+    none = [r["label"] for r in v["headline"] if r.get("available") and not r.get("significant")]
+    if sig:
+        parts.append("; ".join(sig) + ".")
+    if none:
+        parts.append("No significant difference in " + ", ".join(none) + ".")
+    c = v["costs"]
+    pa, pb = c.get("pinned_bytes_a"), c.get("pinned_bytes_b")
+    if isinstance(pa, int | float) and isinstance(pb, int | float) and pa != pb:
+        more = pb - pa
+        parts.append(f"Cost: {'B' if more > 0 else 'A'} pins {abs(more) / GIB:.2g} GiB more host RAM.")
+    ea, eb = c.get("share_external_kv_transfer_a"), c.get("share_external_kv_transfer_b")
+    if isinstance(ea, int | float) and isinstance(eb, int | float):
+        parts.append(f"Prompt tokens reloaded from the offload tier: A {ea * 100:.0f}%, B {eb * 100:.0f}%.")
+    conf = v["per_metric_confidence"]
+    parts.append(f"(Intervals: bootstrap, {conf * 100:.2f}% per metric so the {len(v['headline'])} headline "
+                 f"metrics hold together at {v['family_confidence'] * 100:.0f}%.)")
+    return " ".join(parts)

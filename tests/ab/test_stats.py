@@ -1,0 +1,91 @@
+"""The statistics as pure functions: percentiles, the hierarchical bootstrap, Bonferroni."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.ab.stats import bonferroni_level, bootstrap_diffs, mean, percentile, stat_fn
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    vals = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(vals, 0) == 1.0
+    assert percentile(vals, 50) == 3.0
+    assert percentile(vals, 100) == 5.0
+    assert percentile(vals, 25) == 2.0
+    assert percentile([1.0, 2.0], 50) == 1.5
+    assert percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_stat_fn_names() -> None:
+    assert stat_fn("mean")([1.0, 2.0, 6.0]) == 3.0
+    assert stat_fn("p50")([1.0, 2.0, 6.0]) == 2.0
+    for bad in ("median", "p101", "px"):
+        with pytest.raises(ValueError):
+            stat_fn(bad)
+    with pytest.raises(ValueError):
+        mean([])
+
+
+def test_identical_constant_arms_give_a_zero_width_interval_that_is_not_significant() -> None:
+    runs = [[5.0, 5.0, 5.0]] * 3
+    (iv,) = bootstrap_diffs(runs, runs, [stat_fn("p50")], seed=1, n_boot=200) or []
+    assert (iv.diff, iv.lo, iv.hi) == (0.0, 0.0, 0.0)
+    assert not iv.significant
+    assert iv.rel == 0.0
+
+
+def test_a_clear_difference_is_significant_with_the_right_sign_and_relative_change() -> None:
+    rng = random.Random(3)
+    a = [[77 + rng.gauss(0, 3) for _ in range(5)] for _ in range(3)]
+    b = [[35 + rng.gauss(0, 2) for _ in range(5)] for _ in range(3)]
+    p50, p95 = bootstrap_diffs(a, b, [stat_fn("p50"), stat_fn("p95")], seed=7, n_boot=500) or []
+    assert p50.significant and p50.hi < 0
+    assert p50.lo <= p50.diff <= p50.hi
+    assert p50.rel is not None and p50.rel_lo is not None and p50.rel_hi is not None
+    assert -0.65 < p50.rel < -0.45
+    assert p50.rel_lo <= p50.rel <= p50.rel_hi
+    assert (p50.n_a, p50.runs_a) == (15, 3)
+    assert p95.significant
+
+
+def test_same_seed_same_interval_and_other_seed_differs() -> None:
+    rng = random.Random(5)
+    a = [[rng.random() for _ in range(6)] for _ in range(3)]
+    b = [[rng.random() for _ in range(6)] for _ in range(3)]
+    one = bootstrap_diffs(a, b, [stat_fn("mean")], seed=11, n_boot=300)
+    two = bootstrap_diffs(a, b, [stat_fn("mean")], seed=11, n_boot=300)
+    three = bootstrap_diffs(a, b, [stat_fn("mean")], seed=12, n_boot=300)
+    assert one == two
+    assert one != three
+
+
+def test_empty_arm_gives_no_comparison_and_garbage_is_ignored() -> None:
+    assert bootstrap_diffs([], [[1.0]], [mean], seed=0) is None
+    assert bootstrap_diffs([[float("nan")]], [[1.0]], [mean], seed=0) is None
+    res = bootstrap_diffs([[1.0, float("inf"), 2.0]], [[1.0, 2.0]], [mean], seed=0, n_boot=50)
+    assert res is not None and res[0].n_a == 2
+    with pytest.raises(ValueError):
+        bootstrap_diffs([[1.0]], [[1.0]], [mean], seed=0, level=1.5)
+
+
+def test_run_level_effects_widen_the_interval() -> None:
+    """Requests of one run share the run's offset: resampling runs, not only requests, must see it."""
+    rng = random.Random(9)
+    offsets = [rng.gauss(0, 10) for _ in range(6)]
+    a = [[50 + offsets[i] + rng.gauss(0, 1) for _ in range(20)] for i in range(3)]
+    b = [[50 + offsets[i + 3] + rng.gauss(0, 1) for _ in range(20)] for i in range(3)]
+    (hier,) = bootstrap_diffs(a, b, [mean], seed=1, n_boot=500) or []
+    flat_a, flat_b = [[v for r in a for v in r]], [[v for r in b for v in r]]
+    (flat,) = bootstrap_diffs(flat_a, flat_b, [mean], seed=1, n_boot=500) or []
+    assert (hier.hi - hier.lo) > 3 * (flat.hi - flat.lo)
+
+
+def test_bonferroni_level() -> None:
+    assert bonferroni_level(0.95, 1) == pytest.approx(0.95)
+    assert bonferroni_level(0.95, 4) == pytest.approx(0.9875)
+    assert bonferroni_level(0.95, 0) == pytest.approx(0.95)
