@@ -218,11 +218,14 @@ def create_silence(
         except (TypeError, ValueError):
             raise HTTPException(400, f"{what} must be an id (integer)") from None
 
-    from app.storage.series_store import get_instance
+    from app.storage.series_store import get_instance, list_hosts
 
     inst = _id(instance, "instance")
     if inst is not None and get_instance(ctx.engine, inst) is None:
         raise HTTPException(404, f"no instance {inst}")
+    host_v = _id(host, "host")
+    if host_v is not None and host_v not in {h["id"] for h in list_hosts(ctx.engine)}:
+        raise HTTPException(404, f"no host {host_v}")
     now = ctx.now()
     return store.add_silence(ctx.engine, now=now, until=now + mins * 60, rule=rule_v, instance_id=inst,
-                             host_id=_id(host, "host"), reason=str(reason or "")[:1000])
+                             host_id=host_v, reason=str(reason or "")[:1000])
