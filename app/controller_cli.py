@@ -21,7 +21,7 @@ FIELD_FLAGS = {
     "offload_spec": ("--offload-spec", str, "cpu | tiering"),
     "eviction_policy": ("--eviction-policy", str, "lru | arc"),
     "store_threshold": ("--store-threshold", int, "offload blocks referenced N times"),
-    "kv_cache_dtype": ("--kv-cache-dtype", str, "auto | fp8 | fp8_e4m3 | fp8_e5m2 | bfloat16 | float16"),
+    "kv_cache_dtype": ("--kv-cache-dtype", str, "auto | fp8 | fp8_e4m3 | fp8_e5m2 | bfloat16"),
     "gpu_memory_utilization": ("--gpu-memory-utilization", float, "0..1"),
     "kv_cache_memory_bytes": ("--kv-cache-memory-bytes", int, "absolute KV pool size"),
     "max_model_len": ("--max-model-len", int, "longest request"),

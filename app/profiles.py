@@ -37,7 +37,7 @@ OWNED_FLAGS = frozenset(
         "--no-enable-prefix-caching",
     }
 )
-KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 
 
 class FsTier(BaseModel):
@@ -70,7 +70,7 @@ class Profile(BaseModel):
     eviction_policy: Literal["lru", "arc"] | None = None
     store_threshold: int | None = Field(None, ge=1, le=1000)
     # --- GPU pool
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16, le=10_000_000)
