@@ -1,0 +1,168 @@
+"""Many hosts, end to end: three test hosts (network namespaces with their own address, each
+running a `kvscope sim` on its own loopback and a `kvscope agent`), one app on the lab bridge.
+A host whose network drops is shown stale while the others stay up; when it comes back its
+spooled samples arrive, once, with no hole."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .netns import TestLab, why_not_available
+from .prom import free_port
+from .sim import sim_command
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+N_HOSTS = 3
+STALE_AFTER_S = 4.0
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _wait(what: str, cond: Any, timeout: float = 60.0, every: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    reason = why_not_available()
+    if reason:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    net = TestLab(N_HOSTS)
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
+    data = tmp_path / "app"
+    env = {**os.environ, "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24), "KVSCOPE_STALE_AFTER_S": str(STALE_AFTER_S),
+           "KVSCOPE_RUN_SCHEDULER": "false", "PYTHONUNBUFFERED": "1"}
+    try:
+        net.up()
+        tok = subprocess.run([sys.executable, "-m", "kvscope", "token", "create", "lab", "--data-dir", str(data)],
+                             capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+        token = re.search(r"kvs_[A-Za-z0-9_\-]+", tok)
+        assert token, tok
+        port = free_port()
+        app_url = f"http://{net.app_ip}:{port}"
+
+        def spawn(cmd: list[str], name: str) -> None:
+            log = (tmp_path / f"{name}.log").open("wb")
+            logs.append(log)
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+
+        spawn([sys.executable, "-m", "kvscope", "serve", "--host", net.app_ip, "--port", str(port),
+               "--data-dir", str(data), "--log-level", "warning"], "app")
+        _wait("the app", lambda: _get(f"{app_url}/healthz") is not None)
+        for i in range(N_HOSTS):
+            work = tmp_path / f"host{i}"
+            spawn(net.exec_prefix(i) + sim_command(8000, work), f"sim{i}")
+        for i in range(N_HOSTS):
+            spawn([
+                *net.exec_prefix(i), sys.executable, "-m", "kvscope", "agent", "--vllm-url", "http://127.0.0.1:8000",
+                "--server", app_url, "--token", token.group(0), "--host-name", f"labhost{i}",
+                "--state-dir", str(tmp_path / f"agent{i}"), "--no-gpu", "--interval", "1", "--log-level", "warning",
+            ], f"agent{i}")
+        yield {"net": net, "app": app_url, "db": data / "kvscope.db", "procs": procs, "tmp": tmp_path}
+    finally:
+        _stop(procs)
+        for log in logs:
+            log.close()
+        net.down()
+
+
+def _get(url: str) -> Any:
+    try:
+        r = httpx.get(url, timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
+
+
+def _states(app: str) -> dict[str, tuple[str, bool]]:
+    body = _get(f"{app}/api/v1/instances") or {"instances": []}
+    return {i["host"]: (i["state"], bool(i["simulated"])) for i in body["instances"]}
+
+
+def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any]) -> None:
+    app, net = lab["app"], lab["net"]
+    hosts = [f"labhost{i}" for i in range(N_HOSTS)]
+    _wait("every host up", lambda: all(_states(app).get(h, ("", False))[0] == "up" for h in hosts), timeout=120)
+    states = _states(app)
+    assert set(states) == set(hosts), states
+    assert all(sim for _, sim in states.values()), "instances of kvscope sim must be labelled simulated"
+    time.sleep(3)  # a few ticks of everyone
+
+    net.set_link(1, up=False)
+    t_cut = time.time()
+    _wait("labhost1 stale", lambda: _states(app)["labhost1"][0] == "stale", timeout=30)
+    others = _states(app)
+    assert others["labhost0"][0] == "up" and others["labhost2"][0] == "up", others
+    metrics = httpx.get(f"{app}/metrics", timeout=10).text
+    assert re.search(r'kvscope_instance_stale\{[^}]*host="labhost1"[^}]*\} 1\.0', metrics), "exporter: not stale"
+    time.sleep(2)
+    net.set_link(1, up=True)
+    t_back = time.time()
+
+    db = lab["db"]
+
+    def outage_filled() -> bool:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+            ts = _host_ticks(conn, "labhost1")
+        inside = [t for t in ts if t_cut + 1 < t < t_back - 1]
+        return len(inside) >= int(t_back - t_cut) - 4 and bool(ts) and ts[-1] > t_back
+
+    _wait("the spooled samples of labhost1", outage_filled, timeout=90, every=0.5)
+    _wait("labhost1 up again", lambda: _states(app)["labhost1"][0] == "up", timeout=30)
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        for host in hosts:
+            ticks = _host_ticks(conn, host)
+            gaps = [b - a for a, b in itertools.pairwise(ticks)]
+            assert ticks and max(gaps) < 3.0, f"{host}: a hole of {max(gaps):.1f} s in its samples"
+            agent_id = conn.execute("select agent_id from hosts where name = ?", (host,)).fetchone()[0]
+            n_batches = conn.execute("select count(*) from ingest_batches where agent_id = ?",
+                                     (agent_id,)).fetchone()[0]
+            # once: at most one stored sample of the series per stored batch (each batch is one tick)
+            assert len(ticks) <= n_batches, (host, len(ticks), n_batches)
+        dup = conn.execute("select count(*) from (select series_id, ts_ms from samples group by 1, 2 "
+                           "having count(*) > 1)").fetchone()[0]
+        assert dup == 0
+
+
+def _host_ticks(conn: sqlite3.Connection, host: str) -> list[float]:
+    """Timestamps of one per-tick series of the host's vLLM instance (the sim's running gauge)."""
+    row = conn.execute(
+        "select s.id from series s join instances i on i.id = s.instance_id join hosts h on h.id = i.host_id "
+        "where h.name = ? and s.name = 'vllm:num_requests_running' order by s.id limit 1", (host,)
+    ).fetchone()
+    if row is None:
+        return []
+    return [r[0] / 1000.0 for r in conn.execute("select ts_ms from samples where series_id = ? order by ts_ms",
+                                                 (row[0],))]
