@@ -1,6 +1,6 @@
 """`kvscope-fake-nvidia-smi`: answers the agent's nvidia-smi queries from the running sims' state files.
 
-Supported: `--query-gpu=FIELDS --format=csv[,noheader][,nounits]` (with `-i`, `-l`),
+Supported: `--query-gpu=FIELDS --format=csv[,noheader][,nounits]` (with `-i`, `-l`, `-lms`),
 `--query-compute-apps=FIELDS`, `-q -x`, `-L`, and `dmon [-s puct] [-d S] [-c N] [-i I]` (a long-lived
 process printing one line per GPU per interval). Unknown fields fail the whole query with the real
 text and exit code 2. Readings are simulated: memory used is what the sims reserved; PCIe rx/tx
@@ -377,6 +377,9 @@ def _main(args: list[str]) -> int:
             fmt = {p.strip() for p in (v or "").split(",")}
         elif a in ("-i", "--id") or a.startswith("--id="):
             ids, i = _opt(args, i, "--id")
+        elif a in ("-lms", "--loop-ms") or a.startswith(("-lms=", "--loop-ms=")):
+            v, i = _opt(args, i, "-lms" if a.startswith("-lms") else "--loop-ms")
+            loop = float(v or 1000) / 1000.0
         elif a in ("-l", "--loop") or a.startswith("--loop="):
             v, i = _opt(args, i, "--loop")
             loop = float(v or 5)
