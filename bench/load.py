@@ -1,0 +1,317 @@
+"""Load test: N simulated agents pushing at 1 Hz and M dashboard clients polling page fragments,
+against a real `kvscope serve` on a loopback port (SQLite file, or a throwaway PostgreSQL).
+
+Bounded: loopback only, fixed duration, everything started here is stopped here.
+
+- agents: asyncio tasks in this process, one host + one vLLM instance each, a realistic batch
+  per tick (~110 samples: prefix-cache, by-source, offload counters, gauges, TTFT/ITL histograms),
+  counters consistent with each other, pushed at 1 Hz on the tick;
+- clients: asyncio tasks polling like an open browser tab: every `--refresh` seconds (the
+  dashboard's live refresh, 15 s) an instance page's 7 chart fragments + the worth fragment,
+  or (one client in five) the overview fragment; staggered starts;
+- before the measured run, `--history-min` minutes of past ticks are pushed (multi-scrape
+  batches), so the charts read real history, not an empty store.
+
+Prints requests, errors and latency percentiles per kind (p50/p95/p99/max), ingest lag, and the
+app's CPU share. Exit status 1 on any error.
+
+    python bench/load.py [--agents 50] [--clients 100] [--duration 300] [--db sqlite|postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+CHART_KEYS = ("tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu")
+LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0",
+      "7.5", "10.0", "20.0", "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf"]
+TYPES = {
+    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter", "vllm:external_prefix_cache_hits": "counter",
+    "vllm:prompt_tokens": "counter", "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter", "vllm:generation_tokens": "counter",
+    "vllm:kv_offload_load_bytes": "counter", "vllm:kv_offload_load_time": "counter",
+    "vllm:kv_offload_store_bytes": "counter", "vllm:kv_offload_store_time": "counter",
+    "vllm:kv_cache_usage_perc": "gauge", "vllm:kv_offload_cpu_cache_usage_perc": "gauge",
+    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+    "vllm:num_preemptions": "counter", "vllm:cache_config_info": "gauge",
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FakeVllm:
+    """The counters of one simulated vLLM, advanced one tick at a time."""
+
+    def __init__(self, idx: int) -> None:
+        self.rnd = random.Random(idx)
+        self.acc: dict[str, float] = defaultdict(float)
+        self.lab = {"model_name": f"model-{idx % 3}", "engine": "0"}
+
+    def tick(self) -> list[dict[str, Any]]:
+        r, a, lab = self.rnd, self.acc, self.lab
+        q = r.randint(0, 4000)
+        hit = int(q * r.uniform(0.2, 0.8))
+        ext_hit = int((q - hit) * r.uniform(0, 0.5))
+        comp = q - hit - ext_hit
+        n = r.randint(0, 6)
+        for k, v in (("q", q), ("hit", hit), ("ext_q", q - hit), ("ext_hit", ext_hit), ("comp", comp),
+                     ("gen", n * 120), ("load_b", ext_hit * 147_456.0), ("load_t", ext_hit * 147_456 / 12.6e9),
+                     ("store_b", comp * 147_456.0), ("store_t", comp * 147_456 / 11e9), ("n", n),
+                     ("ttft_sum", n * r.uniform(0.05, 0.5)), ("itl_sum", n * 119 * 0.02), ("itl_n", n * 119),
+                     ("prefill", comp / 23_000)):
+            a[k] += v
+        s = [
+            ("vllm:prefix_cache_queries_total", lab, a["q"]), ("vllm:prefix_cache_hits_total", lab, a["hit"]),
+            ("vllm:external_prefix_cache_queries_total", lab, a["ext_q"]),
+            ("vllm:external_prefix_cache_hits_total", lab, a["ext_hit"]),
+            ("vllm:prompt_tokens_total", lab, a["q"]),
+            ("vllm:prompt_tokens_cached_total", lab, a["hit"] + a["ext_hit"]),
+            ("vllm:prompt_tokens_by_source_total", {**lab, "source": "local_compute"}, a["comp"]),
+            ("vllm:prompt_tokens_by_source_total", {**lab, "source": "local_cache_hit"}, a["hit"]),
+            ("vllm:prompt_tokens_by_source_total", {**lab, "source": "external_kv_transfer"}, a["ext_hit"]),
+            ("vllm:generation_tokens_total", lab, a["gen"]),
+            ("vllm:kv_offload_load_bytes_total", lab, a["load_b"]),
+            ("vllm:kv_offload_load_time_total", lab, a["load_t"]),
+            ("vllm:kv_offload_store_bytes_total", lab, a["store_b"]),
+            ("vllm:kv_offload_store_time_total", lab, a["store_t"]),
+            ("vllm:kv_cache_usage_perc", lab, r.uniform(0, 1)),
+            ("vllm:kv_offload_cpu_cache_usage_perc", lab, r.uniform(0, 0.2)),
+            ("vllm:num_requests_running", lab, float(n)), ("vllm:num_requests_waiting", lab, float(r.randint(0, 2))),
+            ("vllm:num_preemptions_total", lab, a["pre"]),
+            ("vllm:cache_config_info", {**lab, "block_size": "16", "kv_offloading_size": "8"}, 1.0),
+            ("vllm:time_to_first_token_seconds_sum", lab, a["ttft_sum"]),
+            ("vllm:time_to_first_token_seconds_count", lab, a["n"]),
+            ("vllm:inter_token_latency_seconds_sum", lab, a["itl_sum"]),
+            ("vllm:inter_token_latency_seconds_count", lab, a["itl_n"]),
+            ("vllm:request_prefill_time_seconds_sum", lab, a["prefill"]),
+            ("vllm:request_prefill_time_seconds_count", lab, a["n"]),
+        ]
+        hists = (("vllm:time_to_first_token_seconds", a["n"]), ("vllm:inter_token_latency_seconds", a["itl_n"]))
+        for fam, total in hists:
+            for i, le in enumerate(LE):
+                frac = 1.0 if le == "+Inf" else min(1.0, (i + 1) / (len(LE) - 4))
+                s.append((f"{fam}_bucket", {**lab, "le": le}, math.floor(total * frac)))
+        return [{"name": nm, "labels": la, "value": float(v)} for nm, la, v in s]
+
+
+def host_samples(idx: int, t: float) -> list[dict[str, Any]]:
+    gib = 2.0**30
+    return [
+        {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 256 * gib},
+        {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 150 * gib + (t % 600) * 1e6},
+        {"name": "kvscope:pinned_offload_file_bytes", "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
+         "value": 8 * gib},
+        {"name": "kvscope:gpu_count", "labels": {}, "value": 1.0},
+        {"name": "kvscope:gpu_utilization_ratio", "labels": {"gpu": "0", "name": "H200"}, "value": 0.5},
+        {"name": "kvscope:gpu_memory_used_bytes", "labels": {"gpu": "0", "name": "H200"}, "value": 120 * gib},
+    ]
+
+
+class Agent:
+    def __init__(self, idx: int) -> None:
+        self.idx = idx
+        self.vllm = FakeVllm(idx)
+        self.seq = 0
+
+    def batch(self, ticks: list[float]) -> bytes:
+        self.seq += 1
+        scrapes = [{"instance": f"http://10.9.{self.idx // 200}.{self.idx % 200 + 1}:8000", "ts": t, "ok": True,
+                    "healthy": True, "model": self.vllm.lab["model_name"], "simulated": True, "types": TYPES,
+                    "samples": self.vllm.tick()} for t in ticks]
+        return json.dumps({
+            "agent_id": f"load-agent-{self.idx}", "host": f"load-host-{self.idx:03d}", "seq": self.seq,
+            "sent_at": ticks[-1], "scrapes": scrapes, "host_ts": ticks[-1], "host_types": {},
+            "host_samples": host_samples(self.idx, ticks[-1]),
+        }).encode()
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.lat: dict[str, list[float]] = defaultdict(list)
+        self.errors: list[str] = []
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.lat[kind].append(seconds)
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+async def run_agent(c: httpx.AsyncClient, a: Agent, headers: dict[str, str], t_end: float, st: Stats) -> None:
+    nxt = math.floor(time.time()) + 1.0 + (a.idx % 10) / 10
+    while nxt < t_end:
+        await asyncio.sleep(max(0.0, nxt - time.time()))
+        body = a.batch([nxt])
+        t0 = time.perf_counter()
+        try:
+            r = await c.post("/api/v1/ingest", content=body, headers=headers)
+            if r.status_code != 200:
+                st.errors.append(f"push {r.status_code}: {r.text[:120]}")
+        except httpx.HTTPError as exc:
+            st.errors.append(f"push {type(exc).__name__}")
+        st.add("push", time.perf_counter() - t0)
+        nxt += 1.0
+
+
+async def run_client(c: httpx.AsyncClient, idx: int, n_inst: int, refresh: float, t_end: float, st: Stats) -> None:
+    rnd = random.Random(1000 + idx)
+    await asyncio.sleep(rnd.uniform(0, refresh))
+    overview = idx % 5 == 0
+    inst = 1 + rnd.randrange(n_inst)
+    while time.time() < t_end:
+        t_round = time.time()
+        urls = [("overview", "/fragments/overview")] if overview else (
+            [("chart", f"/instances/{inst}/fragments/chart/{k}?range=1h") for k in CHART_KEYS]
+            + [("worth", f"/instances/{inst}/fragments/worth?range=1h")])
+
+        async def one(kind: str, url: str) -> None:
+            t0 = time.perf_counter()
+            try:
+                r = await c.get(url)
+                if r.status_code != 200:
+                    st.errors.append(f"{kind} {r.status_code}: {url} {r.text[:120]}")
+            except httpx.HTTPError as exc:
+                st.errors.append(f"{kind} {type(exc).__name__}: {url}")
+            st.add(kind, time.perf_counter() - t0)
+
+        await asyncio.gather(*(one(k, u) for k, u in urls))  # htmx fires them together
+        await asyncio.sleep(max(0.0, t_round + refresh - time.time()))
+
+
+async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], minutes: float) -> None:
+    """Push `minutes` of past 1 Hz ticks per agent, 60 ticks per batch, a few agents at a time."""
+    start = math.floor(time.time() - minutes * 60)
+    sem = asyncio.Semaphore(4)
+    async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+        async def one(a: Agent) -> None:
+            async with sem:
+                t = float(start)
+                while t < time.time() - 1:
+                    ticks = [t + i for i in range(60) if t + i < time.time() - 1]
+                    r = await c.post("/api/v1/ingest", content=a.batch(ticks), headers=headers)
+                    r.raise_for_status()
+                    t += 60
+        await asyncio.gather(*(one(a) for a in agents))
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return math.nan
+
+
+def start_app(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[bytes], str, str, Any]:
+    env = {**os.environ, "KVSCOPE_DATA_DIR": str(work), "KVSCOPE_RUN_SCHEDULER": "false" if args.no_jobs else "true",
+           "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24)}
+    cluster = None
+    if args.db == "postgres":
+        sys.path.insert(0, str(REPO / "tests"))
+        from pg import start_cluster  # the tests' throwaway PostgreSQL
+
+        cluster = start_cluster()
+        env["KVSCOPE_DATABASE_URL"] = cluster.url(cluster.new_database("load"))
+    out = subprocess.run([sys.executable, "-m", "kvscope", "token", "create", "load"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    m = re.search(r"kvs_[A-Za-z0-9_\-]+", out)
+    assert m, out
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=(work / "app.log").open("wb"))
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return proc, base, m.group(0), cluster
+
+
+async def main_async(args: argparse.Namespace, base: str, token: str, app_pid: int) -> Stats:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    agents = [Agent(i) for i in range(args.agents)]
+    t0 = time.perf_counter()
+    await seed_history(base, headers, agents, args.history_min)
+    print(f"seeded {args.history_min:g} min of history for {args.agents} agents in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    st = Stats()
+    limits = httpx.Limits(max_connections=args.agents + args.clients * 8, max_keepalive_connections=args.clients * 8)
+    cpu0, w0 = cpu_seconds(app_pid), time.monotonic()
+    t_end = time.time() + args.duration
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as c:
+        await asyncio.gather(
+            *(run_agent(c, a, headers, t_end, st) for a in agents),
+            *(run_client(c, i, args.agents, args.refresh, t_end, st) for i in range(args.clients)),
+        )
+    st.lat["_cpu"] = [(cpu_seconds(app_pid) - cpu0) / (time.monotonic() - w0)]
+    return st
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", type=int, default=50)
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--duration", type=float, default=300.0, help="measured seconds (default 300)")
+    ap.add_argument("--refresh", type=float, default=15.0, help="client poll interval (the dashboard's 15 s)")
+    ap.add_argument("--history-min", type=float, default=10.0, help="minutes of history pushed first")
+    ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    ap.add_argument("--no-jobs", action="store_true", help="do not run the rollup/alert jobs in the app")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="kvscope-load-"))
+    proc, base, token, cluster = start_app(args, work)
+    try:
+        st = asyncio.run(main_async(args, base, token, proc.pid))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if cluster is not None:
+            cluster.stop()
+    cpu = st.lat.pop("_cpu")[0]
+    print(f"\nkvscope load: {args.agents} agents at 1 Hz, {args.clients} dashboard clients every {args.refresh:g} s, "
+          f"{args.duration:g} s, {args.db}, {os.cpu_count()} cores; app CPU {cpu:.2f} cores")
+    print(f"{'kind':<10}{'requests':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    for kind in ("push", "chart", "worth", "overview"):
+        xs = st.lat.get(kind, [])
+        print(f"{kind:<10}{len(xs):>10}" + "".join(f"{pct(xs, q) * 1000:>10.0f}" for q in (0.5, 0.95, 0.99, 1.0)))
+    frag = st.lat.get("chart", []) + st.lat.get("worth", []) + st.lat.get("overview", [])
+    print(f"page fragments (all): {len(frag)} requests, p99 {pct(frag, 0.99) * 1000:.0f} ms")
+    print(f"errors: {len(st.errors)}" + (f"  first: {st.errors[:3]}" if st.errors else ""))
+    return 1 if st.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
