@@ -321,12 +321,9 @@ def tiered_points(
             for sid, ts, v in conn.execute(rq):
                 pts[int(sid)].append((ts / 1000.0, float(v)))
         else:
-            t = (Rollup1m if tier == "1m" else Rollup1h).__table__
-            bq = select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc).where(
-                t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms <= hi
-            )
-            for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(bq):
-                pts[int(sid)].append(Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc))
+            counters = {sid for sid in ids if meta[sid][2] == "counter"}
+            for sid, buckets in _rollup_buckets(conn, ids, counters, tier, lo, hi).items():
+                pts[sid] = buckets
     out = []
     for sid in ids:
         name, labels, kind = meta[sid]
@@ -336,6 +333,59 @@ def tiered_points(
             series_id=sid, name=name, labels=labels, kind=kind, tier=tier, res=TIER_RES[tier],
             points=data if tier == "raw" else [], buckets=data if tier != "raw" else [],
         ))
+    return out
+
+
+def _rollup_buckets(
+    conn: Connection, ids: list[int], counters: set[int], tier: str, lo: int, hi: int
+) -> dict[int, list[Bucket]]:
+    """Buckets of `tier` over [lo, hi]: stored rollups up to the tier's watermark, and the tail
+    past it (not rolled up yet: the job lags by the grace period and its interval) folded on the
+    fly from the finer data, so a range ending now is complete up to the last whole bucket."""
+    wm_m = _watermark(conn, "1m")
+    wm_h = _watermark(conn, "1h")
+    stored_until = (wm_m if tier == "1m" else wm_h) or lo
+    stored_until = max(lo, stored_until)
+    out: dict[int, list[Bucket]] = {sid: [] for sid in ids}
+    t = (Rollup1m if tier == "1m" else Rollup1h).__table__
+    cols = (t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
+    if stored_until > lo:
+        q = select(*cols).where(t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until)
+        for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q):
+            out[int(sid)].append(Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc))
+    if stored_until > hi:
+        return out
+    # tail: minutes from the 1m table (for the 1h tier) then from raw samples
+    minutes: dict[int, list[tuple[int, Bucket]]] = {sid: [] for sid in ids}
+    raw_from = stored_until
+    if tier == "1h" and wm_m is not None and wm_m > stored_until:
+        m = Rollup1m.__table__
+        q = select(m.c.series_id, m.c.bucket_ms, m.c.n, m.c.vmin, m.c.vmax, m.c.vsum, m.c.vlast, m.c.inc).where(
+            m.c.series_id.in_(ids), m.c.bucket_ms >= stored_until, m.c.bucket_ms < wm_m
+        )
+        for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q):
+            minutes[int(sid)].append((int(ms), Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc)))
+        raw_from = wm_m
+    carries: dict[int, tuple[int, float]] = {}
+    if wm_m is not None and raw_from == wm_m:
+        carries = {
+            int(sid): (int(ts), float(v)) for sid, ts, v in conn.execute(
+                select(RollupCarry.series_id, RollupCarry.ts_ms, RollupCarry.value)
+                .where(RollupCarry.series_id.in_(ids))
+            )
+        }
+    rq = (
+        select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
+        .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= raw_from, SampleRow.ts_ms <= hi)
+        .order_by(SampleRow.series_id, SampleRow.ts_ms)
+    )
+    for sid, samples in _group_by_series(conn.execute(rq)):
+        folded, _ = fold_minutes(samples, carries.get(sid), sid in counters)
+        minutes[sid].extend(folded)
+    for sid in ids:
+        mins = sorted(minutes[sid], key=lambda mb: mb[0])
+        tail = mins if tier == "1m" else fold_hours(mins)
+        out[sid].extend(b for _, b in tail)
     return out
 
 

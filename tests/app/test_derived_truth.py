@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.app import promql_oracle as o
-from tests.app.pages.recorded import push_all, recorded_batches
+from tests.app.pages.recorded import fed_app, recorded_batches
 
 TOL = 1e-9
 
@@ -26,12 +26,29 @@ def _close(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=TOL, abs_tol=TOL)
 
 
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: Any) -> Any:
+    batches = recorded_batches(T0 - 4000, 600, interval=5.0, reset_at=330)
+    with fed_app(tmp_path_factory.mktemp("truth"), batches, T0) as (app, client, _clock):
+        yield app, client, batches
+
+
 @pytest.fixture
-def recorded(client: Any, token: str, clock: Any) -> list[dict[str, Any]]:
-    batches = recorded_batches(clock() - 4000, 600, interval=5.0, reset_at=330)
-    push_all(client, token, batches)
-    clock.t = batches[-1]["sent_at"] + 2
-    return batches
+def client(fed: Any) -> Any:
+    return fed[1]
+
+
+@pytest.fixture
+def recorded(fed: Any) -> list[dict[str, Any]]:
+    return fed[2]
+
+
+@pytest.fixture
+def app(fed: Any) -> Any:
+    return fed[0]
 
 
 def _chart(client: Any, key: str, start: float, end: float, **extra: Any) -> dict[str, Any]:

@@ -77,8 +77,8 @@ def test_minute_buckets_hold_min_max_mean_last() -> None:
 def test_job_rolls_up_and_applies_retention(app: Any, client: Any, token: str, clock: Any) -> None:
     from app.jobs import run_job_now
 
-    batches = recorded_batches(clock() - 3 * 3600, 2000, interval=5.0, reset_at=900)
-    push_all(client, token, batches)
+    batches = recorded_batches(clock() - 3 * 3600, 1000, interval=10.0, reset_at=450)
+    push_all(client, token, batches, clock)
     engine = app.state.ctx.engine
     ctx = app.state.ctx
     last = batches[-1]["sent_at"]

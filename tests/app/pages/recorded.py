@@ -9,6 +9,9 @@ input, never shown as real measurements.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 TTFT_LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0",
@@ -180,7 +183,36 @@ def recorded_batches(
     return out
 
 
-def push_all(client: Any, token: str, batches: list[dict[str, Any]]) -> None:
+def push_all(client: Any, token: str, batches: list[dict[str, Any]], clock: Any = None) -> None:
+    """POST every batch to the real ingest API; with a FakeClock, the app's time follows the batches."""
     for b in batches:
+        if clock is not None:
+            clock.t = b["sent_at"] + 0.2
         r = client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200, r.text
+
+
+@contextmanager
+def fed_app(data_dir: Path, batches: list[dict[str, Any]], t0: float) -> Iterator[tuple[Any, Any, Any]]:
+    """A real app on its own SQLite file with `batches` pushed through the ingest API: for
+    module-scoped fixtures, so a test module pays for the pushing once. Yields (app, client, clock)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.storage.engine import open_database
+    from app.storage.tokens import create_token
+    from tests.conftest import FakeClock
+
+    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
+    engine = open_database(settings.effective_database_url)
+    clock = FakeClock(t0)
+    token = create_token(engine, "fed", clock())
+    app = create_app(settings, engine=engine, clock=clock, start_jobs=False)
+    try:
+        with TestClient(app) as client:
+            push_all(client, token, batches, clock)
+            clock.t = batches[-1]["sent_at"] + 3
+            yield app, client, clock
+    finally:
+        engine.dispose()
