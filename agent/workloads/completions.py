@@ -31,6 +31,7 @@ class RequestResult:
     started_at: float = 0.0  # seconds from the start of the run
     # x-kvscope-* response headers of a simulated server (its modeled timings), as sent
     server_headers: dict[str, str] = field(default_factory=dict)
+    model_ttft_s: float | None = None  # the simulator's modeled TTFT (x-kvscope-sim-ttft-ms), if sent
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +91,8 @@ def send_completion(
     except (ValueError, TypeError) as exc:  # garbage JSON
         res.error = f"unreadable answer: {exc}"[:300]
         res.e2e_s = clock() - t0
+    if res.ok:
+        _model_ttft(res)
     return res
 
 
@@ -150,6 +153,18 @@ def _usage(data: Any, res: RequestResult) -> None:
 
 def _kv_headers(headers: httpx.Headers) -> dict[str, str]:
     return {k.lower(): v[:200] for k, v in headers.items() if k.lower().startswith("x-kvscope-")}
+
+
+def _model_ttft(res: RequestResult) -> None:
+    raw = res.server_headers.get("x-kvscope-sim-ttft-ms")
+    if raw is None:
+        return
+    try:
+        v = float(raw) / 1000.0
+    except ValueError:
+        return
+    if v > 0 and v == v and v != float("inf"):
+        res.model_ttft_s = v
 
 
 def _error_text(r: httpx.Response) -> str:

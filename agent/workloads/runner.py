@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from agent.workloads import observe, prefix_repetition, probe, prompts, replay
+from agent.workloads.completions import RequestResult
 from agent.workloads.context import Cancelled, RunContext
 from agent.workloads.snapshot import delta, read_snapshot
 from agent.workloads.spec import WorkloadSpec
@@ -71,6 +72,16 @@ def reset_caches(client: httpx.Client, base_url: str, timeout_s: float = 30.0) -
     return f"failed: HTTP {r.status_code}"
 
 
+def timing_source(info: dict[str, Any], results: list[RequestResult]) -> str:
+    """'sim-model' when a simulated server sent its modeled TTFT for every answered request (the
+    verdict then compares those: deterministic, no wall-clock noise, and right under a sim time
+    scale); otherwise 'client' (wall-clock timings measured here)."""
+    ok = [r for r in results if r.ok]
+    if info.get("simulated") and ok and all(r.model_ttft_s is not None for r in ok):
+        return "sim-model"
+    return "client"
+
+
 def execute_run(
     base_url: str,
     spec: WorkloadSpec,
@@ -111,6 +122,7 @@ def execute_run(
         elapsed = clock() - ctx.t0
         record["requests"] = [r.to_dict() for r in ctx.results]
         record["elapsed_s"] = elapsed
+        record["timing_source"] = timing_source(info, ctx.results)
         try:
             after = read_snapshot(c, base_url)
             record["counters"] = delta(before, after, elapsed)

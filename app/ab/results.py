@@ -42,7 +42,11 @@ def _tag_ok(r: dict[str, Any], tags: tuple[str, ...]) -> bool:
 
 
 def request_values(record: dict[str, Any], field: str, tags: tuple[str, ...]) -> list[float]:
-    """The field of the successful requests with one of `tags`, seconds -> milliseconds."""
+    """The field of the successful requests with one of `tags`, seconds -> milliseconds. For a
+    simulated server that sent its modeled TTFT on every request (timing_source 'sim-model'), TTFT
+    is that modeled value, not the client's wall clock."""
+    if field == "ttft_s" and record.get("timing_source") == "sim-model":
+        field = "model_ttft_s"
     out: list[float] = []
     for r in record.get("requests") or []:
         if not isinstance(r, dict) or not r.get("ok") or not _tag_ok(r, tags):
@@ -60,8 +64,10 @@ def summarise_run(record: dict[str, Any], focus_tags: tuple[str, ...] = ()) -> d
     s: dict[str, Any] = {"requests": len(reqs), "errors": len(reqs) - len(ok)}
     s["error_rate"] = (s["errors"] / len(reqs)) if reqs else 0.0
     by_tag: dict[str, list[float]] = {}
+    ttft_field = "model_ttft_s" if record.get("timing_source") == "sim-model" else "ttft_s"
+    s["timing_source"] = record.get("timing_source", "client")
     for r in ok:
-        v = r.get("ttft_s")
+        v = r.get(ttft_field)
         if isinstance(v, int | float) and math.isfinite(v):
             by_tag.setdefault(str(r.get("tag")), []).append(float(v) * 1000.0)
     all_ttft = sorted(request_values(record, "ttft_s", ()))

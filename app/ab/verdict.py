@@ -166,7 +166,10 @@ def _caveats(records: list[dict[str, Any]]) -> list[str]:
                    "each profile switch restarted the server instead")
     if any((r.get("counters") or {}).get("valid") is False for r in records):
         out.append("a counter went down during a run (server restart?): its counter deltas are left out")
-    if any((r.get("server") or {}).get("simulated") for r in records):
+    if any(r.get("timing_source") == "sim-model" for r in records):
+        out.append("simulated server (kvscope sim): TTFTs are its modeled times (x-kvscope-sim-ttft-ms), "
+                   "not the client's wall clock")
+    elif any((r.get("server") or {}).get("simulated") for r in records):
         out.append("simulated server (kvscope sim): the timings come from its cost model")
     return out
 
