@@ -120,6 +120,9 @@ class Controller:
         self._seen: set[int] = set()
         self._queue: queue.Queue[Command | None] = queue.Queue()
         self._updates: list[RolloutUpdate] = []
+        # Set whenever an update is waiting: an agent loop may wait on it to push a transition at
+        # once instead of at its next tick (today's loop drains on its tick).
+        self.updates_ready = threading.Event()
         self._events: list[AgentEvent] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -146,6 +149,7 @@ class Controller:
     def drain_updates(self) -> list[RolloutUpdate]:
         with self._lock:
             out, self._updates = self._updates, []
+            self.updates_ready.clear()
         return out
 
     def drain_events(self) -> list[AgentEvent]:
@@ -371,6 +375,7 @@ class Controller:
         u = RolloutUpdate(rollout_id=rid, ts=self.clock(), state=state, message=message[:4000], data=_jsonable(data))
         with self._lock:
             self._updates.append(u)
+            self.updates_ready.set()
         return state
 
     def _event(self, ts: float, kind: str, message: str, instance: str | None,

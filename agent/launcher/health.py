@@ -29,7 +29,7 @@ def wait_healthy(
     client: httpx.Client | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    poll_s: float = 0.1,
+    poll_s: float = 0.05,
     request_timeout_s: float = 5.0,
 ) -> HealthResult:
     own = client is None
