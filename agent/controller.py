@@ -492,6 +492,37 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
     return out, data
 
 
+def render_launcher_config(
+    instances: list[dict[str, Any]], *, state_dir: Path, stop_on_exit: bool = True, headroom_gib: float = 2.0
+) -> str:
+    """A launcher config (TOML) for `kvscope agent --launcher-config`, e.g. for `kvscope demo`.
+
+    Each instance: {"url", "command": [argv], optional "initial_args", "env", "health_deadline_s",
+    "probe": {...}, "proc_root", "cgroup_root", "shm_dir"}; subprocess launcher.
+    """
+
+    def q(v: Any) -> str:
+        return json.dumps(v)  # TOML basic strings and arrays of them are JSON-compatible
+
+    lines = [f"state_dir = {q(str(state_dir))}", f"stop_on_exit = {'true' if stop_on_exit else 'false'}",
+             f"headroom_gib = {float(headroom_gib)}"]
+    for inst in instances:
+        lines += ["", "[[instance]]", f"url = {q(str(inst['url']))}", 'launcher = "subprocess"',
+                  f"command = {q([str(a) for a in inst['command']])}",
+                  f"initial_args = {q([str(a) for a in inst.get('initial_args') or []])}"]
+        for key in ("health_deadline_s",):
+            if key in inst:
+                lines.append(f"{key} = {float(inst[key])}")
+        for key in ("proc_root", "cgroup_root", "shm_dir"):
+            if key in inst:
+                lines.append(f"{key} = {q(str(inst[key]))}")
+        if inst.get("env"):
+            lines.append("env = { " + ", ".join(f"{q(str(k))} = {q(str(v))}" for k, v in inst["env"].items()) + " }")
+        if inst.get("probe"):
+            lines.append("probe = { " + ", ".join(f"{k} = {q(v)}" for k, v in inst["probe"].items()) + " }")
+    return "\n".join(lines) + "\n"
+
+
 def build_command_sink(path: Path, now: float) -> Controller:
     """Read the launcher config, start the configured servers, return the running sink."""
     instances, data = load_config(path)

@@ -272,3 +272,21 @@ def test_bad_configs_are_user_errors(tmp_path: Path) -> None:
             load_config(p)
     with pytest.raises(UserError, match="cannot read"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_render_launcher_config_round_trips(tmp_path: Path) -> None:
+    from agent.controller import render_launcher_config
+
+    text = render_launcher_config(
+        [{"url": "http://127.0.0.1:8101", "command": ["kvscope", "sim", "--port", "8101"],
+          "initial_args": ["--kv-cache-dtype", "fp8"], "env": {"A": 'x "y"'}, "probe": {"prefix_words": 300},
+          "health_deadline_s": 30}],
+        state_dir=tmp_path / "st",
+    )
+    cfg = tmp_path / "l.toml"
+    cfg.write_text(text)
+    (inst,), data = load_config(cfg)
+    assert inst.url == "http://127.0.0.1:8101" and inst.initial_args == ["--kv-cache-dtype", "fp8"]
+    assert inst.launcher.base_argv == ["kvscope", "sim", "--port", "8101"]  # type: ignore[attr-defined]
+    assert inst.launcher.env == {"A": 'x "y"'}  # type: ignore[attr-defined]
+    assert inst.probe == {"prefix_words": 300} and inst.health_deadline_s == 30 and data["stop_on_exit"] is True
