@@ -290,3 +290,29 @@ def test_render_launcher_config_round_trips(tmp_path: Path) -> None:
     assert inst.launcher.base_argv == ["kvscope", "sim", "--port", "8101"]  # type: ignore[attr-defined]
     assert inst.launcher.env == {"A": 'x "y"'}  # type: ignore[attr-defined]
     assert inst.probe == {"prefix_words": 300} and inst.health_deadline_s == 30 and data["stop_on_exit"] is True
+
+
+def test_agent_side_imports_stay_light() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, agent.controller, agent.launcher.docker, agent.launcher.systemd, agent.launcher.subprocess;"
+            "print([m for m in sys.modules if m.split('.')[0] in "
+            "('fastapi', 'sqlalchemy', 'jinja2', 'plotly', 'pydantic', 'pydantic_settings', 'app')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_build_command_sink_from_the_agent_cli(tmp_path: Path) -> None:
+    from agent.cli import _launcher_sink
+
+    cfg = tmp_path / "l.toml"
+    cfg.write_text(f'state_dir = "{tmp_path}"\n[[instance]]\nurl = "http://127.0.0.1:1"\n'
+                   'command = ["true"]\nstart = false\n')
+    sink = _launcher_sink(cfg)
+    try:
+        assert isinstance(sink, Controller) and sink._thread is not None
+        sink.submit(Command(id=1, kind="rollout", instance="http://127.0.0.1:2", payload={}), 0.0)
+        assert [u.state for u in sink.drain_updates()] == ["failed"]
+    finally:
+        sink.close()
