@@ -1,0 +1,104 @@
+"""Real headless Debian Chromium driven by Playwright, against the real app served by uvicorn on
+127.0.0.1 (a free port), always stopped. Skips, with the reason, when chromium is missing."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveApp:
+    """The real app on a uvicorn thread; url, engine, token."""
+
+    def __init__(self, data_dir: Path) -> None:
+        import uvicorn
+
+        from app.main import create_app
+        from app.settings import load_settings
+        from app.storage.engine import open_database
+        from app.storage.tokens import create_token
+
+        self.settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
+        self.engine = open_database(self.settings.effective_database_url)
+        self.token = create_token(self.engine, "browser", time.time())
+        self.app = create_app(self.settings, engine=self.engine, start_jobs=False)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, name="kvscope-browser-app", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the app did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def chromium_context(tmp_path_factory: Any) -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (scripts/setup.d/20-chromium.sh installs it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright Python package is not installed")
+    shutil.which("chromium")
+    pw = sync_playwright().start()
+    try:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
+            args=FLAGS, viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+    finally:
+        pw.stop()
+
+
+class ConsoleLog:
+    """Console errors and uncaught page errors of one page."""
+
+    def __init__(self, page: Any) -> None:
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        page.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url} {r.failure}"))
+
+
+@pytest.fixture
+def page(chromium_context: Any) -> Iterator[tuple[Any, ConsoleLog]]:
+    p = chromium_context.new_page()
+    log = ConsoleLog(p)
+    try:
+        yield p, log
+    finally:
+        p.close()
