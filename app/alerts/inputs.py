@@ -5,6 +5,7 @@ arrive late (an agent's spool replay) are picked up."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 from dataclasses import dataclass, field
 
@@ -48,10 +49,11 @@ class SeriesCache:
             elif end > entry.fetched_to:
                 self._extend(entry, name, end, instance_id, host_id)
             self._trim(entry, lo)
-            return [
-                Series(entry.labels[sid], [p for p in pts if p[0] <= end])
-                for sid, pts in entry.points.items()
-            ]
+            out = []
+            for sid, pts in entry.points.items():
+                hi = bisect.bisect_right(pts, (end, float("inf")))
+                out.append(Series(entry.labels[sid], pts[:hi]))
+            return out
 
     def _full(self, name: str, lo: float, end: float, instance_id: int | None, host_id: int | None) -> _Entry:
         found = series_points(self.engine, name=name, start=lo, end=end, instance_id=instance_id, host_id=host_id)
@@ -80,9 +82,7 @@ class SeriesCache:
         if lo <= entry.fetched_from:
             return
         for sid, pts in entry.points.items():
-            cut = 0
-            while cut < len(pts) and pts[cut][0] < lo:
-                cut += 1
+            cut = bisect.bisect_left(pts, (lo, float("-inf")))
             if cut:
                 entry.points[sid] = pts[cut:]
         entry.fetched_from = lo
