@@ -149,6 +149,9 @@ def run_agent(args: argparse.Namespace) -> int:
         raise UserError("--token is required: create one with `kvscope token create NAME` on the app's host")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     agent = build_agent(args, server=server, token=token)
+    import gc
+
+    gc.freeze()  # start-up objects never need collecting: keeps each tick's GC passes short
     if args.launcher_config:
         agent.sink = _launcher_sink(Path(args.launcher_config))
     stop = threading.Event()

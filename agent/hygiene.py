@@ -27,7 +27,7 @@ SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def _key(name: str, labels: dict[str, str]) -> SeriesKey:
-    return name, tuple(sorted(labels.items()))
+    return name, tuple(labels.items())  # label order is stable per server (see normalise.series_key)
 
 
 @dataclass

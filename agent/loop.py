@@ -20,10 +20,11 @@ import httpx
 
 from agent.commands import CommandSink
 from agent.host_sources import HostCollector, HostSource
-from agent.protocol import AgentEvent, PushBatch, Scrape, to_wire
+from agent.protocol import AgentEvent, PushBatch, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
 from agent.vllm_reader import VllmReader
+from agent.wire import batch_to_wire
 
 log = logging.getLogger("kvscope.agent")
 
@@ -147,7 +148,7 @@ class Agent:
     def tick(self, now: float) -> PushBatch:
         """Read everything once and spool the batch (the sender pushes it)."""
         batch = self.build_batch(now)
-        self.spool.append(batch.seq, to_wire(batch))
+        self.spool.append(batch.seq, batch_to_wire(batch))
         self.ticks += 1
         self._wake.set()
         return batch

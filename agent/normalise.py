@@ -74,7 +74,9 @@ class Normalised:
 
 
 def series_key(name: str, labels: dict[str, str]) -> tuple[str, tuple[tuple[str, str], ...]]:
-    return name, tuple(sorted(labels.items()))
+    # Label order as exposed: one server writes a series' labels in the same order every
+    # scrape (and the same order for the older and current names), so no sort is needed.
+    return name, tuple(labels.items())
 
 
 def _split_transfer(name: str, labels: dict[str, str]) -> tuple[str, dict[str, str]] | None:

@@ -82,7 +82,8 @@ class VllmReader:
                 events.extend(hyg_events)
                 if any(e.kind == "restart" for e in hyg_events):
                     self.meta.read_at = None  # re-read model and version
-                scrape.samples = [Sample(n, dict(lab), v) for n, lab, v in samples]
+                # label dicts may be shared with the parser's cache: never mutated downstream
+                scrape.samples = [Sample(n, lab, v) for n, lab, v in samples]
                 scrape.types = {k: _mtype(v) for k, v in norm.types.items()}
                 metrics_ok = bool(samples)
                 problems = []

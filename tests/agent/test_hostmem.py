@@ -75,16 +75,19 @@ def test_mincore_counts_resident_pages_of_a_real_file(tmp_path: Path) -> None:
     assert resident_bytes(p) == 5 * page
 
 
-def _source(tree: str, shm: Path) -> HostMemorySource:
+def _source(tree: str, shm: Path, method: str = "blocks") -> HostMemorySource:
     return HostMemorySource(proc_root=TREES / tree / "proc", cgroup_root=TREES / tree / "sys/fs/cgroup",
-                            shm_root=shm)
+                            shm_root=shm, resident_method=method)
 
 
-def test_source_reads_the_contract_names(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["blocks", "mincore"])
+def test_source_reads_the_contract_names(tmp_path: Path, method: str) -> None:
     page = os.sysconf("SC_PAGE_SIZE")
     (tmp_path / "vllm_offload_engine0.mmap").write_bytes(b"\1" * (3 * page))
+    with open(tmp_path / "vllm_offload_sparse.mmap", "wb") as f:
+        f.truncate(1000 * page)  # reserved but never touched: nothing in RAM
     (tmp_path / "unrelated").write_bytes(b"x")
-    r = _source("v2", tmp_path).read(1000.0)
+    r = _source("v2", tmp_path, method).read(1000.0)
     assert r.error is None
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in r.samples}
     assert got[("kvscope:host_memory_total_bytes", ())] == 263842816 * KB
@@ -94,6 +97,8 @@ def test_source_reads_the_contract_names(tmp_path: Path) -> None:
     assert got[("kvscope:pinned_offload_configured_bytes", (("pid", "4242"),))] == 256 * GIB
     assert got[("kvscope:pinned_offload_file_bytes", (("file", "vllm_offload_engine0.mmap"),))] == 3 * page
     assert got[("kvscope:pinned_offload_resident_bytes", (("file", "vllm_offload_engine0.mmap"),))] == 3 * page
+    assert got[("kvscope:pinned_offload_file_bytes", (("file", "vllm_offload_sparse.mmap"),))] == 1000 * page
+    assert got[("kvscope:pinned_offload_resident_bytes", (("file", "vllm_offload_sparse.mmap"),))] == 0
     assert ("kvscope:dev_shm_free_bytes", ()) in got
     assert not any(k[0] == "kvscope:pinned_vllm_rss_shmem_bytes" and k[1] == (("pid", "777"),) for k in got)
     assert all(r.types[s.name] == "gauge" for s in r.samples)
@@ -114,7 +119,7 @@ def test_unreadable_offload_file_falls_back_to_smaps(tmp_path: Path, monkeypatch
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr("agent.hostmem.resident_bytes", denied)
-    src = _source("v2", tmp_path)
+    src = _source("v2", tmp_path, "mincore")
     src.pid_scan_every_s = 0
     r = src.read(1000.0)
     got = {(s.name, tuple(s.labels.items())): s.value for s in r.samples}
@@ -136,7 +141,7 @@ def test_resident_pages_are_re_read_only_every_interval(tmp_path: Path) -> None:
     page = os.sysconf("SC_PAGE_SIZE")
     p = tmp_path / "vllm_offload_a.mmap"
     p.write_bytes(b"\1" * page)
-    src = _source("v2", tmp_path)
+    src = _source("v2", tmp_path, "mincore")
     src.read(1000.0)
     shutil.copy(p, tmp_path / "vllm_offload_b.mmap")
     with open(p, "ab") as f:
