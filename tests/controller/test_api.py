@@ -128,3 +128,26 @@ def test_expiry_job(app: Any, client: Any, token: str, clock: Any) -> None:
     assert client.get(f"/api/v1/rollouts/{rid}").json()["state"] == "requested"
     run_job_now(ctx, "rollout_expiry", clock() + ctx.settings.rollout_request_ttl_s + 1)
     assert client.get(f"/api/v1/rollouts/{rid}").json()["state"] == "expired"
+
+
+def test_preview_uses_the_hosts_last_readings(client: Any, token: str, clock: Any) -> None:
+    gib = 1024**3
+    host = [("kvscope:host_memory_total_bytes", 32 * gib), ("kvscope:host_memory_available_bytes", 20 * gib),
+            ("kvscope:cgroup_memory_limit_bytes", 16 * gib), ("kvscope:cgroup_memory_current_bytes", 4 * gib),
+            ("kvscope:dev_shm_free_bytes", 16 * gib)]
+    _push(client, token, 1, clock(), host_ts=clock(),
+          host_samples=[{"name": n, "labels": {}, "value": float(v)} for n, v in host],
+          host_types={n: "gauge" for n, _ in host})
+    iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
+    client.post("/api/v1/profiles", json={"name": "off24", "spec": {"offload_size_gib": 24}})
+    client.post("/api/v1/profiles", json={"name": "off8", "spec": {"offload_size_gib": 8}})
+    big = client.post(f"/api/v1/instances/{iid}/preview", json={"profile": "off24"}).json()
+    checks = {c["name"]: c for c in big["preflight"]}
+    assert big["verdict"] == "refuse"
+    mem = checks["pinned_vs_memavailable"]
+    assert mem["status"] == "refuse" and "20.00 GiB" in mem["message"]
+    assert checks["pinned_vs_cgroup"]["numbers"]["room_bytes"] == 10 * gib
+    ok = client.post(f"/api/v1/instances/{iid}/preview", json={"profile": "off8"}).json()
+    assert ok["verdict"] == "pass", ok["preflight"]
+    page = client.get(f"/instances/{iid}/apply?profile=off24")
+    assert "refuse" in page.text and "24.00 GiB" in page.text
