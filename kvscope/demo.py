@@ -1,0 +1,352 @@
+"""`kvscope demo`: the whole product on simulated GPU servers, in one command.
+
+Starts the app (dashboard + API) in this process, an agent as a child process that supervises two
+`kvscope sim` servers through the controller's subprocess launcher (so apply and A/B work), the
+fake nvidia-smi for GPU readings, and a traffic generator with a realistic mix. Every instance is
+a simulator and the UI labels it so. Ctrl-C stops everything (the agent stops the sims).
+Module level imports are standard library only (see kvscope.cli).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvscope.errors import UserError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DemoServer:
+    key: str
+    sim_profile: str
+    model: str
+    initial_profile: str  # kvscope profile it starts with
+
+
+SERVERS = (
+    DemoServer("dense", "rtx4070-qwen3-4b", "qwen3-4b", "dense-cpu-offload"),
+    DemoServer("hybrid", "rtx4070-qwen3.5-4b", "qwen3.5-4b", "hybrid-gpu-only"),
+)
+
+
+def demo_profiles(offload_gib: float) -> dict[str, dict[str, Any]]:
+    """The profiles the demo creates, so apply and A/B have something to switch between."""
+    return {
+        "dense-cpu-offload": {
+            "description": f"Dense model, {offload_gib:g} GiB native CPU offload",
+            "offload_size_gib": offload_gib,
+        },
+        "dense-gpu-only": {"description": "Dense model, no offload (the GPU prefix cache only)"},
+        "dense-fp8-cpu-offload": {
+            "description": "FP8 KV cache (about 1.8x the tokens) plus CPU offload",
+            "offload_size_gib": offload_gib,
+            "kv_cache_dtype": "fp8",
+        },
+        "hybrid-gpu-only": {"description": "Hybrid (linear-attention) model, no offload"},
+        "hybrid-cpu-offload": {
+            "description": "Hybrid model with CPU offload: preflight refuses it "
+            "(the reload crashes or hangs the engine)",
+            "offload_size_gib": 2.0,
+        },
+    }
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("demo", help="the whole product on simulated GPU vLLM servers (one command)")
+    p.add_argument("--port", type=int, default=8080, help="dashboard port (default 8080)")
+    p.add_argument("--host", default="127.0.0.1", help="dashboard bind address (default 127.0.0.1)")
+    p.add_argument("--data-dir", help="demo data folder (default: <kvscope data dir>/demo)")
+    p.add_argument("--fresh", action="store_true", help="wipe the demo's data folder first")
+    p.add_argument(
+        "--offload-gib",
+        type=float,
+        default=8.0,
+        help="CPU offload of the dense server, GiB (default 8, the field setting)",
+    )
+    p.add_argument("--rate", type=float, default=2.0, help="requests/s per server (default 2)")
+    p.add_argument("--no-traffic", action="store_true", help="start without the traffic generator")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_demo)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_str(v: str) -> str:
+    return json.dumps(v)  # a JSON string is a valid TOML basic string
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(_toml_str(i) for i in items) + "]"
+
+
+def fake_nvidia_smi() -> str:
+    found = shutil.which("kvscope-fake-nvidia-smi") or str(Path(sys.executable).parent / "kvscope-fake-nvidia-smi")
+    if not Path(found).exists():
+        raise UserError("kvscope-fake-nvidia-smi is not installed: reinstall kvscope (pip install -e '.[app]')")
+    return found
+
+
+def write_launcher_config(
+    path: Path, ports: dict[str, int], state_dir: Path, sim_state: Path, offload_gib: float, log_dir: Path
+) -> None:
+    lines = [
+        "# Written by `kvscope demo`: the agent supervises these simulated servers.",
+        "stop_on_exit = true",
+        f"state_dir = {_toml_str(str(state_dir))}",
+        "",
+    ]
+    for srv in SERVERS:
+        port = ports[srv.key]
+        command = [
+            sys.executable,
+            "-m",
+            "kvscope",
+            "sim",
+            "--profile",
+            srv.sim_profile,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            srv.model,
+            "--sim-state-dir",
+            str(sim_state),
+        ]
+        initial = (
+            ["--kv-offloading-size", f"{offload_gib:g}", "--kv-offloading-backend", "native"]
+            if srv.key == "dense"
+            else []
+        )
+        lines += [
+            "[[instance]]",
+            f"url = {_toml_str(f'http://127.0.0.1:{port}')}",
+            'launcher = "subprocess"',
+            f"command = {_toml_list(command)}",
+            f"initial_args = {_toml_list(initial)}",
+            "health_deadline_s = 60",
+            f"log_dir = {_toml_str(str(log_dir))}",
+            "[instance.env]",
+            'VLLM_SERVER_DEV_MODE = "1"',
+            f"KVSCOPE_SIM_STATE_DIR = {_toml_str(str(sim_state))}",
+            "",
+        ]
+    path.write_text("\n".join(lines))
+
+
+def _wait_http(url: str, deadline: float, stop: threading.Event) -> bool:
+    import httpx
+
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        stop.wait(0.25)
+    return False
+
+
+def _seed_profiles(engine: Any, offload_gib: float, now: float) -> None:
+    from app.profiles import parse_profile
+    from app.storage import rollouts_store as rs
+
+    for name, spec in demo_profiles(offload_gib).items():
+        if rs.get_profile(engine, name) is None:
+            rs.create_profile(
+                engine,
+                name,
+                parse_profile(name, spec).spec(),
+                now,
+                author="kvscope demo",
+                note="created by kvscope demo",
+            )
+
+
+def _assign_profiles(engine: Any, ports: dict[str, int], now: float) -> int:
+    """Record which profile each demo instance runs, once the agent has reported it."""
+    from app.storage import rollouts_store as rs
+    from app.storage.series_store import list_instances
+
+    done = 0
+    by_url = {str(i["url"]).rstrip("/"): int(i["id"]) for i in list_instances(engine)}
+    for srv in SERVERS:
+        iid = by_url.get(f"http://127.0.0.1:{ports[srv.key]}")
+        prof = rs.get_profile(engine, srv.initial_profile)
+        if iid is None or prof is None:
+            continue
+        if rs.instance_profiles(engine, iid)["current"] is None:
+            rs.set_instance_profile(engine, iid, int(prof["version_id"]), now, healthy=True)
+        done += 1
+    return done
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from app.cli import check_port_free
+    from app.main import create_app
+    from app.settings import default_data_dir, load_settings
+    from app.storage.engine import open_database
+    from app.storage.tokens import create_token
+    from kvscope.traffic import Traffic
+
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir() / "demo"
+    if args.fresh and data_dir.exists():
+        shutil.rmtree(data_dir)
+    for sub in ("agent", "controller", "sim-state", "logs"):
+        try:
+            (data_dir / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create {data_dir / sub}: {exc.strerror}; pass --data-dir") from None
+    settings = load_settings(None, data_dir=str(data_dir), host=args.host, port=args.port)
+    settings.check_for_bind()
+    check_port_free(settings.host, settings.port)
+    shm = Path("/dev/shm")
+    offload_gib = args.offload_gib
+    if shm.is_dir():
+        free_gib = shutil.disk_usage(shm).free / GIB
+        if free_gib < offload_gib + 0.5:
+            offload_gib = max(0.25, round(free_gib / 4, 2))
+            print(
+                f"kvscope demo: /dev/shm has {free_gib:.1f} GiB free; the dense server gets a "
+                f"{offload_gib:g} GiB CPU tier instead of {args.offload_gib:g}"
+            )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    engine = open_database(settings.effective_database_url)
+    now = time.time()
+    token = create_token(engine, f"kvscope-demo-{int(now * 1000)}", now)
+    _seed_profiles(engine, offload_gib, now)
+    app = create_app(settings, engine=engine)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+    )
+    server_thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
+    server_thread.start()
+    t_end = time.monotonic() + 30
+    while not server.started:
+        if not server_thread.is_alive() or time.monotonic() > t_end:
+            raise UserError(f"the app did not start on {settings.host}:{settings.port}; see the log above")
+        time.sleep(0.05)
+    local = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    url = f"http://{local}:{settings.port}"
+
+    ports = {srv.key: _free_port() for srv in SERVERS}
+    launcher_cfg = data_dir / "launcher.toml"
+    write_launcher_config(
+        launcher_cfg, ports, data_dir / "controller", data_dir / "sim-state", offload_gib, data_dir / "logs"
+    )
+    agent_cmd = [
+        sys.executable,
+        "-m",
+        "kvscope",
+        "agent",
+        "--server",
+        url,
+        "--token",
+        token,
+        "--launcher-config",
+        str(launcher_cfg),
+        "--interval",
+        "1s",
+        "--state-dir",
+        str(data_dir / "agent"),
+        "--gpu-source",
+        "nvidia-smi",
+        "--nvidia-smi",
+        fake_nvidia_smi(),
+        "--host-name",
+        "demo-rig",
+        "--log-level",
+        "warning",
+    ]
+    for srv in SERVERS:
+        agent_cmd += ["--vllm-url", f"http://127.0.0.1:{ports[srv.key]}"]
+    env = {**os.environ, "KVSCOPE_SIM_STATE_DIR": str(data_dir / "sim-state")}
+    agent_log = open(data_dir / "logs" / "agent.log", "ab")  # noqa: SIM115 - lives as long as the agent
+    agent = subprocess.Popen(agent_cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    stop = threading.Event()
+
+    def _stop(_sig: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    print(f"kvscope demo: dashboard {url}   (everything here is SIMULATED: no GPU, no real vLLM)")
+    print(f"kvscope demo: data in {data_dir}; logs in {data_dir / 'logs'}; Ctrl-C stops everything", flush=True)
+
+    traffic: list[Traffic] = []
+    try:
+        for srv in SERVERS:
+            base = f"http://127.0.0.1:{ports[srv.key]}"
+            if not _wait_http(base + "/health", time.monotonic() + 90, stop):
+                if stop.is_set():
+                    break
+                raise UserError(f"the simulated server {srv.key} did not become healthy; see {data_dir / 'logs'}")
+            print(
+                f"kvscope demo: {srv.key} server up at {base} ({srv.sim_profile}, profile {srv.initial_profile})",
+                flush=True,
+            )
+            if not args.no_traffic:
+                t = Traffic(base, srv.model, rate=args.rate, seed=len(traffic))
+                t.start()
+                traffic.append(t)
+        assigned = 0
+        t_stop = time.monotonic() + args.duration if args.duration else None
+        while not stop.is_set():
+            if assigned < len(SERVERS):
+                assigned = _assign_profiles(engine, ports, time.time())
+            if agent.poll() is not None:
+                print(
+                    f"kvscope demo: the agent exited ({agent.returncode}); see {data_dir / 'logs' / 'agent.log'}",
+                    file=sys.stderr,
+                )
+                break
+            if not server_thread.is_alive():
+                print("kvscope demo: the app stopped", file=sys.stderr)
+                break
+            if t_stop is not None and time.monotonic() >= t_stop:
+                break
+            stop.wait(1.0)
+    finally:
+        for t in traffic:
+            t.stop_event.set()
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)  # the agent stops the sims it supervises
+            try:
+                agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait(timeout=10)
+        agent_log.close()
+        for t in traffic:
+            t.stop(timeout=5)
+        server.should_exit = True
+        server_thread.join(timeout=15)
+        engine.dispose()
+        sent = sum(t.stats.sent for t in traffic)
+        errors = sum(t.stats.errors for t in traffic)
+        print(f"kvscope demo: stopped ({sent} requests sent, {errors} errors)", flush=True)
+    return 0 if agent.returncode in (0, -signal.SIGTERM, None) else 1
