@@ -2,7 +2,8 @@
 
 Outcome of one POST:
 - 200: stored (or a duplicate of one stored before): removed from the spool; its commands returned.
-- 401/403: the token is refused; 404/405: --server is not the app. Kept and retried with backoff (fixing the token must lose nothing).
+- 401/403 (token refused), 404/405 (--server is not the app): kept and retried with backoff;
+  fixing the token or the URL must lose nothing.
 - 408, 429, 5xx, connection errors, timeouts: kept and retried with backoff.
 - any other 4xx (413 too large, 422 invalid, ...): the app will never take it: dropped, counted,
   and reported as an event in a later batch.
