@@ -173,3 +173,33 @@ def test_unknown_channel_fails_visibly(engine: Any, clock: Any) -> None:
     rep = run_deliveries(engine, [], clock(), DeliveryConfig())
     assert rep.failed == 1
     assert "no longer configured" in store.get_delivery(engine, did)["last_error"]
+
+
+def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any, hook: Receiver,
+                                                                   clock: Any) -> None:
+    """Alertmanager expires an alert not re-sent before its endsAt: kvscope re-sends firing alerts
+    every resend_s (endsAt = now + 4 x resend_s), and stops once the alert resolves."""
+    from pydantic import TypeAdapter
+
+    from agent.protocol import PushBatch
+    from app.alerts.evaluate import EvalConfig, Evaluator
+    from app.storage.ingest_store import IngestWriter
+    from tests.conftest import make_batch
+
+    t0 = clock()
+    IngestWriter(engine).write(TypeAdapter(PushBatch).validate_python(make_batch(1, t0)), t0)
+    am = AlertChannel(name="am", kind="alertmanager", url=hook.url)
+    cfg = DeliveryConfig(resend_s=60)
+    Evaluator(engine, rule_settings={}, channels=[am], config=EvalConfig()).run(t0 + 600)
+    for dt in (600, 630, 660, 700):
+        run_deliveries(engine, [am], t0 + dt, cfg)
+    events = [d["event"] for d in reversed(store.list_deliveries(engine, channel="am"))]
+    assert events == ["firing", "refresh"]  # at 600, then 660 (60 s later); not at 630 nor 700
+    body = hook.requests[-1].json()[0]
+    assert hook.requests[-1].path == "/api/v2/alerts"
+    assert body["labels"]["alertname"] == "kvscope_agent_stale"
+    assert body["endsAt"] == "2027-01-15T08:15:00.000000Z"  # t0 + 660 + 4 x 60 s
+    silences = store.add_silence(engine, now=t0, until=t0 + 10_000, rule="agent_stale")
+    assert silences
+    run_deliveries(engine, [am], t0 + 800, cfg)
+    assert len(store.list_deliveries(engine, channel="am")) == 2  # silenced: no more refreshes
