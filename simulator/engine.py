@@ -140,6 +140,7 @@ class Engine:
             raise ValueError("empty prompt")
         if len(prompt_ids) + max_tokens > self.cfg.max_model_len:
             raise ValueError("prompt + max_tokens exceed max_model_len")
+        now = max(now, self.t)  # never before the engine's own clock
         self._pending_events.extend(self.advance(now))
         r = SimRequest(request_id, list(prompt_ids), max_tokens, arrival=now, n=n)
         r.hashes = block_hashes(r.prompt_ids, self.B)
@@ -202,7 +203,7 @@ class Engine:
 
     def advance(self, now: float) -> list[Event]:
         events, self._pending_events = self._pending_events, []
-        if self.dead:
+        if self.dead or now < self.t:
             return events
         self._schedule(events)
         while self.active and self.stalled_since is None and not self.dead:

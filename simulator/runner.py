@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                 log("Interrupted during start-up; shutting down")
                 return 0
         try:
-            sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+            sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM,
+                                 socket.IPPROTO_TCP)  # proto set: asyncio then enables TCP_NODELAY
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((args.host, args.port))
         except OSError as exc:

@@ -192,6 +192,7 @@ class SimApp:
                 return b"".join(chunks)
 
     async def _completion(self, kind: str, receive: Receive, send: Send) -> None:
+        received = self.clock()  # the request's arrival: real parsing time counts against the front-end overhead
         try:
             raw = await self._read_body(receive)
         except ConnectionAbortedError:
@@ -202,10 +203,8 @@ class SimApp:
         q: asyncio.Queue[Event] = asyncio.Queue()
         self.listeners[req.request_id] = q
         try:
-            now = self.clock()
-            self.dispatch(self.engine.advance(now))
             try:
-                r = self.engine.submit(req.request_id, req.prompt_ids, req.max_tokens, now, n=req.n)
+                r = self.engine.submit(req.request_id, req.prompt_ids, req.max_tokens, received, n=req.n)
             except EngineDead:
                 raise ApiError(500, CRASH_MESSAGE, "InternalServerError") from None
             self.kick()
