@@ -58,6 +58,10 @@ def start_experiment(
         raise ExperimentError(f"runs per arm must be between 1 and {MAX_RUNS_PER_ARM}", 422)
     if not 0 <= seed < 2**31:
         raise ExperimentError("seed must be between 0 and 2^31-1", 422)
+    if isinstance(workload, dict) and workload.get("trace_path"):
+        # The app never reads files named by a request: send the trace's lines as `records`
+        # (`kvscope ab --trace FILE` reads the file on the caller's machine and does that).
+        raise ExperimentError("workload: send the trace as records, not trace_path (kvscope ab --trace reads it)", 422)
     try:
         spec = parse_workload(workload or {"kind": "probe"})
     except ValueError as exc:

@@ -119,3 +119,15 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
             "configured_offload_bytes": offload.cpu_bytes if offload is not None else 0,
         },
     }
+
+
+def modeled_experiment(argv_a: list[str], argv_b: list[str], seed: int, n_boot: int = 1000,
+                       runs: int = 3) -> dict[str, Any]:
+    """A/B of two argvs on the model: interleaved runs, the verdict and the records per arm."""
+    from app.ab.verdict import compute_verdict
+
+    recs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+    for i, arm in enumerate(["A", "B"] * runs):
+        recs[arm].append(modeled_probe_record(argv_a if arm == "A" else argv_b, run_key=f"s{seed}-{i}", seed=seed))
+    return {"verdict": compute_verdict("probe", recs["A"], recs["B"], seed=seed, n_boot=n_boot,
+                                       profile_a="no-offload", profile_b="offload-0.5"), **recs}

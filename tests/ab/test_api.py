@@ -54,6 +54,8 @@ def test_api_create_errors(client: Any, setup: dict[str, Any]) -> None:
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "probe", "repetitions": 0}}, 422, "repetitions"),
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay"}}, 422, "trace_path"),
         ({"instance": iid, "b": "offload-0.5", "runs": 99}, 422, "runs per arm"),
+        ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay", "trace_path": "/etc/passwd"}}, 422,
+         "not trace_path"),
         ([1, 2], 422, "JSON object"),
     ]
     for body, status, msg in cases:

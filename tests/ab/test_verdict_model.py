@@ -4,24 +4,12 @@ headline metric in at least 19 of 20 seeded experiments."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from app.ab.verdict import compute_verdict, describe
-from tests.ab.modeled import NO_OFFLOAD, OFFLOAD_05, modeled_probe_record
-
-RUNS = 3
-
-
-def _experiment(argv_a: list[str], argv_b: list[str], seed: int, n_boot: int = 1000) -> dict[str, Any]:
-    recs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
-    for i, arm in enumerate(["A", "B"] * RUNS):
-        recs[arm].append(modeled_probe_record(argv_a if arm == "A" else argv_b, run_key=f"s{seed}-{i}", seed=seed))
-    return {"verdict": compute_verdict("probe", recs["A"], recs["B"], seed=seed, n_boot=n_boot,
-                                       profile_a="no-offload", profile_b="offload-0.5"), **recs}
+from app.ab.verdict import describe
+from tests.ab.modeled import NO_OFFLOAD, OFFLOAD_05, modeled_experiment
 
 
 def test_offload_wins_on_reload_ttft_and_only_b_reloads_from_the_tier() -> None:
-    out = _experiment(NO_OFFLOAD, OFFLOAD_05, seed=1)
+    out = modeled_experiment(NO_OFFLOAD, OFFLOAD_05, seed=1)
     v = out["verdict"]
     rows = {r["key"]: r for r in v["headline"]}
     p50 = rows["ttft_p50"]
@@ -42,7 +30,7 @@ def test_offload_wins_on_reload_ttft_and_only_b_reloads_from_the_tier() -> None:
 def test_a_vs_a_no_significant_difference_in_at_least_19_of_20_seeds() -> None:
     clean = 0
     for seed in range(20):
-        v = _experiment(OFFLOAD_05, OFFLOAD_05, seed=seed)["verdict"]
+        v = modeled_experiment(OFFLOAD_05, OFFLOAD_05, seed=seed)["verdict"]
         assert len(v["headline"]) == 4 and all(r["available"] for r in v["headline"])
         if not any(r["significant"] for r in v["headline"]):
             clean += 1
@@ -52,5 +40,5 @@ def test_a_vs_a_no_significant_difference_in_at_least_19_of_20_seeds() -> None:
 
 def test_b_wins_in_every_seed() -> None:
     for seed in range(20):
-        rows = {r["key"]: r for r in _experiment(NO_OFFLOAD, OFFLOAD_05, seed=seed)["verdict"]["headline"]}
+        rows = {r["key"]: r for r in modeled_experiment(NO_OFFLOAD, OFFLOAD_05, seed=seed)["verdict"]["headline"]}
         assert rows["ttft_p50"]["better"] == "B", seed
