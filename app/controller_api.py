@@ -297,7 +297,7 @@ def page_router(ctx: AppContext) -> APIRouter:
             "inst": inst, "simulated": bool(inst.get("simulated")),
             "profiles": rs.list_profiles(ctx.engine), "ip": rs.instance_profiles(ctx.engine, instance_id),
             "rollouts": [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance_id, limit=50)],
-            "active": rs.active_rollout(ctx.engine, instance_id), "preview": None, "error": None,
+            "active_rollout": rs.active_rollout(ctx.engine, instance_id), "preview": None, "error": None,
             "override_hybrid": override_hybrid,
         }
         if profile:

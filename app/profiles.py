@@ -135,8 +135,8 @@ class Profile(BaseModel):
         }
 
     def spec(self) -> dict[str, Any]:
-        """The stored form (everything but the name, which is the profile's key)."""
-        return self.model_dump(exclude={"name"}, mode="json")
+        """The stored form: the non-default settings (the name is the profile's key)."""
+        return self.model_dump(exclude={"name"}, exclude_defaults=True, mode="json")
 
     # ------------------------------------------------------------------ argv
     def to_argv(self) -> list[str]:
