@@ -2,7 +2,7 @@
 
 - GET  /api/v1/alerts                 JSON: rule, instance, state, since, value, baseline, hints ...
 - GET  /api/v1/alerts/{id}            one alert with its transitions and deliveries
-- POST /api/v1/alerts/{id}/ack        acknowledge (JSON body {"note": ...} optional)
+- POST /api/v1/alerts/{id}/ack        acknowledge (Content-Type: application/json; {"note": ...} optional)
 - POST /api/v1/alerts/silences        {"minutes": 60, "rule": ..., "instance": id, "host": id, "reason": ...}
 - the pages (/alerts, /alerts/{id}, /alerts/rules; app.alerts.pages), the banner Jinja global,
 - the jobs "alerts" (evaluation, every settings.alert_eval_interval_s) and "alerts_delivery".
@@ -17,6 +17,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from app import controller_csrf as csrf
 from app.alerts.catalog import BY_NAME
 from app.alerts.delivery import DeliveryConfig, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
@@ -168,6 +169,7 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.post("/api/v1/alerts/{alert_id}/ack")
     async def ack(alert_id: int, request: Request) -> JSONResponse:
+        csrf.require_json(request)  # a cross-site form cannot send JSON without a CORS preflight
         note = ""
         body = await request.body()
         if body:
@@ -183,6 +185,7 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.post("/api/v1/alerts/silences")
     async def silence(request: Request) -> JSONResponse:
+        csrf.require_json(request)
         try:
             data = await request.json()
         except ValueError:

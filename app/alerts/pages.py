@@ -1,16 +1,18 @@
 """Alert pages: list + history (/alerts), one alert (/alerts/{id}), rules and per-instance
 overrides (/alerts/rules); form actions acknowledge, silence, expire silence, send test, save
-overrides. Forms post to the same origin only (Origin/Referer checked) and redirect back."""
+overrides. Forms carry the signed CSRF token of app.controller_csrf (and must come from the same
+origin); they redirect back with a message."""
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from app import controller_csrf as csrf
 from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
 from app.alerts.params import ParamError, coerce, effective
@@ -19,27 +21,28 @@ from app.storage import alerts_store as store
 from app.storage.series_store import get_instance, list_instances
 
 
-def _same_origin(request: Request) -> None:
-    """Refuse cross-site form posts (CSRF): Origin, or else Referer, must name this host."""
-    host = request.headers.get("host", "")
-    for header in ("origin", "referer"):
-        v = request.headers.get(header)
-        if v:
-            if v == "null" or urlsplit(v).netloc != host:
-                raise HTTPException(403, f"cross-site form post refused ({header} {v!r} is not {host})")
-            return
-
-
 def _back(path: str, msg: str | None = None) -> RedirectResponse:
     url = path + (("&" if "?" in path else "?") + "msg=" + quote(msg[:300]) if msg else "")
     return RedirectResponse(url, status_code=303)
 
 
 def _render(ctx: AppContext, request: Request, name: str, data: dict[str, Any]) -> HTMLResponse:
+    token, new_cookie = csrf.issue(request, ctx.settings.secret_key)
     data.setdefault("active_nav", "alerts")
     data.setdefault("now", ctx.now())
     data.setdefault("msg", request.query_params.get("msg"))
-    return ctx.extras["templates"].TemplateResponse(request, name, data)  # type: ignore[no-any-return]
+    data["csrf"] = token
+    resp: HTMLResponse = ctx.extras["templates"].TemplateResponse(request, name, data)
+    if new_cookie:
+        csrf.set_cookie(resp, new_cookie)
+    return resp
+
+
+async def _checked_form(ctx: AppContext, request: Request) -> Any:
+    """The posted form, after the same-origin and signed-token checks (app.controller_csrf)."""
+    form = await request.form()
+    csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+    return form
 
 
 def _list_context(ctx: AppContext) -> dict[str, Any]:
@@ -99,13 +102,12 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.post("/alerts/rules/{instance_id}/{rule}")
     async def save_override(instance_id: int, rule: str, request: Request) -> Response:
-        _same_origin(request)
+        form = await _checked_form(ctx, request)
         spec = BY_NAME.get(rule)
         if spec is None or spec.scope != "instance":
             raise HTTPException(404, f"no per-instance rule {rule!r}")
         if get_instance(ctx.engine, instance_id) is None:
             raise HTTPException(404, f"no instance {instance_id}")
-        form = await request.form()
         base = effective(rule, ctx.settings.alert_rules, None)
         params: dict[str, Any] = {}
         reset = form.get("reset") is not None
@@ -144,10 +146,9 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.post("/alerts/{alert_id}/ack")
     async def ack(alert_id: int, request: Request) -> Response:
-        _same_origin(request)
+        form = await _checked_form(ctx, request)
         if store.get_alert(ctx.engine, alert_id) is None:
             raise HTTPException(404, f"no alert {alert_id}")
-        form = await request.form()
         ok = store.acknowledge(ctx.engine, alert_id, ctx.now(), str(form.get("note") or ""))
         return _back(f"/alerts/{alert_id}", "acknowledged" if ok else "was already acknowledged")
 
@@ -155,15 +156,14 @@ def router(ctx: AppContext) -> APIRouter:
     async def silence(request: Request) -> Response:
         from app.alerts_api import create_silence
 
-        _same_origin(request)
-        form = await request.form()
+        form = await _checked_form(ctx, request)
         sid = create_silence(ctx, minutes=form.get("minutes"), rule=form.get("rule"),
                              instance=form.get("instance"), host=form.get("host"), reason=form.get("reason"))
         return _back(str(form.get("back") or "/alerts"), f"silence {sid} created")
 
     @r.post("/alerts/silences/{silence_id}/expire")
     async def expire(silence_id: int, request: Request) -> Response:
-        _same_origin(request)
+        await _checked_form(ctx, request)
         ok = store.expire_silence(ctx.engine, silence_id, ctx.now())
         return _back("/alerts", f"silence {silence_id} " + ("expired" if ok else "was not active"))
 
@@ -171,7 +171,7 @@ def router(ctx: AppContext) -> APIRouter:
     async def test_channel(name: str, request: Request) -> Response:
         from app.alerts_api import delivery_config
 
-        _same_origin(request)
+        await _checked_form(ctx, request)
         channel = next((c for c in ctx.settings.alert_channels if c.name == name), None)
         if channel is None:
             raise HTTPException(404, f"no channel {name!r} in settings.alert_channels")

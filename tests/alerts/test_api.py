@@ -42,6 +42,15 @@ def live(tmp_path: Any, clock: Any, hook: Receiver) -> Iterator[tuple[Any, Any]]
     ctx.engine.dispose()
 
 
+def _token(c: Any, page: str = "/alerts") -> str:
+    """The signed form token the page hands out (its cookie stays in the client's jar)."""
+    import re
+
+    m = re.search(r'name="csrf" value="([^"]+)"', c.get(page).text)
+    assert m, page
+    return m.group(1)
+
+
 def _fire_stale(ctx: Any, clock: Any) -> None:
     clock.advance(600)
     run_job_now(ctx, "alerts", clock())
@@ -79,8 +88,10 @@ def test_ack_and_silence_through_the_api(live: tuple[Any, Any], clock: Any, hook
     (a,) = c.get("/api/v1/alerts").json()["alerts"]
     assert c.post(f"/api/v1/alerts/{a['id']}/ack", json={"note": "on it"}).json() == {"acknowledged": True,
                                                                                      "already": False}
-    assert c.post(f"/api/v1/alerts/{a['id']}/ack").json()["already"] is True
-    assert c.post("/api/v1/alerts/999/ack").status_code == 404
+    assert c.post(f"/api/v1/alerts/{a['id']}/ack", json={}).json()["already"] is True
+    assert c.post("/api/v1/alerts/999/ack", json={}).status_code == 404
+    r = c.post(f"/api/v1/alerts/{a['id']}/ack", data={"note": "x"})  # a cross-site form could send this
+    assert r.status_code == 415 and "application/json" in r.json()["error"]
     assert c.get("/api/v1/alerts").json()["alerts"][0]["acked"] is True
     for body, status in (({"minutes": -1}, 400), ({"minutes": "x"}, 400), ({"minutes": 5, "rule": "nope"}, 400),
                          ({"minutes": 5, "instance": 42}, 404), ({"minutes": 5, "host": 42}, 404)):
@@ -115,7 +126,7 @@ def test_banner_on_every_page_while_firing(live: tuple[Any, Any], clock: Any) ->
         html = c.get(page).text
         assert "alert-banner" in html and "1 alert firing" in html and "Agent stale" in html
     (a,) = c.get("/api/v1/alerts").json()["alerts"]
-    c.post(f"/api/v1/alerts/{a['id']}/ack")
+    c.post(f"/api/v1/alerts/{a['id']}/ack", json={})
     html = c.get("/").text
     assert "alert-banner" not in html
 
@@ -128,34 +139,38 @@ def test_pages_render_and_forms_work(live: tuple[Any, Any], clock: Any, hook: Re
     assert "Agent stale" in page and "History" in page and "Send test" in page
     assert "Agent stale" in c.get(f"/alerts/{a['id']}").text
     assert c.get("/alerts/999").status_code == 404
-    # acknowledge from the page (same origin) then silence for a duration
-    r = c.post(f"/alerts/{a['id']}/ack", data={"note": "x"}, headers={"origin": "http://testserver"},
+    # acknowledge from the page (same origin, signed token) then silence for a duration
+    tok = _token(c)
+    r = c.post(f"/alerts/{a['id']}/ack", data={"note": "x", "csrf": tok}, headers={"origin": "http://testserver"},
                follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"].startswith(f"/alerts/{a['id']}?msg=acknowledged")
-    r = c.post("/alerts/silences", data={"rule": "agent_stale", "host": "1", "minutes": "15"},
+    r = c.post("/alerts/silences", data={"rule": "agent_stale", "host": "1", "minutes": "15", "csrf": tok},
                follow_redirects=False)
     assert r.status_code == 303
     assert c.get("/api/v1/alerts").json()["alerts"][0]["silenced"] is True
     assert "Expire" in c.get("/alerts").text  # the active silence is listed with its button
-    # cross-site form posts are refused
-    r = c.post(f"/alerts/{a['id']}/ack", headers={"origin": "http://evil.example"})
+    # cross-site form posts, and posts without the signed token, are refused
+    r = c.post(f"/alerts/{a['id']}/ack", data={"csrf": tok}, headers={"origin": "http://evil.example"})
     assert r.status_code == 403 and "cross-site" in r.json()["error"]
+    r = c.post(f"/alerts/{a['id']}/ack", data={"csrf": "forged"})
+    assert r.status_code == 403 and "form token" in r.json()["error"]
     # send test: one POST to the channel, outcome in the redirect
-    r = c.post("/alerts/channels/hook/test", follow_redirects=False)
+    r = c.post("/alerts/channels/hook/test", data={"csrf": tok}, follow_redirects=False)
     assert r.status_code == 303 and "sent" in r.headers["location"]
     assert [q.json()["event"] for q in hook.requests] == ["test"]
     hook.status = 500
-    r = c.post("/alerts/channels/hook/test", follow_redirects=False)
+    r = c.post("/alerts/channels/hook/test", data={"csrf": tok}, follow_redirects=False)
     assert "FAILED" in r.headers["location"] and "HTTP%20500" in r.headers["location"]
     assert "HTTP 500" in c.get("/alerts").text  # failures are visible on the page
-    assert c.post("/alerts/channels/nope/test").status_code == 404
+    assert c.post("/alerts/channels/nope/test", data={"csrf": tok}).status_code == 404
 
 
 def test_per_instance_overrides_from_the_ui(live: tuple[Any, Any], clock: Any) -> None:
     c, ctx = live
     assert "hit_rate_drop_overall" in c.get("/alerts/rules").text
-    r = c.post("/alerts/rules/1/hit_rate_drop_overall", data={"for_s": "30", "abs_margin": "0.2", "enabled": "on"},
-               follow_redirects=False)
+    tok = _token(c, "/alerts/rules")
+    r = c.post("/alerts/rules/1/hit_rate_drop_overall",
+               data={"for_s": "30", "abs_margin": "0.2", "enabled": "on", "csrf": tok}, follow_redirects=False)
     assert r.status_code == 303 and "saved" in r.headers["location"]
     from app.alerts.params import effective
     from app.storage.alerts_store import all_overrides
@@ -164,15 +179,15 @@ def test_per_instance_overrides_from_the_ui(live: tuple[Any, Any], clock: Any) -
     assert ov == {"for_s": 30.0, "abs_margin": 0.2}
     assert effective("hit_rate_drop_overall", ctx.settings.alert_rules, ov)["for_s"] == 30.0
     assert 'value="30.0"' in c.get("/alerts/rules?instance=1").text
-    r = c.post("/alerts/rules/1/hit_rate_drop_overall", data={"for_s": "soon"}, follow_redirects=False)
+    r = c.post("/alerts/rules/1/hit_rate_drop_overall", data={"for_s": "soon", "csrf": tok}, follow_redirects=False)
     assert "not%20saved" in r.headers["location"]
     # unchecking "enabled" turns the rule off for this instance only
-    c.post("/alerts/rules/1/hit_rate_drop_overall", data={"for_s": "30"})
+    c.post("/alerts/rules/1/hit_rate_drop_overall", data={"for_s": "30", "csrf": tok})
     assert all_overrides(ctx.engine)[(1, "hit_rate_drop_overall")]["enabled"] is False
-    c.post("/alerts/rules/1/hit_rate_drop_overall", data={"reset": "1"})
+    c.post("/alerts/rules/1/hit_rate_drop_overall", data={"reset": "1", "csrf": tok})
     assert (1, "hit_rate_drop_overall") not in all_overrides(ctx.engine)
-    assert c.post("/alerts/rules/1/agent_stale", data={}).status_code == 404  # host rule: settings only
-    assert c.post("/alerts/rules/99/ttft_p95", data={}).status_code == 404
+    assert c.post("/alerts/rules/1/agent_stale", data={"csrf": tok}).status_code == 404  # host rule: settings only
+    assert c.post("/alerts/rules/99/ttft_p95", data={"csrf": tok}).status_code == 404
 
 
 def test_settings_validate_rules_and_channels(tmp_path: Any) -> None:
