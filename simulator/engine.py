@@ -427,6 +427,8 @@ class Engine:
             if h in self.cpu:
                 continue
             if threshold >= 2:
+                if len(self.store_counts) > 1_000_000:  # bound the sighting table on long runs
+                    self.store_counts.clear()
                 seen = self.store_counts.get(h, 0) + 1
                 self.store_counts[h] = seen
                 if seen < threshold:

@@ -125,6 +125,7 @@ def test_hybrid_reload_crash_gets_500_then_the_process_exits(tmp_path: Path) -> 
     assert list((tmp_path / "shm").glob("vllm_offload_*.mmap"))  # a crash leaves the buffer behind
 
 
+@pytest.mark.slow
 def test_hybrid_reload_hang_gives_no_reply(tmp_path: Path) -> None:
     with sim(tmp_path, *HYBRID, "--hybrid-failure", "hang") as (p, url):
         wait_healthy(p, url)
