@@ -144,6 +144,9 @@ class Controller:
             self._update(command.id, "failed",
                          f"{command.instance} is not in this agent's launcher config: nothing restarted", {})
             return
+        ahead = self._queue.qsize() + (1 if self._busy else 0)
+        self._update(command.id, "accepted",
+                     "accepted by the agent" + (f"; {ahead} rollout(s) ahead" if ahead > 0 else ""), {})
         self._queue.put(command)
 
     def drain_updates(self) -> list[RolloutUpdate]:

@@ -99,11 +99,17 @@ def request_rollout(
         raise RolloutError(str(exc), 409) from None
 
 
+AGENT_URLS = "controller_agent_urls"
+
+
 def command_provider(ctx: AppContext) -> Any:
     def provide(host_id: int, agent_id: str, now: float) -> list[dict[str, Any]]:
+        # Only the agent that scrapes an instance gets its rollouts (several agents may share a host
+        # name); unknown until that agent's first push since the app started: no filter then.
+        urls = ctx.extras.get(AGENT_URLS, {}).get(agent_id)
         return [
             {"id": c["id"], "kind": "rollout", "instance": c["instance"], "payload": c["payload"]}
-            for c in rs.claim_for_host(ctx.engine, host_id, agent_id, now)
+            for c in rs.claim_for_host(ctx.engine, host_id, agent_id, now, urls=urls)
         ]
 
     return provide
@@ -111,6 +117,10 @@ def command_provider(ctx: AppContext) -> Any:
 
 def push_hook(ctx: AppContext) -> Any:
     def hook(batch: Any, host_id: int, now: float) -> None:
+        scraped = {str(s.instance) for s in getattr(batch, "scrapes", None) or []}
+        if scraped:
+            known: dict[str, set[str]] = ctx.extras.setdefault(AGENT_URLS, {})
+            known[str(batch.agent_id)] = scraped
         for u in getattr(batch, "rollout_updates", None) or []:
             ok = rs.apply_update(
                 ctx.engine, rollout_id=int(u.rollout_id), host_id=host_id, state=str(u.state), ts=float(u.ts),
@@ -124,12 +134,17 @@ def push_hook(ctx: AppContext) -> Any:
 
 def expire_job(ctx: AppContext, now: float) -> None:
     s = ctx.settings
-    for r in rs.stale_rollouts(ctx.engine, updated_before=now - min(s.rollout_request_ttl_s, s.rollout_silent_ttl_s)):
+    shortest = min(s.rollout_request_ttl_s, s.rollout_silent_ttl_s, s.rollout_ack_ttl_s)
+    for r in rs.stale_rollouts(ctx.engine, updated_before=now - shortest):
         age = now - float(r["updated_at"])
         if r["state"] == "requested" and age >= s.rollout_request_ttl_s:
             rs.finish_rollout(ctx.engine, int(r["id"]), "expired",
                               f"no agent picked it up in {age:.0f} s (is the host's agent running?)", now,
                               only_from=("requested",))
+        elif r["state"] == "claimed" and age >= s.rollout_ack_ttl_s:
+            rs.finish_rollout(ctx.engine, int(r["id"]), "expired",
+                              f"the agent did not acknowledge it in {age:.0f} s: is it running with "
+                              "--launcher-config listing this instance?", now, only_from=("claimed",))
         elif r["state"] != "requested" and age >= s.rollout_silent_ttl_s:
             rs.finish_rollout(ctx.engine, int(r["id"]), "expired",
                               f"the agent reported nothing for {age:.0f} s; check the host", now,

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
         300.0, gt=0, description="A restarted server must answer /health and /v1/models within this."
     )
     rollout_request_ttl_s: float = Field(900.0, gt=0, description="Expire a rollout no agent picked up this long.")
+    rollout_ack_ttl_s: float = Field(
+        120.0, gt=0, description="Expire a rollout handed to an agent that did not acknowledge it this long."
+    )
     rollout_silent_ttl_s: float = Field(
         3600.0, gt=0, description="Expire an unfinished rollout whose agent reported nothing this long."
     )

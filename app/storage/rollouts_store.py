@@ -235,12 +235,15 @@ def active_rollout(engine: Engine, instance_id: int) -> dict[str, Any] | None:
     return dict(row._mapping) if row else None
 
 
-def claim_for_host(engine: Engine, host_id: int, agent_id: str, now: float) -> list[dict[str, Any]]:
+def claim_for_host(
+    engine: Engine, host_id: int, agent_id: str, now: float, *, urls: set[str] | None = None
+) -> list[dict[str, Any]]:
     """The rollouts to hand to this host's agent now.
 
     Each `requested` rollout of an instance on the host is claimed by compare-and-set (one agent
     wins even if two push at once). Rollouts this agent claimed but has not reported on yet are
     handed again (the reply may have been lost); the agent ignores a command id it has seen.
+    With `urls`, only rollouts of those instance URLs (the ones this agent scrapes) are claimed.
     """
     out: list[dict[str, Any]] = []
     with engine.begin() as conn:
@@ -251,6 +254,8 @@ def claim_for_host(engine: Engine, host_id: int, agent_id: str, now: float) -> l
             .order_by(_R.c.id)
         ).all()
         for rid, state, claimed_by, iid, payload, url in rows:
+            if urls is not None and url not in urls:
+                continue
             if state == "requested":
                 res = conn.execute(
                     update(_R).where(_R.c.id == rid, _R.c.state == "requested").values(

@@ -151,3 +151,24 @@ def test_preview_uses_the_hosts_last_readings(client: Any, token: str, clock: An
     assert ok["verdict"] == "pass", ok["preflight"]
     page = client.get(f"/instances/{iid}/apply?profile=off24")
     assert "refuse" in page.text and "24.00 GiB" in page.text
+
+
+def test_only_the_agent_that_scrapes_an_instance_gets_its_rollout(client: Any, token: str, clock: Any) -> None:
+    from app.jobs import run_job_now
+
+    _push(client, token, 1, clock())  # agent-1 scrapes http://127.0.0.1:8000 on host rig1
+    other = make_batch(2, clock(), agent_id="agent-2", instance="http://127.0.0.1:9000")
+    assert client.post("/api/v1/ingest", json=other, headers={AUTH: f"Bearer {token}"}).status_code == 200
+    iid = next(i["id"] for i in client.get("/api/v1/instances").json()["instances"]
+               if i["url"] == "http://127.0.0.1:8000")
+    client.post("/api/v1/profiles", json={"name": "p", "spec": {}})
+    rid = client.post("/api/v1/rollouts", json={"instance": iid, "profile": "p"}).json()["id"]
+    other["seq"] = 3
+    r = client.post("/api/v1/ingest", json=other, headers={AUTH: f"Bearer {token}"}).json()
+    assert r["commands"] == []
+    assert [c["id"] for c in _push(client, token, 4, clock())["commands"]] == [rid]
+    # An agent that never acknowledges (no --launcher-config): expired with a hint.
+    ctx = client.app.state.ctx
+    run_job_now(ctx, "rollout_expiry", clock() + ctx.settings.rollout_ack_ttl_s + 1)
+    got = client.get(f"/api/v1/rollouts/{rid}").json()
+    assert got["state"] == "expired" and "--launcher-config" in got["message"]

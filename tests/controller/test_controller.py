@@ -206,7 +206,7 @@ def test_worker_thread_runs_submitted_rollouts() -> None:
             if states and states[-1] in ("healthy", "failed"):
                 break
             time.sleep(0.01)
-        assert states == ["preflight", "restarting", "waiting_health", "healthy"]
+        assert states == ["accepted", "preflight", "restarting", "waiting_health", "healthy"]
     finally:
         ctl.stop_on_exit = False
         ctl.close()

@@ -164,7 +164,7 @@ def test_dense_fp8_pool_then_offload_reload_then_oversize(rig_factory: Any) -> N
     r = rig.apply("off64")
     assert r["state"] == "refused"
     assert "64.00 GiB" in r["message"] and "MemAvailable 20.00 GiB" in r["message"]
-    assert [t["state"] for t in r["result"]["transitions"]] == ["preflight", "refused"]
+    assert [t["state"] for t in r["result"]["transitions"]] == ["accepted", "preflight", "refused"]
     ip = client.get(f"/api/v1/instances/{rig.instance_id()}/profile").json()
     assert ip["current"]["name"] == "off8" and ip["lkg"]["name"] == "off8"
     # Every transition is an event row on the instance.
@@ -187,7 +187,8 @@ def test_hybrid_offload_refused_then_override_rolls_back(rig_factory: Any, failu
     assert r["state"] == "rolled_back", r["message"]
     assert r["result"]["probe"]["failure"] == failure
     states = [t["state"] for t in r["result"]["transitions"]]
-    assert states == ["preflight", "restarting", "waiting_health", "probing", "rolling_back", "rolled_back"]
+    assert states == ["accepted", "preflight", "restarting", "waiting_health", "probing", "rolling_back",
+                      "rolled_back"]
     if failure == "hang":
         assert "no answer within 4 s" in r["message"]
     # Back on the last-known-good args, and serving.
