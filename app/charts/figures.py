@@ -51,12 +51,13 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
     nrows = max(1, len(panel.rows))
     height = (1.0 - ROW_GAP * (nrows - 1)) / nrows
     layout: dict[str, Any] = {
-        "margin": {"l": 60, "r": 20, "t": 10, "b": 40},
+        "margin": {"l": 64, "r": 16, "t": 8, "b": 8},
         "showlegend": True,
-        "legend": {"orientation": "h", "y": -0.18, "font": {"size": 11}},
+        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom", "font": {"size": 11}},
         "hovermode": "x unified",
         "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
-        "xaxis": {"type": "date", "range": [int(g.start * 1000), int(g.end * 1000)], "title": {"text": "time (UTC)"},
+        "xaxis": {"type": "date", "range": [int(g.start * 1000), int(g.end * 1000)], "title": {"text": "time (UTC)", "standoff": 4},
+                  "automargin": True,
                   "anchor": _axis_name(nrows - 1)[0]},
         "shapes": [],
         "annotations": [],

@@ -1,0 +1,218 @@
+"""The instance page's data requests on 30 days of 1-second samples, SQLite.
+
+Seeds one instance with every series its charts read (a simulated vLLM with CPU offload and a
+GPU host: ~60 series), one sample per second for `--days` days, the way the store holds them
+after that long: every 1 s sample goes through the app's own folding (app.storage.rollups
+fold_minutes / fold_hours) into the 1-minute and 1-hour tables, and the raw samples of the last
+48 h (the default raw retention) are kept as raw rows. The values are made up by this script.
+
+Then times the page's data requests, one chart fragment at a time (GET
+/instances/1/fragments/chart/{key}, in-process through the real app), for 1 h, 24 h and 30 d;
+median of --repeat runs after one warm-up. Targets: 30 d <= 50 ms server time per chart, and
+<= 2 points per pixel column (1,600 px) for any range.
+
+Baselines measured in the same run: GET /healthz (the app's floor on this machine) and, for the
+24 h range, the same charts forced to read raw samples (what the page would cost without rollups).
+
+    python bench/query.py [--days 30] [--repeat 5] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert, select
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.storage.models import SampleRow, Series  # noqa: E402
+from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark  # noqa: E402
+from app.storage.rollups import HOUR_MS, MINUTE_MS, fold_hours, fold_minutes  # noqa: E402
+
+CHARTS = ["tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu"]
+RANGES = ["1h", "24h", "30d"]
+PX = 1600
+TARGET_MS = 50.0
+RAW_KEEP_S = 48 * 3600
+
+
+class Lcg:
+    """A tiny deterministic noise source (fast, no allocation)."""
+
+    def __init__(self, seed: int) -> None:
+        self.x = seed * 2654435761 % 2**32 or 1
+
+    def next(self) -> float:
+        self.x = (1103515245 * self.x + 12345) % 2**31
+        return self.x / 2**31
+
+
+def values(name: str, labels: dict[str, str], kind: str, t0: int, n: int, seed: int) -> Iterator[tuple[int, float]]:
+    """1 s samples of one series: counters grow with a daily cycle and restart once (day n/2);
+    histogram buckets grow by the share of a fixed CDF below their bound; gauges wander."""
+    rng = Lcg(seed)
+    day = 86400.0
+    restart = t0 + n // 2
+    if kind == "counter":
+        share = 1.0
+        if "le" in labels:
+            le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
+            share = 1.0 - math.exp(-le / 0.08) if le != math.inf else 1.0
+        base = 50.0 + 500.0 * rng.next()
+        if "bytes" in name:
+            base *= 1.5e5
+        v = 0.0
+        for i in range(n):
+            ts = t0 + i
+            if ts == restart:
+                v = 0.0
+            v += share * base * (1.2 + math.sin(ts * 6.283 / day)) * rng.next()
+            yield ts * 1000, v
+    else:
+        scale = 1.0
+        if "bytes" in name:
+            scale = 2**30 * (4 + 60 * rng.next())
+        elif "perc" in name or "ratio" in name:
+            scale = 1.0
+        else:
+            scale = 10.0
+        for i in range(n):
+            ts = t0 + i
+            yield ts * 1000, scale * (0.5 + 0.4 * math.sin(ts * 6.283 / day + seed) + 0.1 * rng.next())
+
+
+def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
+    from agent.protocol import PushBatch, Scrape
+    from app.storage.ingest_store import IngestWriter
+    from tests.app.pages.recorded import recorded_batches
+
+    n = int(days * 86400)
+    t0 = now - n
+    # one real push creates the host, instance, series (with kinds) and its cache_config
+    wire = recorded_batches(t0 - 5.0, 1, interval=1.0)[0]
+    batch = PushBatch(**{**wire, "scrapes": [Scrape(**{**s, "samples": []}) for s in wire["scrapes"]],
+                         "host_samples": []})
+    from agent.protocol import Sample
+
+    batch.scrapes[0].samples = [Sample(**s) for s in wire["scrapes"][0]["samples"]]
+    batch.host_samples = [Sample(**s) for s in wire["host_samples"]]
+    IngestWriter(engine).write(batch, float(t0))
+    with engine.begin() as conn:
+        conn.execute(SampleRow.__table__.delete())  # the seed below replaces that one push
+        series = [(int(r[0]), str(r[1]), dict(r[2]), str(r[3]))
+                  for r in conn.execute(select(Series.id, Series.name, Series.labels, Series.kind))]
+    raw_from_ms = (now - RAW_KEEP_S) * 1000
+    wm_m = (now - 120) * 1000 - ((now - 120) * 1000) % MINUTE_MS
+    wm_h = wm_m - wm_m % HOUR_MS
+    t_fold = time.perf_counter()
+    counts = {"raw": 0, "1m": 0, "1h": 0}
+    for sid, name, labels, kind in series:
+        samples = list(values(name, labels, kind, t0, n, sid))
+        rolled = [s for s in samples if s[0] < wm_m]
+        minutes, carry = fold_minutes(rolled, None, kind == "counter")
+        hours = fold_hours([mb for mb in minutes if mb[0] < wm_h])
+        raw = [s for s in samples if s[0] >= raw_from_ms]
+        with engine.begin() as conn:
+            for i in range(0, len(raw), 50_000):
+                conn.execute(insert(SampleRow), [{"series_id": sid, "ts_ms": ts, "value": v}
+                                                 for ts, v in raw[i:i + 50_000]])
+            conn.execute(insert(Rollup1m), [_row(sid, ms, b) for ms, b in minutes])
+            if hours:
+                conn.execute(insert(Rollup1h), [_row(sid, ms, b) for ms, b in hours])
+            if carry is not None:
+                conn.execute(insert(RollupCarry).values(series_id=sid, ts_ms=carry[0], value=carry[1]))
+        counts["raw"] += len(raw)
+        counts["1m"] += len(minutes)
+        counts["1h"] += len(hours)
+    with engine.begin() as conn:
+        conn.execute(insert(RollupWatermark), [{"tier": "1m", "done_ms": wm_m}, {"tier": "1h", "done_ms": wm_h}])
+    return {"series": len(series), "samples": n * len(series), "seconds": time.perf_counter() - t_fold, **counts}
+
+
+def _row(sid: int, ms: int, b: Any) -> dict[str, Any]:
+    return {"series_id": sid, "bucket_ms": ms, "n": b.n, "vmin": b.vmin, "vmax": b.vmax, "vsum": b.vsum,
+            "vlast": b.vlast, "inc": b.inc}
+
+
+def timed(client: Any, url: str, repeat: int) -> tuple[float, Any]:
+    client.get(url)  # warm-up
+    times = []
+    r = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        r = client.get(url)
+        times.append((time.perf_counter() - t) * 1000)
+        assert r.status_code == 200, (url, r.status_code, r.text[:300])
+    return statistics.median(times), r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--days", type=float, default=30.0)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--keep", help="keep the seeded database in this folder")
+    args = ap.parse_args()
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.storage.engine import open_database
+
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvscope-bench-query-"))
+    work.mkdir(parents=True, exist_ok=True)
+    settings = load_settings(None, data_dir=str(work), run_scheduler=False)
+    engine = open_database(settings.effective_database_url)
+    now = int(time.time())
+    print(f"seeding {args.days:g} days of 1 s samples into {settings.effective_database_url} ...", flush=True)
+    info = seed(engine, args.days, now)
+    print(f"  {info['series']} series, {info['samples']:,} samples (1 s) folded in {info['seconds']:.0f} s -> "
+          f"{info['raw']:,} raw rows (last 48 h), {info['1m']:,} 1-minute rows, {info['1h']:,} 1-hour rows")
+    app = create_app(settings, engine=engine, clock=lambda: float(now), start_jobs=False)
+    fails = 0
+    with TestClient(app) as client:
+        floor, _ = timed(client, "/healthz", args.repeat * 4)
+        print(f"\nbaseline: GET /healthz {floor:.2f} ms (median)\n")
+        print(f"{'range':>5} {'chart':>9} {'tier':>4} {'points':>6} {'pts/px':>6} {'ms':>8} {'x healthz':>9}")
+        results: dict[tuple[str, str], float] = {}
+        for rng in RANGES:
+            for key in CHARTS:
+                ms, _ = timed(client, f"/instances/1/fragments/chart/{key}?range={rng}", args.repeat)
+                meta = client.get(f"/api/v1/instances/1/charts/{key}?range={rng}").json()
+                ppp = meta["points"] / PX
+                results[(rng, key)] = ms
+                flag = ""
+                if ppp > 2 or (rng == "30d" and ms > TARGET_MS):
+                    flag = "  <-- over target"
+                    fails += 1
+                print(f"{rng:>5} {key:>9} {meta['tier']:>4} {meta['points']:>6} {ppp:>6.2f} {ms:>8.1f} "
+                      f"{ms / floor:>9.1f}{flag}")
+        print("\nbaseline: the 24 h charts forced to raw samples (no rollups)")
+        for key in CHARTS:
+            raw_ms, _ = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h&tier=raw", max(1, args.repeat // 2))
+            tier_ms, _ = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h", max(1, args.repeat // 2))
+            print(f"  24h {key:>9}: raw {raw_ms:8.1f} ms, tiered (1m) {tier_ms:7.1f} ms, raw/tiered "
+                  f"{raw_ms / tier_ms:5.1f}x")
+        page_ms, _ = timed(client, "/instances/1?range=30d", max(1, args.repeat // 2))
+        worst = max(results[("30d", k)] for k in CHARTS)
+        print(f"\nwhole instance page, 30 d (7 charts + worth panel): {page_ms:.1f} ms")
+        print(f"30 d: slowest chart {worst:.1f} ms (target <= {TARGET_MS:.0f} ms): "
+              f"{'OK' if worst <= TARGET_MS else 'OVER'}; ratio to target {worst / TARGET_MS:.2f}")
+    engine.dispose()
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
