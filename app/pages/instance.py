@@ -59,7 +59,8 @@ def chart_data(ctx: AppContext, inst: dict[str, Any], key: str, tr: TimeRange, p
     panel = CHARTS[key](sc)
     figure = None if panel.empty else build_figure(panel, events if events is not None else _events(ctx, inst, tr))
     return {
-        "key": key, "title": panel.title, "rows": len(panel.rows), "empty": panel.empty, "notes": panel.notes, "figure": figure,
+        "key": key, "title": panel.title, "rows": len(panel.rows), "empty": panel.empty, "notes": panel.notes,
+        "figure": figure,
         "tier": sc.grid.tier, "step": sc.grid.step, "points": len(sc.grid.times),
     }
 
