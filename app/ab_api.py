@@ -8,6 +8,8 @@ controller's normal rollouts (the agent restarts vLLM, with its preflight and ro
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
@@ -53,8 +55,22 @@ def tick_job(ctx: AppContext, now: float) -> None:
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    orchestrator(ctx)
+    orch = orchestrator(ctx)
     register_job(ctx, TICK_JOB, tick_job, ctx.settings.ab_tick_interval_s)
+    previous = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with previous(a):
+                yield
+        finally:  # a workload still running stops at its next request (the run is then lost, and
+            # the experiment fails and restores its instance on the next start's first tick)
+            executor = orch.executor
+            if isinstance(executor, ThreadExecutor):
+                executor.shutdown()
+
+    app.router.lifespan_context = lifespan
     templates = ctx.extras.get("templates")
     if templates is not None:
         templates.env.globals["ab_describe"] = describe

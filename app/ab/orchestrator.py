@@ -24,7 +24,7 @@ from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
 from app.ab.results import summarise_run
 from app.ab.verdict import compute_verdict, focus_tags
 from app.storage import ab_store as st
-from app.storage.series_store import get_instance
+from app.storage.series_store import get_instance, series_points
 
 log = logging.getLogger("kvscope.ab")
 FAILED_ROLLOUT_STATES = frozenset({"rolled_back", "failed", "refused", "cancelled", "expired"})
@@ -232,6 +232,8 @@ class Orchestrator:
     def _record_run(self, exp: dict[str, Any], run: dict[str, Any], record: dict[str, Any], now: float) -> None:
         eid = int(exp["id"])
         spec = parse_workload(exp["workload"])
+        record = {**record, "host_pinned_resident_bytes": host_pinned_bytes(
+            self.engine, int(exp["host_id"]), float(run.get("started_at") or now), now)}
         summary = summarise_run(record, focus_tags(spec.kind))
         failure = self._run_failure(record, summary)
         state = "cancelled" if record.get("cancelled") else ("failed" if failure else "done")
@@ -384,3 +386,16 @@ def _join(a: str, b: str) -> str:
 
 def instance_exists(engine: Engine, instance_id: int) -> bool:
     return get_instance(engine, instance_id) is not None
+
+
+def host_pinned_bytes(engine: Engine, host_id: int, start: float, end: float) -> float | None:
+    """The most offload-buffer memory the host's agent saw resident in /dev/shm during the run
+    (kvscope:pinned_offload_resident_bytes summed over files; host-wide, so every instance's buffer
+    on that host counts). None when the agent sent no such reading."""
+    found = series_points(engine, name="kvscope:pinned_offload_resident_bytes", start=start, end=end,
+                          host_id=host_id)
+    per_ts: dict[float, float] = {}
+    for sp in found:
+        for ts, v in sp.points:
+            per_ts[ts] = per_ts.get(ts, 0.0) + v
+    return max(per_ts.values()) if per_ts else None

@@ -111,13 +111,19 @@ class ThreadExecutor:
         self._futures: dict[RunKey, Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._run = run
+        self._stopping = threading.Event()
 
     def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str,
               cancelled: Callable[[], bool]) -> None:
         with self._lock:
-            if key in self._futures:
+            if key in self._futures or self._stopping.is_set():
                 return
-            self._futures[key] = self._pool.submit(self._run, url, spec, run_key=run_key, cancelled=cancelled)
+            stopping = self._stopping
+
+            def stop() -> bool:
+                return stopping.is_set() or cancelled()
+
+            self._futures[key] = self._pool.submit(self._run, url, spec, run_key=run_key, cancelled=stop)
 
     def result(self, key: RunKey) -> dict[str, Any] | None:
         with self._lock:
@@ -136,4 +142,6 @@ class ThreadExecutor:
             return key in self._futures
 
     def shutdown(self) -> None:
+        """Stop: running workloads end at their next request boundary, queued ones never start."""
+        self._stopping.set()
         self._pool.shutdown(wait=False, cancel_futures=True)

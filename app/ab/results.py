@@ -101,6 +101,7 @@ def summarise_run(record: dict[str, Any], focus_tags: tuple[str, ...] = ()) -> d
             s[f"server_{kind}_p{q}_ms"] = v * 1000.0 if isinstance(v, int | float) else None
         m = h.get("mean_s")
         s[f"server_{kind}_mean_ms"] = m * 1000.0 if isinstance(m, int | float) else None
+    s["host_pinned_resident_bytes"] = record.get("host_pinned_resident_bytes")
     srv = record.get("server") or {}
     s["reset"] = record.get("reset")
     s["version"] = srv.get("version")

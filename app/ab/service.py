@@ -135,7 +135,8 @@ CSV_FIELDS = (
     "itl_mean_ms", "throughput_tok_s", "server_ttft_p50_ms", "server_ttft_p95_ms", "server_ttft_p99_ms",
     "server_itl_mean_ms", "share_local_compute", "share_local_cache_hit", "share_external_kv_transfer",
     "gpu_hit_rate", "external_hit_rate", "overall_hit_rate", "load_gbps", "store_gbps", "load_bytes",
-    "store_bytes", "configured_offload_bytes", "preemptions", "requests", "errors", "error_rate", "elapsed_s",
+    "store_bytes", "configured_offload_bytes", "host_pinned_resident_bytes", "preemptions", "requests", "errors",
+    "error_rate", "elapsed_s",
 )
 
 

@@ -152,6 +152,7 @@ def _costs(sums_a: list[dict[str, Any]], sums_b: list[dict[str, Any]]) -> dict[s
     out: dict[str, Any] = {}
     for arm, sums in (("a", sums_a), ("b", sums_b)):
         out[f"pinned_bytes_{arm}"] = _mean([s.get("configured_offload_bytes") for s in sums])
+        out[f"host_pinned_resident_bytes_{arm}"] = _mean([s.get("host_pinned_resident_bytes") for s in sums])
         out[f"store_bytes_{arm}"] = _mean([s.get("store_bytes") for s in sums])
         out[f"load_bytes_{arm}"] = _mean([s.get("load_bytes") for s in sums])
         for src in SOURCE_LABELS:
@@ -228,6 +229,10 @@ def summary_text(v: dict[str, Any], profile_a: str, profile_b: str) -> str:
     if isinstance(pa, int | float) and isinstance(pb, int | float) and pa != pb:
         more = pb - pa
         parts.append(f"Cost: {'B' if more > 0 else 'A'} pins {abs(more) / GIB:.2g} GiB more host RAM.")
+    for arm in ("a", "b"):
+        res = c.get(f"host_pinned_resident_bytes_{arm}")
+        if isinstance(res, int | float) and res > 0:
+            parts.append(f"Offload buffers resident on the host during {arm.upper()} runs: {res / GIB:.2g} GiB.")
     ea, eb = c.get("share_external_kv_transfer_a"), c.get("share_external_kv_transfer_b")
     if isinstance(ea, int | float) and isinstance(eb, int | float):
         parts.append(f"Prompt tokens reloaded from the offload tier: A {ea * 100:.0f}%, B {eb * 100:.0f}%.")
