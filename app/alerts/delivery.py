@@ -122,7 +122,10 @@ def enqueue_refreshes(engine: Engine, channels: Sequence[AlertChannel], now: flo
     queued = 0
     for channel in am:
         last = store.last_delivery_times(engine, channel.name)
+        waiting = store.unsent_alert_ids(engine, channel.name)  # Alertmanager down: no pile-up
         for alert in firing:
+            if int(alert["id"]) in waiting:
+                continue
             if not channel.wants(alert["rule"], alert["severity"]):
                 continue
             if is_silenced(silences, alert["rule"], alert["instance_id"], alert["host_id"], now):

@@ -9,7 +9,8 @@ Each check compares the alert window (start, end] with the baseline window befor
                     whole attention blocks) larger than the typical shared prefix;
 - offload_saturated: vllm:kv_offload_allocation_failure_total rose in the window;
 - connector_silent: the connector was asked (external queries) but answered no hits, while it
-                    used to, or while offload is configured.
+                    used to (or offload is configured), and prompts still share prefixes (the GPU
+                    hit rate held at least half its baseline).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.alerts.hitrates import BY_SOURCE, CACHED_SOURCES, EXT_HITS, EXT_QUERIES, PROMPT_TOKENS
+from app.alerts.hitrates import BY_SOURCE, CACHED_SOURCES, EXT_HITS, EXT_QUERIES, PROMPT_TOKENS, hit_rate
 from app.alerts.rule_io import Hint, TargetData
 from app.alerts.series import window_increase
 
@@ -131,16 +132,21 @@ def hit_rate_hints(
     ext_q = window_increase(data.series.get(EXT_QUERIES), start, end).value
     ext_h = window_increase(data.series.get(EXT_HITS), start, end).value
     base_ext_h = window_increase(data.series.get(EXT_HITS), b0, b1).value
+    # ... while prompts still share prefixes (the GPU cache keeps hitting): with unique prompts the
+    # tier has nothing to find, and that is a workload shift, not a silent connector.
+    gpu_now = hit_rate(data.series, "gpu", start, end).rate
+    gpu_base = hit_rate(data.series, "gpu", b0, b1).rate
+    reuse_continues = gpu_now is not None and gpu_base is not None and gpu_base > 0 and gpu_now >= 0.5 * gpu_base
     silent = (
         ext_q is not None and ext_q > 0 and (ext_h or 0.0) == 0.0
-        and ((base_ext_h or 0.0) > 0 or offload_configured(info))
+        and ((base_ext_h or 0.0) > 0 or offload_configured(info)) and reuse_continues
     )
     explained = bool(resets or restart_events or changes or saturated or silent)
     if not moved and not explained and current is not None and baseline_rate is not None:
         # Same pool, no restart, no config change: the prompts themselves share fewer prefixes.
         moved.append(
-            f"prompts share fewer prefixes: {current:.0%} of prompt tokens cached now vs "
-            f"{baseline_rate:.0%} before, with no restart or config change"
+            f"prompts share fewer prefixes: hit rate {current:.0%} now vs {baseline_rate:.0%} before "
+            "at the same volume, with no restart or config change"
         )
     if moved:
         hints.append(Hint("workload_shift", "workload shift: " + "; ".join(moved)))

@@ -265,6 +265,17 @@ def last_delivery_times(engine: Engine, channel: str) -> dict[int, float]:
     return {int(a): float(t) for a, t in rows}
 
 
+def unsent_alert_ids(engine: Engine, channel: str) -> set[int]:
+    """Alerts with a delivery to `channel` still waiting (pending or being sent)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(D.c.alert_id).where(
+                D.c.channel == channel, D.c.alert_id.is_not(None), D.c.status.in_(("pending", "sending"))
+            ).distinct()
+        ).all()
+    return {int(r[0]) for r in rows}
+
+
 # ------------------------------------------------------------------ silences
 def add_silence(
     engine: Engine, *, now: float, until: float, rule: str | None = None, instance_id: int | None = None,

@@ -199,7 +199,15 @@ def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any,
     assert hook.requests[-1].path == "/api/v2/alerts"
     assert body["labels"]["alertname"] == "kvscope_agent_stale"
     assert body["endsAt"] == "2027-01-15T08:15:00.000000Z"  # t0 + 660 + 4 x 60 s
+    # while Alertmanager is down, refreshes do not pile up behind the unsent one
+    hook.status = 503
+    for dt in (730, 800, 900, 1000):
+        run_deliveries(engine, [am], t0 + dt, cfg)
+    assert [d["event"] for d in store.list_deliveries(engine, channel="am")].count("refresh") == 2
+    hook.status = 200
     silences = store.add_silence(engine, now=t0, until=t0 + 10_000, rule="agent_stale")
     assert silences
-    run_deliveries(engine, [am], t0 + 800, cfg)
-    assert len(store.list_deliveries(engine, channel="am")) == 2  # silenced: no more refreshes
+    before = len(store.list_deliveries(engine, channel="am"))
+    run_deliveries(engine, [am], t0 + 5000, cfg)
+    after = store.list_deliveries(engine, channel="am")
+    assert len(after) == before  # silenced: no more refreshes (the queued one is still retried)

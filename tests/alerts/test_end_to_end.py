@@ -88,6 +88,11 @@ def test_unique_prompts_fire_with_workload_shift_hint_then_resolve(rig: Rig, hoo
     assert firing[0]["alert"]["hints"][0]["kind"] == "workload_shift"
     assert firing[0]["alert"]["simulated"] is True
 
+    # the diagnosis stays the same while the window fills with unique prompts
+    for tick in rig.timeline:
+        for a in _overall(tick.alerts):
+            if tick.t > switch and a["state"] == "firing":
+                assert [h["kind"] for h in a["hints"]] == ["workload_shift"], (tick.t - switch, a["hints"])
     back = rig.t
     rig.live(420, HEALTHY)
     resolved = rig.first("resolved", after=back)

@@ -134,11 +134,19 @@ def test_hybrid_block_size_larger_than_shared_prefixes() -> None:
 
 def test_offload_saturation_and_silent_connector_hints() -> None:
     rec = history()
-    rec.run(300, replace(HEALTHY, ext_hit=0.0, gpu_hit=0.2, alloc_failures_per_s=0.5))
+    rec.run(300, replace(HEALTHY, ext_hit=0.0, gpu_hit=0.4, alloc_failures_per_s=0.5))
     r = run("hit_rate_drop_overall", rec.data(), rec.t)
     assert {"offload_saturated", "connector_silent"} <= kinds(r)
     o = run("hit_rate_drop_offload", rec.data(), rec.t)
     assert o.active is True and o.value == 0.0
+
+
+def test_unique_prompts_are_not_blamed_on_the_connector() -> None:
+    rec = history()
+    rec.run(600, UNIQUE)  # the whole window unique: GPU and offload tier both find nothing
+    for rule in ("hit_rate_drop_overall", "hit_rate_drop_offload"):
+        r = run(rule, rec.data(), rec.t)
+        assert r.active is True and kinds(r) == {"workload_shift"}, (rule, r.hints)
 
 
 def test_too_little_volume_or_history_is_unknown_not_ok() -> None:
