@@ -29,6 +29,7 @@ from app.prometheus_source import (
     choose_step,
     instance_target,
     prometheus_scope,
+    scrape_interval,
     selector,
 )
 
@@ -251,15 +252,44 @@ def test_helpers() -> None:
     assert instance_target("http://[::1]:8000/") == "[::1]:8000"
     assert selector(["b", "a:x"], {"instance": 'h"1'}) == '{__name__=~"a:x|b", instance="h\\"1"}'
     assert choose_step(0, 3600, 1.0) == 1.0
-    assert choose_step(0, 30 * 86400, 1.0) == pytest.approx(259.2)
-    # garbage in the matrices is skipped, not fatal; NaN values are dropped
-    vals = [{"metric": {"__name__": "m_total", "instance": "h:1", "job": "j", "a": "1"},
-             "values": [[10, "1"], [11, "1"], [12, "NaN"], [13, "5"]]}, {"bad": 1}, "junk"]
-    stamps = {"m_total": [{"metric": {"instance": "h:1", "job": "j", "a": "1"},
-                           "values": [[10, "9.5"], [11, "9.5"], [12, "11.9"], [13, "12.9"]]}, None]}
-    out = assemble(vals, stamps)
+    assert choose_step(0, 30 * 86400, 15.0) == pytest.approx(259.2)
+    assert scrape_interval([{"values": [[1, "0"], [16, "0"], [31, "0"]]}, {"junk": 1}]) == 15.0
+    assert scrape_interval([]) is None
+    # garbage in the matrix is skipped, not fatal; NaN values are dropped
+    matrix = [{"metric": {"__name__": "m_total", "instance": "h:1", "job": "j", "a": "1"},
+               "values": [[9.5, "1"], [11.9, "NaN"], [12.9, "5"]]}, {"bad": 1}, "junk",
+              {"metric": {"job": "j"}, "values": [[1, "1"]]}]
+    out = assemble(matrix)
     assert len(out) == 1 and out[0].labels == {"a": "1"} and out[0].kind == "counter"
     assert out[0].points == [(9.5, 1.0), (12.9, 5.0)]
+
+
+def test_long_ranges_use_query_range_under_the_point_limit() -> None:
+    """30 days at a 15 s scrape interval is 172,800 samples per series: read through query_range
+    at a step that keeps each series under 10,000 points."""
+    seen: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        form = dict(x.split("=", 1) for x in request.content.decode().split("&"))
+        seen.append({"path": request.url.path, **form})
+        metric = {"__name__": "vllm:prompt_tokens_total", "instance": "127.0.0.1:8000", "model_name": "m"}
+        if request.url.path == "/api/v1/query":
+            vals = [[1000.0 + 15 * i, str(i)] for i in range(60)]
+        else:
+            step = float(form["step"])
+            vals = [[float(form["start"]) + step * i, str(i)] for i in range(3)]
+        result = [{"metric": metric, "values": vals}]
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+    src = PrometheusSource("http://prom", transport=httpx.MockTransport(handler))
+    out = src.fetch(["vllm:prompt_tokens_total"], URL, 0.0, 30 * 86400.0)
+    assert src.last_mode == "query_range"
+    assert [s["path"] for s in seen] == ["/api/v1/query", "/api/v1/query_range"]
+    assert float(seen[1]["step"]) == pytest.approx(259.2)  # 2,592,000 s / 10,000 points
+    assert out[0].labels == {"model_name": "m"} and len(out[0].points) == 3
+    seen.clear()
+    src.fetch(["vllm:prompt_tokens_total"], URL, 0.0, 3600.0)
+    assert src.last_mode == "raw" and [s["path"] for s in seen] == ["/api/v1/query", "/api/v1/query"]
 
 
 class _Exposition(http.server.BaseHTTPRequestHandler):
