@@ -56,6 +56,7 @@ class VllmReader:
         simulated = False
 
         healthy: bool | None
+        unreachable = False
         try:
             r = self._get("/health")
             healthy = r.status_code == 200
@@ -64,51 +65,56 @@ class VllmReader:
                 errors.append(f"/health answered {r.status_code}")
         except httpx.HTTPError as exc:
             healthy = False
+            unreachable = isinstance(exc, (httpx.TimeoutException, httpx.ConnectError))
             errors.append(f"/health: {_describe(exc)}")
         scrape.healthy = healthy
 
         metrics_ok = False
-        try:
-            r = self._get("/metrics", accept="text/plain")
-            simulated |= r.headers.get(SIM_HEADER) == "1"
-            if r.status_code != 200:
-                errors.append(f"/metrics answered {r.status_code}")
-            else:
-                text = r.text
-                self.last_raw = text
-                exp = parse(text, self.keep, self.label_cache)
-                norm = normalise(exp)
-                samples, hyg_events = self.hygiene.apply(norm, now)
-                events.extend(hyg_events)
-                if any(e.kind == "restart" for e in hyg_events):
-                    self.meta.read_at = None  # re-read model and version
-                # label dicts may be shared with the parser's cache: never mutated downstream
-                scrape.samples = [Sample(n, lab, v) for n, lab, v in samples]
-                scrape.types = {k: _mtype(v) for k, v in norm.types.items()}
-                metrics_ok = bool(samples)
-                problems = []
-                if not samples:
-                    problems.append("no vLLM families in the answer (truncated, garbage, or not a vLLM server)")
-                if exp.bad_lines:
-                    problems.append(f"{exp.bad_lines} unreadable line(s), first: {exp.first_error}")
-                if norm.dropped_duplicates:
-                    problems.append(f"{norm.dropped_duplicates} duplicate series ignored")
-                if problems:
-                    errors.append("/metrics: " + "; ".join(problems))
-                if norm.dropped_nonfinite:
-                    events.append(
-                        AgentEvent(
-                            ts=now, kind="values_dropped", instance=self.base_url,
-                            message=f"{norm.dropped_nonfinite} NaN/Inf sample value(s) dropped",
-                            data={"count": norm.dropped_nonfinite},
+        if unreachable:
+            # a hung server would cost a timeout per endpoint per tick: ask again next tick
+            errors.append("/metrics, /v1/models, /version: not asked (server unreachable)")
+        else:
+            try:
+                r = self._get("/metrics", accept="text/plain")
+                simulated |= r.headers.get(SIM_HEADER) == "1"
+                if r.status_code != 200:
+                    errors.append(f"/metrics answered {r.status_code}")
+                else:
+                    text = r.text
+                    self.last_raw = text
+                    exp = parse(text, self.keep, self.label_cache)
+                    norm = normalise(exp)
+                    samples, hyg_events = self.hygiene.apply(norm, now)
+                    events.extend(hyg_events)
+                    if any(e.kind == "restart" for e in hyg_events):
+                        self.meta.read_at = None  # re-read model and version
+                    # label dicts may be shared with the parser's cache: never mutated downstream
+                    scrape.samples = [Sample(n, lab, v) for n, lab, v in samples]
+                    scrape.types = {k: _mtype(v) for k, v in norm.types.items()}
+                    metrics_ok = bool(samples)
+                    problems = []
+                    if not samples:
+                        problems.append("no vLLM families in the answer (truncated, garbage, or not a vLLM server)")
+                    if exp.bad_lines:
+                        problems.append(f"{exp.bad_lines} unreadable line(s), first: {exp.first_error}")
+                    if norm.dropped_duplicates:
+                        problems.append(f"{norm.dropped_duplicates} duplicate series ignored")
+                    if problems:
+                        errors.append("/metrics: " + "; ".join(problems))
+                    if norm.dropped_nonfinite:
+                        events.append(
+                            AgentEvent(
+                                ts=now, kind="values_dropped", instance=self.base_url,
+                                message=f"{norm.dropped_nonfinite} NaN/Inf sample value(s) dropped",
+                                data={"count": norm.dropped_nonfinite},
+                            )
                         )
-                    )
-        except httpx.HTTPError as exc:
-            errors.append(f"/metrics: {_describe(exc)}")
+            except httpx.HTTPError as exc:
+                errors.append(f"/metrics: {_describe(exc)}")
 
         if not healthy:
             self.meta.read_at = None
-        if self.meta.read_at is None or now - self.meta.read_at >= self.meta_every_s:
+        if not unreachable and (self.meta.read_at is None or now - self.meta.read_at >= self.meta_every_s):
             errors.extend(self._read_meta(now))
         meta = self.meta
         scrape.model, scrape.model_root, scrape.max_model_len = meta.model, meta.model_root, meta.max_model_len

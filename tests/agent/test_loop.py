@@ -134,3 +134,26 @@ def test_once_without_server_has_no_pusher(tmp_path: Path) -> None:
     assert agent.pusher is None
     agent.tick(1.0)
     assert agent.flush(1.0).pushed == 0
+
+
+def test_servers_are_read_concurrently(tmp_path: Path) -> None:
+    import threading
+
+    b_asked = threading.Event()
+    fake = FakeVllm()
+
+    def route(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "b":
+            b_asked.set()
+        elif req.url.path == "/health" and not b_asked.wait(10):
+            # read one after the other, a would be asked before b ever is: a hang
+            raise httpx.ReadTimeout("a was read before b", request=req)
+        return fake.handler(req)
+
+    agent = Agent(AgentConfig(["http://a:8000", "http://b:8000"], state_dir=tmp_path / "st"),
+                  client=httpx.Client(transport=httpx.MockTransport(route)))
+    try:
+        batch = agent.build_batch(1000.0)
+    finally:
+        agent.close()
+    assert [(s.instance, s.ok) for s in batch.scrapes] == [("http://a:8000", True), ("http://b:8000", True)]

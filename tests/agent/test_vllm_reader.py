@@ -55,8 +55,20 @@ def test_timeouts_on_every_call() -> None:
     fake = FakeVllm()
     fake.mode = "timeout"
     s, _ = VllmReader("http://vllm", fake.client()).scrape(1000.0)
-    assert not s.ok
-    assert "/metrics: timed out" in (s.error or "") and "/health: timed out" in (s.error or "")
+    assert not s.ok and s.healthy is False
+    assert "/health: timed out" in (s.error or "") and "not asked (server unreachable)" in (s.error or "")
+    assert fake.calls == ["/health"]  # one timeout per tick, not one per endpoint
+
+
+def test_metrics_timeout_alone() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/metrics":
+            raise httpx.ReadTimeout("slow", request=req)
+        return httpx.Response(200, json={"version": "1", "data": [{"id": "m"}]})
+
+    s, _ = VllmReader("http://v", httpx.Client(transport=httpx.MockTransport(handler))).scrape(1.0)
+    assert not s.ok and s.healthy and s.model == "m"
+    assert s.error == "/metrics: timed out"
 
 
 def test_garbage_exposition_is_a_failed_scrape_never_a_crash() -> None:
