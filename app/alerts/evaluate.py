@@ -138,6 +138,7 @@ class Evaluator:
             except Exception as exc:  # storage trouble: skip this target, keep the others
                 log.exception("alerts: loading %s %s failed", target.scope, target.id)
                 report.errors.append(f"load {target.scope} {target.id}: {exc}")
+                seen.update(alert_key(spec.name, target.scope, target.id) for spec, _ in specs)  # hold state
                 continue
             for spec, params in specs:
                 key = alert_key(spec.name, target.scope, target.id)

@@ -159,7 +159,10 @@ def router(ctx: AppContext) -> APIRouter:
         form = await _checked_form(ctx, request)
         sid = create_silence(ctx, minutes=form.get("minutes"), rule=form.get("rule"),
                              instance=form.get("instance"), host=form.get("host"), reason=form.get("reason"))
-        return _back(str(form.get("back") or "/alerts"), f"silence {sid} created")
+        back = str(form.get("back") or "/alerts")
+        if not back.startswith("/alerts") or back.startswith("//"):
+            back = "/alerts"  # only back to our own pages (no open redirect)
+        return _back(back, f"silence {sid} created")
 
     @r.post("/alerts/silences/{silence_id}/expire")
     async def expire(silence_id: int, request: Request) -> Response:

@@ -148,6 +148,9 @@ def test_pages_render_and_forms_work(live: tuple[Any, Any], clock: Any, hook: Re
                follow_redirects=False)
     assert r.status_code == 303
     assert c.get("/api/v1/alerts").json()["alerts"][0]["silenced"] is True
+    r = c.post("/alerts/silences", data={"minutes": "1", "back": "https://evil.example/", "csrf": tok},
+               follow_redirects=False)
+    assert r.headers["location"].startswith("/alerts?msg=")  # no open redirect
     assert "Expire" in c.get("/alerts").text  # the active silence is listed with its button
     # cross-site form posts, and posts without the signed token, are refused
     r = c.post(f"/alerts/{a['id']}/ack", data={"csrf": tok}, headers={"origin": "http://evil.example"})

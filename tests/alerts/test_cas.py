@@ -124,3 +124,21 @@ def test_delivery_claim_is_exclusive(engines: tuple[Any, Any], clock: Any) -> No
     assert store.claim_delivery(a, did, now, 60)
     assert not store.claim_delivery(b, did, now, 60)
     assert store.claim_delivery(b, did, now + 61, 60)  # the first sender's lease ran out (crashed)
+
+
+def test_a_target_that_fails_to_load_keeps_its_alerts(engines: tuple[Any, Any], clock: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = engines
+    t0 = clock()
+    _seed(a, t0)
+    ev = Evaluator(a, rule_settings={}, channels=[], config=EvalConfig())
+    ev.run(t0 + 600)
+    assert [x["rule"] for x in store.open_alerts(a).values()] == ["agent_stale"]
+
+    def broken(*_args: Any, **_kw: Any) -> Any:
+        raise RuntimeError("database hiccup")
+
+    monkeypatch.setattr(ev, "load", broken)
+    rep = ev.run(t0 + 615)
+    assert rep.errors and rep.resolved == 0  # no false "resolved" because a read failed
+    assert [x["rule"] for x in store.open_alerts(a).values()] == ["agent_stale"]
