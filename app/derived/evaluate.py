@@ -90,6 +90,8 @@ def add(values: Iterable[Values]) -> Values:
     lists = list(values)
     if not lists:
         return []
+    if len(lists) == 1:
+        return list(lists[0])
     out: Values = []
     for col in zip(*lists, strict=True):
         present = [v for v in col if v is not None]
@@ -129,47 +131,56 @@ def histogram_quantile(q: float, buckets: dict[float, float | None]) -> float | 
     """Prometheus histogram_quantile on one instant: cumulative per-le rates (or increases),
     linear interpolation inside the bucket, the highest finite bound when rank falls in +Inf."""
     items = sorted((le, v) for le, v in buckets.items() if v is not None)
+    return _quantiles_sorted((q,), items)[0]
+
+
+def _quantiles_sorted(qs: Sequence[float], items: Sequence[tuple[float, float]]) -> list[float | None]:
+    """histogram_quantile for several q over (le, cumulative) pairs sorted by le."""
     if len(items) < 2 or items[-1][0] != math.inf:
-        return None
+        return [None] * len(qs)
     # cumulative counts must not decrease (scrape races): fix like Prometheus does
     fixed: list[tuple[float, float]] = []
-    run = 0.0
+    run = -math.inf
     for le, v in items:
         run = max(run, v)
         fixed.append((le, run))
     count = fixed[-1][1]
     if count <= 0:
-        return None
-    rank = q * count
-    prev_le, prev_c = 0.0, 0.0
-    for i, (le, c) in enumerate(fixed):
-        if c >= rank:
-            if le == math.inf:
-                return fixed[-2][0] if i > 0 else None
-            if i == 0 and le <= 0:
-                return le
-            if c == prev_c:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
-        prev_le, prev_c = le, c
-    return None
+        return [None] * len(qs)
+    out: list[float | None] = []
+    for q in qs:
+        rank = q * count
+        prev_le, prev_c = 0.0, 0.0
+        got: float | None = None
+        for i, (le, c) in enumerate(fixed):
+            if c >= rank:
+                if le == math.inf:
+                    got = fixed[-2][0]
+                elif (i == 0 and le <= 0) or c == prev_c:
+                    got = le
+                else:
+                    got = prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+                break
+            prev_le, prev_c = le, c
+        out.append(got)
+    return out
 
 
 def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: Grid) -> dict[float, Values]:
     """TTFT/ITL quantiles from the `_bucket{le}` counters: rate per bucket (summed over other
     labels), then histogram_quantile at each instant."""
-    per_le: dict[float, Values] = {}
+    per_le: list[tuple[float, Values]] = []
     for le_s, vals in sum_by(series, "le", grid, counter_rate).items():
         try:
-            le = float(le_s)
+            per_le.append((float(le_s), vals))
         except ValueError:
             continue
-        per_le[le] = vals
+    per_le.sort(key=lambda p: p[0])
     out: dict[float, Values] = {q: [] for q in qs}
     for i in range(len(grid.times)):
-        inst = {le: vals[i] for le, vals in per_le.items()}
-        for q in qs:
-            out[q].append(histogram_quantile(q, inst))
+        items = [(le, v) for le, vals in per_le if (v := vals[i]) is not None]
+        for q, val in zip(qs, _quantiles_sorted(qs, items), strict=True):
+            out[q].append(val)
     return out
 
 
