@@ -196,3 +196,22 @@ def test_rollup_job_is_registered_and_charts_read_the_rollups(fed_module: Any) -
             assert any(y is not None for y in a["y"])
             for ya, yb in zip(a["y"], b["y"], strict=True):
                 assert ya is None or ya == pytest.approx(yb, rel=1e-9)
+
+
+def test_restarting_then_down(client: Any, token: str, clock: Any, batch_factory: Any) -> None:
+    t = clock()
+    auth = {"Authorization": f"Bearer {token}"}
+    assert client.post("/api/v1/ingest", json=batch_factory(1, t - 10), headers=auth).status_code == 200
+    b = batch_factory(2, t - 5)
+    b["scrapes"][0].update(ok=False, healthy=False, error="connection refused", samples=[])
+    b["events"] = [{"ts": t - 6, "kind": "restart", "message": "vLLM restarted by the launcher",
+                    "instance": "http://127.0.0.1:8000"}]
+    assert client.post("/api/v1/ingest", json=b, headers=auth).status_code == 200
+    html = client.get("/").text
+    assert 'data-state="restarting"' in html and "connection refused" in html
+    # still down long after the restart event: plain down
+    clock.advance(3600)
+    b3 = batch_factory(3, clock() - 1)
+    b3["scrapes"][0].update(ok=False, healthy=False, error="connection refused", samples=[])
+    assert client.post("/api/v1/ingest", json=b3, headers=auth).status_code == 200
+    assert 'data-state="down"' in client.get("/").text
