@@ -61,9 +61,15 @@ class SimRequest:
     load_started: float = 0.0
     fs_read_s: float = 0.0
     output: list[str] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    seq_hash_cache: tuple[int, list[BlockHash]] = (-1, [])
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    preemptions: int = 0
+    admit_seq: int = 0  # order of (re)admission: preemption picks the latest
+    resume_compute: int = 0  # tokens recomputed by the current (resumed) admission
+    load_secs: float = 0.0
 
     @property
     def prompt_len(self) -> int:
@@ -122,6 +128,8 @@ class Engine:
         self.busy_seconds = 0.0
         self.offload_config_emitted = False
         self._pending_events: list[Event] = []
+        self._admissions = 0
+        self._blocked: tuple[str, int, int, int] | None = None
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -244,18 +252,33 @@ class Engine:
         while (self.waiting and not self.dead and self.stalled_since is None
                and self.running < self.cfg.max_num_seqs):
             r = self.waiting[0]
-            cap_blocks = (r.prompt_len - 1) // self.B
-            hit_ids = self.pool.longest_hit(r.hashes[:cap_blocks]) if self.cfg.enable_prefix_caching else []
-            need = math.ceil((r.prompt_len + r.max_tokens) / self.B) - len(hit_ids)
+            if self._blocked == (r.id, self.pool.num_free, self.pool.evictions, self.pool.num_cached):
+                return  # nothing changed since the head last failed to fit
+            resumed = r.first_token_at is not None  # preempted after its first token: recompute mode
+            seq_len = r.prompt_len + len(r.token_times)
+            hashes = self._seq_hashes(r) if resumed else r.hashes
+            cap_blocks = (seq_len - 1) // self.B
+            hit_ids = self.pool.longest_hit(hashes[:cap_blocks]) if self.cfg.enable_prefix_caching else []
+            need = math.ceil((seq_len + 1) / self.B) - len(hit_ids)  # the sequence + the next token's slot
             if self.pool.free_after_touch(hit_ids) < need:
+                self._blocked = (r.id, self.pool.num_free, self.pool.evictions, self.pool.num_cached)
                 return
+            self._blocked = None
             self.waiting.popleft()
             self.pool.touch(hit_ids)
             r.blocks = hit_ids + self.pool.allocate(need)
             self.running += 1
-            r.scheduled_at = self.t
+            self._admissions += 1
+            r.admit_seq = self._admissions
+            r.scheduled_at = self.t if r.scheduled_at is None else r.scheduled_at
             g_tokens = len(hit_ids) * self.B
+            if resumed:  # no new prompt accounting and no connector load for a resumed request
+                r.resume_compute = seq_len - g_tokens
+                r.phase, r.remaining = "prefill", float(r.resume_compute)
+                self.active.append(r)
+                continue
             r.gpu_hit_tokens = g_tokens
+            r.ext_tokens = r.ext_disk_tokens = 0
             self.stats.inc("vllm:prefix_cache_queries", r.prompt_len)
             self.stats.inc("vllm:prefix_cache_hits", g_tokens)
             if self.cpu is not None:
@@ -266,14 +289,53 @@ class Engine:
             if r.ext_tokens and self.p.model.is_hybrid:
                 self._hybrid_reload_failure(r, events)
                 return
+            r.load_bytes = r.ext_tokens * self.cfg.kv_bytes_per_token
             if r.ext_tokens:
-                r.load_bytes = r.ext_tokens * self.cfg.kv_bytes_per_token
                 r.phase, r.remaining = "transfer", float(r.load_bytes)
                 r.load_started = self.t
                 self.load_jobs[r.id] = math.ceil(r.ext_tokens / self.chunk_tokens)
             else:
                 r.phase, r.remaining = "prefill", float(r.computed_tokens)
             self.active.append(r)
+
+    def _seq_hashes(self, r: SimRequest) -> list[BlockHash]:
+        """Block hashes of the prompt plus the tokens generated so far (memoised while it waits)."""
+        n = len(r.token_times)
+        if r.seq_hash_cache[0] != n:
+            r.seq_hash_cache = (n, block_hashes(r.prompt_ids + r.output_ids[:n], self.B))
+        return r.seq_hash_cache[1]
+
+    def _preempt(self, v: SimRequest) -> None:
+        """vLLM's recompute preemption: free the victim's blocks (its computed blocks stay cached) and
+        put it back at the head of the queue."""
+        if v in self.active:
+            self.active.remove(v)
+        if self.cfg.enable_prefix_caching and v.first_token_at is not None:
+            for bid, h in zip(v.blocks, self._seq_hashes(v), strict=False):
+                self.pool.cache(bid, h)
+        self.pool.release(v.blocks)
+        v.blocks = []
+        self.running -= 1
+        self.load_jobs.pop(v.id, None)
+        v.preemptions += 1
+        self.stats.inc("vllm:num_preemptions", 1)
+        v.phase, v.remaining = "waiting", 0.0
+        self.waiting.appendleft(v)
+
+    def _grow(self, r: SimRequest) -> bool:
+        """Make room for the next decode step; preempts the most recently scheduled requests if the pool
+        is full. False when `r` itself had to be preempted."""
+        need_tokens = r.prompt_len + len(r.token_times) + 1
+        while len(r.blocks) * self.B < need_tokens:
+            if self.pool.num_free == 0:
+                victim = max((q for q in self.active if q.blocks and q.phase != "deferred"),
+                             key=lambda q: q.admit_seq, default=r)
+                self._preempt(victim)
+                if victim is r:
+                    return False
+                continue
+            r.blocks += self.pool.allocate(1)
+        return True
 
     def _lookup_external(self, r: SimRequest, gpu_blocks: int, cap_blocks: int) -> tuple[int, int]:
         """Consecutive chunks found in the CPU tier (then fs) after the GPU hit: (blocks, from-disk blocks)."""
@@ -355,35 +417,44 @@ class Engine:
             self.waiting.append(r)
         elif r.phase == "transfer":
             r.phase, r.remaining = "load_step", self.p.device.load_step_s + r.fs_read_s
-            if self.native:
-                secs = self.t - r.load_started
-                self.stats.inc("vllm:kv_offload_load_bytes", r.load_bytes)
-                self.stats.inc("vllm:kv_offload_load_time", secs)
-                self.stats.observe("vllm:kv_offload_load_size", r.load_bytes)
-                self.stats.inc("vllm:kv_offload_total_bytes", r.load_bytes, transfer_type="CPU_to_GPU")
-                self.stats.inc("vllm:kv_offload_total_time", secs, transfer_type="CPU_to_GPU")
-                self.stats.observe("vllm:kv_offload_size", r.load_bytes, transfer_type="CPU_to_GPU")
+            r.load_secs = self.t - r.load_started
             self.load_jobs.pop(r.id, None)
         elif r.phase == "load_step":
             r.phase, r.remaining = "prefill", float(r.computed_tokens)
         elif r.phase == "prefill":
+            if r.first_token_at is not None:  # a resumed request finished its recompute
+                self._emit_token(r, events, "token")
+                return
             r.first_token_at = self.t
             self._cache_prompt_blocks(r)
             self._store(r)
+            self._record_load(r)
             record_first_token(self.stats, self.cfg, r)
             self._emit_token(r, events, "first_token")
         elif r.phase == "decode":
             self._emit_token(r, events, "token")
 
+    def _record_load(self, r: SimRequest) -> None:
+        """Connector-load counters, attributed with the prompt accounting at the first token."""
+        if not (self.native and r.load_bytes):
+            return
+        self.stats.inc("vllm:kv_offload_load_bytes", r.load_bytes)
+        self.stats.inc("vllm:kv_offload_load_time", r.load_secs)
+        self.stats.observe("vllm:kv_offload_load_size", r.load_bytes)
+        self.stats.inc("vllm:kv_offload_total_bytes", r.load_bytes, transfer_type="CPU_to_GPU")
+        self.stats.inc("vllm:kv_offload_total_time", r.load_secs, transfer_type="CPU_to_GPU")
+        self.stats.observe("vllm:kv_offload_size", r.load_bytes, transfer_type="CPU_to_GPU")
+
     def _emit_token(self, r: SimRequest, events: list[Event], kind: str) -> None:
         if not r.output:
             r.output = filler(r.max_tokens, self.cfg.seed, r.prompt_ids)
+            r.output_ids = encode("".join(r.output))
         r.token_times.append(self.t)
         self.stats.inc("vllm:generation_tokens", 1)
         events.append(Event(kind, r.id, self.t))
         if len(r.token_times) >= r.max_tokens:
             self._finish(r, events)
-        else:
+        elif self._grow(r):
             r.phase, r.remaining = "decode", 1.0
 
     def _finish(self, r: SimRequest, events: list[Event]) -> None:
@@ -391,8 +462,7 @@ class Engine:
         r.finish_reason = "length"
         r.phase = "done"
         self.active.remove(r)
-        out_ids = encode("".join(r.output))
-        all_hashes = block_hashes(r.prompt_ids + out_ids, self.B)
+        all_hashes = block_hashes(r.prompt_ids + r.output_ids, self.B)
         if self.cfg.enable_prefix_caching:
             for bid, h in zip(r.blocks, all_hashes, strict=False):
                 self.pool.cache(bid, h)

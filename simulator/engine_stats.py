@@ -113,7 +113,7 @@ def record_finish(st: S.Stats, cfg: EngineConfig, r: SimRequest) -> None:
     st.observe("vllm:request_inference_time_seconds", r.finished_at - r.scheduled_at)
     st.observe("vllm:request_prefill_time_seconds", r.first_token_at - r.scheduled_at)
     st.observe("vllm:request_decode_time_seconds", r.finished_at - r.first_token_at)
-    st.observe("vllm:request_num_preemptions", 0)
+    st.observe("vllm:request_num_preemptions", r.preemptions)
     for a, b in zip(r.token_times, r.token_times[1:], strict=False):
         st.observe("vllm:inter_token_latency_seconds", b - a)
         st.observe("vllm:iteration_tokens_total", 1)

@@ -43,6 +43,24 @@ def test_requests_queue_when_the_pool_is_full() -> None:
     assert e.pool.usage() == 0.0
 
 
+def test_decode_blocks_are_allocated_lazily_and_a_full_pool_preempts() -> None:
+    e = engine("--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
+               "--max-model-len", "2048")
+    run(e, doc_ids(99, 10), 1)  # warm-up
+    t = e.t + 1
+    reqs = [e.submit(f"q{i}", doc_ids(i, 400), 1500, t) for i in range(4)]
+    e.advance(t + 0.2)
+    assert e.gauges()["running"] == 4  # max_tokens is not reserved up front, as in vLLM
+    settle(e)
+    assert all(len(r.token_times) == 1500 and r.finish_reason == "length" for r in reqs)
+    preempted = sum(r.preemptions for r in reqs)
+    assert preempted >= 1 and e.stats.get("vllm:num_preemptions") == preempted
+    assert e.stats.histograms["vllm:request_num_preemptions"][()].total == preempted
+    assert e.pool.num_free == e.pool.num_blocks
+    # the victims were the most recently scheduled; the oldest request never lost its blocks
+    assert reqs[0].preemptions == 0
+
+
 def test_prefix_caching_off_never_hits() -> None:
     e = engine("--profile", "tiny", "--no-enable-prefix-caching")
     run(e, doc_ids(1, 500))
