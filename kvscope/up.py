@@ -110,6 +110,9 @@ def run_up(args: argparse.Namespace) -> int:
             print("kvscope up: the app stopped; stopping the agent", file=sys.stderr)
             stop.set()
     agent_thread.join(timeout=agent.config.push_timeout_s + 5)
+    agent.client.close()
+    if agent.push_client is not None:
+        agent.push_client.close()
     server.should_exit = True
     server_thread.join(timeout=15)
     engine.dispose()
