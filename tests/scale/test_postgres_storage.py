@@ -205,3 +205,45 @@ def test_several_app_processes_never_double_claim_a_rollout(db: Any, db_url: str
             assert r is not None and r["state"] == "claimed" and r["claimed_by"] == f"agent-{w}"
     claims = [e for e in list_events(db, kinds=("rollout",)) if e["data"].get("state") == "claimed"]
     assert sorted(e["data"]["rollout_id"] for e in claims) == sorted(rids)
+
+
+def test_several_app_processes_never_double_send_an_alert(db: Any, db_url: str, tmp_path: Path) -> None:
+    """Three processes evaluating and delivering at once: one opens the alert, one wins each
+    compare-and-set transition, and every notification is claimed and sent exactly once."""
+    import time as _time
+
+    from app.storage.alerts_store import NewDelivery, TransitionRow, add_deliveries, list_deliveries, open_alert
+
+    now = _time.time() - 10
+    first = open_alert(db, {"key": "k1", "rule": "r", "state": "firing", "severity": "warning", "opened_at": now,
+                            "since": now, "last_eval": now, "message": "m", "hints": [], "labels": {}},
+                       [TransitionRow(None, "firing", now)], [], now)
+    assert first == 1
+    queued = add_deliveries(db, None, [NewDelivery("webhook", "test", {"n": i}) for i in range(60)], now)
+    go = tmp_path / "go"
+    procs, outs = [], []
+    try:
+        for w in range(3):
+            out = tmp_path / f"alerts{w}.json"
+            outs.append(out)
+            procs.append(subprocess.Popen([sys.executable, str(WORKER.with_name("alerts_worker.py")), db_url,
+                                           f"app-{w}", str(go), str(out)]))
+        go.touch()
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = [json.loads(o.read_text()) for o in outs]
+    assert [r["errors"] for r in results] == [[], [], []]
+    assert sum(r["opened"] is not None for r in results) == 1, "the same alert was opened twice"
+    assert sum(bool(r["cas"]) for r in results) == 1, "one transition applied twice"
+    sent = [i for r in results for i in r["sent"]]
+    assert len(sent) == len(set(sent)), "a notification was sent twice"
+    deliveries = list_deliveries(db, limit=1000)
+    ids = {int(d["id"]) for d in deliveries}
+    assert set(queued) <= ids and set(sent) == ids  # 60 queued + firing + resolved, each sent once
+    assert len(ids) == 62
+    assert all(d["status"] == "sent" and d["attempts"] == 1 for d in deliveries)
