@@ -8,7 +8,8 @@ what else is running (piecewise constant between events, so `advance(now)` integ
   transfer   KV bytes loaded from the CPU tier                     bytes at PCIe / n_transferring
   load_step  the extra engine step of a connector load (+ fs read) seconds at rate 1
   prefill    tokens not found anywhere                             tokens at prefill_rate / n_prefilling
-  decode     one token at a time                                   1 / (itl * (1 + s * (n_decoding - 1)))
+  decode     continuous batching: every decoding request gets one token per engine step; a step
+             takes itl * (1 + s * (n_in_step - 1)); a request joins at the next step boundary
 
 TTFT = queueing + recompute + transfer + overheads, as the issue asks; concurrency shares the device.
 """
@@ -129,6 +130,9 @@ class Engine:
         self.offload_config_emitted = False
         self._pending_events: list[Event] = []
         self._admissions = 0
+        self.decoding: list[SimRequest] = []
+        self.step_members: list[SimRequest] = []
+        self.step_end: float | None = None
         self._blocked: tuple[str, int, int, int] | None = None
 
     # ---- sizes -------------------------------------------------------------------------------
@@ -166,6 +170,10 @@ class Engine:
             return events
         if r in self.active:
             self.active.remove(r)
+        if r in self.decoding:
+            self.decoding.remove(r)
+            if not self.decoding:
+                self.step_members, self.step_end = [], None
         if r in self.waiting:
             self.waiting.remove(r)
         if r in self.deferred:
@@ -193,32 +201,36 @@ class Engine:
             return self.p.device.pcie_bytes_per_s / counts["transfer"]
         if r.phase == "prefill":
             return self.p.prefill_tokens_per_s / counts["prefill"]
-        if r.phase == "decode":
-            return 1.0 / (self.p.itl_s * (1.0 + self.p.itl_batch_slowdown * (counts["decode"] - 1)))
         return 0.0
 
     def _counts(self) -> dict[str, int]:
-        c = {"frontend": 0, "transfer": 0, "load_step": 0, "prefill": 0, "decode": 0}
+        c = {"frontend": 0, "transfer": 0, "load_step": 0, "prefill": 0}
         for r in self.active:
             c[r.phase] += 1
         return c
 
     def next_event_time(self) -> float | None:
-        if self.dead or not self.active or self.stalled_since is not None:
+        if self.dead or self.stalled_since is not None:
             return None
-        counts = self._counts()
-        return self.t + min(r.remaining / self._rate(r, counts) for r in self.active)
+        cands: list[float] = []
+        if self.active:
+            counts = self._counts()
+            cands.append(self.t + min(r.remaining / self._rate(r, counts) for r in self.active))
+        if self.step_end is not None:
+            cands.append(self.step_end)
+        return min(cands) if cands else None
 
     def advance(self, now: float) -> list[Event]:
         events, self._pending_events = self._pending_events, []
         if self.dead or now < self.t:
             return events
         self._schedule(events)
-        while self.active and self.stalled_since is None and not self.dead:
+        while (self.active or self.step_end is not None) and self.stalled_since is None and not self.dead:
             counts = self._counts()
             rates = [self._rate(r, counts) for r in self.active]
             dts = [r.remaining / rate for r, rate in zip(self.active, rates, strict=True)]
-            dt = min(dts)
+            dt_step = math.inf if self.step_end is None else max(0.0, self.step_end - self.t)
+            dt = min([*dts, dt_step])
             if self.t + dt > now + EPS:
                 self._progress(now - self.t, rates, counts)
                 self.t = now
@@ -229,13 +241,29 @@ class Engine:
             for r in done:
                 r.remaining = 0.0
                 self._complete_phase(r, events)
+            if self.step_end is not None and dt_step <= dt + EPS:
+                self._step_done(events)
             self._schedule(events)
+            self._maybe_start_step()
         else:
             self.t = max(self.t, now)
         if self.stalled_since is not None:
             self._count_hang_lookups()
         self.store_jobs = [(end, n) for end, n in self.store_jobs if end > self.t]
         return events
+
+    def _maybe_start_step(self) -> None:
+        if self.step_end is None and self.decoding and not self.dead and self.stalled_since is None:
+            self.step_members = list(self.decoding)
+            n = len(self.step_members)
+            self.step_end = self.t + self.p.itl_s * (1.0 + self.p.itl_batch_slowdown * (n - 1))
+
+    def _step_done(self, events: list[Event]) -> None:
+        members, self.step_members, self.step_end = self.step_members, [], None
+        self.stats.observe("vllm:iteration_tokens_total", len(members))
+        for m in members:
+            if m.phase == "decode":  # not preempted, aborted or failed meanwhile
+                self._emit_token(m, events, "token")
 
     def _progress(self, dt: float, rates: list[float], counts: dict[str, int]) -> None:
         if dt <= 0:
@@ -244,7 +272,7 @@ class Engine:
             r.remaining = max(0.0, r.remaining - rate * dt)
             if r.phase == "transfer":
                 self.pcie_rx_bytes += rate * dt
-        if counts["prefill"] or counts["decode"] or counts["transfer"]:
+        if counts["prefill"] or counts["transfer"] or self.step_end is not None:
             self.busy_seconds += dt
 
     # ---- scheduling --------------------------------------------------------------------------
@@ -310,6 +338,8 @@ class Engine:
         put it back at the head of the queue."""
         if v in self.active:
             self.active.remove(v)
+        if v in self.decoding:
+            self.decoding.remove(v)
         if self.cfg.enable_prefix_caching and v.first_token_at is not None:
             for bid, h in zip(v.blocks, self._seq_hashes(v), strict=False):
                 self.pool.cache(bid, h)
@@ -328,7 +358,7 @@ class Engine:
         need_tokens = r.prompt_len + len(r.token_times) + 1
         while len(r.blocks) * self.B < need_tokens:
             if self.pool.num_free == 0:
-                victim = max((q for q in self.active if q.blocks and q.phase != "deferred"),
+                victim = max((q for q in (*self.active, *self.decoding) if q.blocks and q.phase != "deferred"),
                              key=lambda q: q.admit_seq, default=r)
                 self._preempt(victim)
                 if victim is r:
@@ -384,11 +414,13 @@ class Engine:
             self.dead = True
             msg = ("EngineCore encountered a fatal error: restoring the recurrent (mamba) state of a hybrid model "
                    "from the KV connector is not supported (mamba_cache_mode=align has no restore path)")
-            for q in [*self.active, *self.waiting, *self.deferred, r]:
+            for q in [*self.active, *self.decoding, *self.waiting, *self.deferred, r]:
                 q.phase, q.error = "failed", msg
                 events.append(Event("failed", q.id, self.t, msg))
             self.active.clear()
+            self.decoding.clear()
             self.waiting.clear()
+            self.step_members, self.step_end = [], None
             return
         r.phase = "deferred"
         self.deferred.append(r)
@@ -431,8 +463,6 @@ class Engine:
             self._record_load(r)
             record_first_token(self.stats, self.cfg, r)
             self._emit_token(r, events, "first_token")
-        elif r.phase == "decode":
-            self._emit_token(r, events, "token")
 
     def _record_load(self, r: SimRequest) -> None:
         """Connector-load counters, attributed with the prompt accounting at the first token."""
@@ -454,14 +484,22 @@ class Engine:
         events.append(Event(kind, r.id, self.t))
         if len(r.token_times) >= r.max_tokens:
             self._finish(r, events)
-        elif self._grow(r):
-            r.phase, r.remaining = "decode", 1.0
+            return
+        if r.phase != "decode":  # joins the decode batch at the next step
+            if r in self.active:
+                self.active.remove(r)
+            r.phase, r.remaining = "decode", 0.0
+            self.decoding.append(r)
+        self._grow(r)
 
     def _finish(self, r: SimRequest, events: list[Event]) -> None:
         r.finished_at = self.t
         r.finish_reason = "length"
+        if r in self.active:
+            self.active.remove(r)
+        if r in self.decoding:
+            self.decoding.remove(r)
         r.phase = "done"
-        self.active.remove(r)
         all_hashes = block_hashes(r.prompt_ids + r.output_ids, self.B)
         if self.cfg.enable_prefix_caching:
             for bid, h in zip(r.blocks, all_hashes, strict=False):

@@ -116,6 +116,5 @@ def record_finish(st: S.Stats, cfg: EngineConfig, r: SimRequest) -> None:
     st.observe("vllm:request_num_preemptions", r.preemptions)
     for a, b in zip(r.token_times, r.token_times[1:], strict=False):
         st.observe("vllm:inter_token_latency_seconds", b - a)
-        st.observe("vllm:iteration_tokens_total", 1)
     if n_out > 1:
         st.observe("vllm:request_time_per_output_token_seconds", (r.finished_at - r.first_token_at) / (n_out - 1))
