@@ -112,8 +112,9 @@ class SimApp:
         self._ensure_driver()
         path, method = scope["path"], scope["method"]
         try:
-            if path == "/health":
-                await self._need(method, "GET", send) and await self._respond(send, 200, b"", "text/plain")
+            if path == "/health":  # like vLLM: 200 while the engine lives, 500 once it is dead
+                await self._need(method, "GET", send) and await self._respond(
+                    send, 500 if self.engine.dead else 200, b"", "text/plain")
             elif path == "/version":
                 await self._need(method, "GET", send) and await self._json(
                     send, 200, {"version": EMULATED_VLLM_VERSION, "kvscope_simulated": True})

@@ -230,3 +230,22 @@ def test_tiering_families_with_tier_labels(tmp_path: Path) -> None:
     assert tiers == {"0:primary", "1:fs"}
     writes = [s.value for s in fams["vllm:kv_offload_tiering_write_bytes"].samples if s.name.endswith("_total")]
     assert writes and writes[0] > 0
+
+
+def test_hybrid_crash_over_http_fails_in_flight_requests_and_calls_fatal() -> None:
+    fatal: list[str] = []
+    argv = ["--profile", "rtx4070-qwen3.5-4b", "--num-gpu-blocks-override", "2", "--max-model-len", "1600",
+            "--kv-offloading-size", "0.15", "--hybrid-failure", "crash"]
+
+    async def body(c: httpx.AsyncClient) -> tuple[int, int, int]:
+        for i in (1, 2):
+            assert (await c.post("/v1/completions", json={"prompt": doc_text(i, 900), "max_tokens": 2})).status_code \
+                == 200
+        reload = await c.post("/v1/completions", json={"prompt": doc_text(1, 900), "max_tokens": 2})
+        after = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        health = await c.get("/health")
+        await asyncio.sleep(0.3)  # the fatal callback runs after the 500s went out
+        return reload.status_code, after.status_code, health.status_code
+
+    assert with_client(argv, body, on_fatal=fatal.append) == (500, 500, 500)
+    assert fatal and "restoring the recurrent" in fatal[0]
