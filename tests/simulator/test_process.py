@@ -149,3 +149,13 @@ def _lookups(url: str) -> float:
         if line.startswith("vllm:kv_offload_lookup_sync_delay_seconds_count{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError("no lookup histogram")
+
+
+def test_sigterm_during_startup_delay_exits_cleanly(tmp_path: Path) -> None:
+    with sim(tmp_path, "--profile", "tiny", "--kv-offloading-size", "0.01", "--startup-delay", "60") as (p, url):
+        deadline = time.monotonic() + 30
+        while not list((tmp_path / "shm").glob("vllm_offload_*.mmap")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
+        assert stop(p, signal.SIGTERM) == 0
+    assert not list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
