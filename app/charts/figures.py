@@ -122,7 +122,8 @@ def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) ->
                   "connectgaps": False}],
         "layout": {"margin": {"l": 32, "r": 4, "t": 4, "b": 16}, "showlegend": False,
                    "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
-                   "xaxis": {"type": "date", "showgrid": False, "tickfont": {"size": 8}, "nticks": 3},
+                   "xaxis": {"type": "date", "showgrid": False, "tickfont": {"size": 8}, "nticks": 3,
+                             "tickformat": "%H:%M"},
                    "yaxis": {"title": {"text": unit, "font": {"size": 9}}, "tickfont": {"size": 8}, "nticks": 3,
                              "rangemode": "tozero"}},
     }
