@@ -152,10 +152,39 @@ def _lookups(url: str) -> float:
 
 
 def test_sigterm_during_startup_delay_exits_cleanly(tmp_path: Path) -> None:
-    with sim(tmp_path, "--profile", "tiny", "--kv-offloading-size", "0.01", "--startup-delay", "60") as (p, url):
+    with sim(tmp_path, "--profile", "tiny", "--kv-offloading-size", "0.01", "--startup-delay", "60") as (p, _url):
         deadline = time.monotonic() + 30
         while not list((tmp_path / "shm").glob("vllm_offload_*.mmap")) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
         assert stop(p, signal.SIGTERM) == 0
     assert not list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
+
+
+def test_agent_nvidia_smi_source_reads_a_running_sim_through_the_fake(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.gpu_smi import SmiSource
+
+    fake = Path(sys.executable).parent / "kvscope-fake-nvidia-smi"
+    monkeypatch.setenv("KVSCOPE_SIM_STATE_DIR", str(tmp_path / "state"))
+    with sim(tmp_path, "--profile", "rtx4070-qwen3-4b", "--kv-offloading-size", "0.05") as (p, url):
+        wait_healthy(p, url)
+        src = SmiSource(exe=str(fake), interval_s=0.2, apps_every_s=0.0)
+        try:
+            for i in range(3):  # reload traffic: stores (tx) and, after eviction, loads (rx)
+                httpx.post(url + "/v1/completions", json={"prompt": doc_text(i % 2, 1200), "max_tokens": 2},
+                           timeout=10)
+            deadline = time.monotonic() + 20
+            got: dict[str, float] = {}
+            while time.monotonic() < deadline and not {"kvscope:gpu_memory_used_bytes",
+                                                       "kvscope:gpu_process_memory_bytes"} <= set(got):
+                reading = src.read(time.monotonic())
+                got |= {s.name: s.value for s in reading.samples}
+                time.sleep(0.3)
+        finally:
+            src.close()
+        assert got["kvscope:gpu_memory_total_bytes"] == 12282 * MIB
+        assert got["kvscope:gpu_memory_used_bytes"] == (int(12282 * MIB * 0.9) + 4 * MIB) // MIB * MIB
+        assert got["kvscope:gpu_process_memory_bytes"] == int(12282 * MIB * 0.9) // MIB * MIB
+        assert got["kvscope:gpu_source_info"] == 1
+        stop(p, signal.SIGTERM)
