@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from agent.commands import CommandSink
+from agent.fetch import Fetcher
 from agent.host_sources import HostCollector, HostSource
 from agent.protocol import AgentEvent, PushBatch, Scrape
 from agent.pusher import FlushResult, Pusher
@@ -73,7 +74,7 @@ def _scrape_one(reader: VllmReader, now: float) -> tuple[Scrape, list[AgentEvent
 @dataclass
 class Agent:
     config: AgentConfig
-    client: httpx.Client
+    client: httpx.Client | Fetcher  # reads the vLLM servers (kvscope agent: a StdlibFetcher)
     host: HostCollector = field(default_factory=lambda: HostCollector([]))
     sink: CommandSink | None = None
     push_client: httpx.Client | None = None
@@ -91,7 +92,7 @@ class Agent:
         self.pusher: Pusher | None = None
         if cfg.server:
             self.pusher = Pusher(
-                cfg.server, cfg.token or "", self.push_client or self.client, self.spool,
+                cfg.server, cfg.token or "", self._push_client(), self.spool,
                 timeout_s=cfg.push_timeout_s,
             )
         self._last_seq = self.spool.max_seq or 0
@@ -99,6 +100,14 @@ class Agent:
         self._wake = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
         self.ticks = 0
+
+    def _push_client(self) -> httpx.Client:
+        if self.push_client is not None:
+            return self.push_client
+        if isinstance(self.client, httpx.Client):
+            return self.client
+        self.push_client = httpx.Client(trust_env=False, headers={"User-Agent": "kvscope-agent"})
+        return self.push_client
 
     # ------------------------------------------------------------------ one tick
     def next_seq(self, now: float) -> int:

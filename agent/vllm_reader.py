@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from agent.exposition import parse
+from agent.fetch import Fetcher, FetchError, Reply, as_fetcher
 from agent.hygiene import CounterHygiene
 from agent.normalise import KEEP_PREFIXES, normalise
 from agent.protocol import AgentEvent, MetricType, Sample, Scrape
@@ -35,7 +36,7 @@ class InstanceMeta:
 @dataclass
 class VllmReader:
     base_url: str
-    client: httpx.Client
+    client: httpx.Client | Fetcher  # an httpx.Client is wrapped (tests, MockTransport)
     timeout_s: float = 2.0
     meta_every_s: float = 60.0
     keep: tuple[str, ...] = KEEP_PREFIXES
@@ -47,6 +48,7 @@ class VllmReader:
     def __post_init__(self) -> None:
         self.base_url = self.base_url.rstrip("/")
         self.hygiene = CounterHygiene(self.base_url)
+        self.fetcher = as_fetcher(self.client)
 
     # ------------------------------------------------------------------ one tick
     def scrape(self, now: float) -> tuple[Scrape, list[AgentEvent]]:
@@ -63,9 +65,9 @@ class VllmReader:
             simulated |= r.headers.get(SIM_HEADER) == "1"
             if not healthy:
                 errors.append(f"/health answered {r.status_code}")
-        except httpx.HTTPError as exc:
+        except FetchError as exc:
             healthy = False
-            unreachable = isinstance(exc, (httpx.TimeoutException, httpx.ConnectError))
+            unreachable = exc.kind in ("timeout", "connect")
             errors.append(f"/health: {_describe(exc)}")
         scrape.healthy = healthy
 
@@ -109,7 +111,7 @@ class VllmReader:
                                 data={"count": norm.dropped_nonfinite},
                             )
                         )
-            except httpx.HTTPError as exc:
+            except FetchError as exc:
                 errors.append(f"/metrics: {_describe(exc)}")
 
         if not healthy:
@@ -142,7 +144,7 @@ class VllmReader:
             else:
                 ok = False
                 errors.append(f"/v1/models answered {r.status_code}")
-        except httpx.HTTPError as exc:
+        except FetchError as exc:
             ok = False
             errors.append(f"/v1/models: {_describe(exc)}")
         try:
@@ -158,14 +160,14 @@ class VllmReader:
             else:
                 ok = False
                 errors.append(f"/version answered {r.status_code}")
-        except httpx.HTTPError as exc:
+        except FetchError as exc:
             ok = False
             errors.append(f"/version: {_describe(exc)}")
         self.meta.read_at = now if ok else None
         return errors
 
-    def _get(self, path: str, accept: str = "*/*") -> httpx.Response:
-        return self.client.get(self.base_url + path, headers={"Accept": accept}, timeout=self.timeout_s)
+    def _get(self, path: str, accept: str = "*/*") -> Reply:
+        return self.fetcher.get(self.base_url + path, accept, self.timeout_s)
 
     # ------------------------------------------------------------------ capture
     def fetch_raw(self) -> dict[str, bytes | str]:
@@ -176,20 +178,20 @@ class VllmReader:
             try:
                 r = self._get(path, accept="text/plain" if path == "/metrics" else "*/*")
                 out[name] = r.content if r.status_code == 200 else f"HTTP {r.status_code}\n{r.text[:2000]}"
-            except httpx.HTTPError as exc:
+            except FetchError as exc:
                 out[name] = f"error: {_describe(exc)}"
         return out
 
 
-def _describe(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.TimeoutException):
+def _describe(exc: FetchError) -> str:
+    if exc.kind == "timeout":
         return "timed out"
-    if isinstance(exc, httpx.ConnectError):
+    if exc.kind == "connect":
         return "connection refused or unreachable"
-    return f"{type(exc).__name__}: {exc}"[:300]
+    return str(exc)[:300]
 
 
-def _json(r: httpx.Response) -> Any:
+def _json(r: Reply) -> Any:
     try:
         return json.loads(r.content)
     except (ValueError, UnicodeDecodeError):
