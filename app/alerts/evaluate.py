@@ -99,12 +99,11 @@ class Evaluator:
         for spec, params in specs:
             for name in spec.metrics:
                 lookback[name] = max(lookback.get(name, 0.0), spec.lookback_s(params))
-        by_name = {}
-        for name, back in lookback.items():
-            if target.scope == "instance":
-                by_name[name] = self.cache.get(name, now - back, now, instance_id=target.id)
-            else:
-                by_name[name] = self.cache.get(name, now - back, now, host_id=target.id)
+        starts = {name: now - back for name, back in lookback.items()}
+        if target.scope == "instance":
+            by_name = self.cache.get_many(starts, now, instance_id=target.id)
+        else:
+            by_name = self.cache.get_many(starts, now, host_id=target.id)
         events: list[dict[str, Any]] = []
         if target.scope == "instance" and specs:
             longest = max(float(p.get("window_s", 0.0)) for _, p in specs)
