@@ -78,6 +78,10 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-shm-dir", default="/dev/shm", help="where the offload buffer file is created")
     p.add_argument("--sim-state-dir", default=None, help="state files for kvscope-fake-nvidia-smi")
     p.add_argument("--sim-gpu-index", type=int, default=0)
+    p.add_argument("--enable-server-load-tracking", action="store_true", help="serve GET /load (vLLM)")
+    p.add_argument("--sim-metric-names", default="current", choices=["current", "legacy"],
+                   help="legacy: older builds' names (gpu_cache_usage_perc, gpu_prefix_cache_*, "
+                   "time_per_output_token_seconds; no by-source or new offload families)")
     p.add_argument("--sim-time-scale", type=float, default=1.0,
                    help="run the model this many times faster than the wall clock (modeled times unchanged)")
 

@@ -103,9 +103,46 @@ GAUGE_HELP = {
 NO_ENGINE_LABEL = {"vllm:admission_rejections"}
 
 
+# --sim-metric-names legacy: the names older vLLM builds used (a compatibility view for the agent's
+# normaliser, mixing what 0.9-0.14 exposed; not one exact release).
+LEGACY_RENAMES = {
+    "vllm:kv_cache_usage_perc": "vllm:gpu_cache_usage_perc",
+    "vllm:prefix_cache_queries": "vllm:gpu_prefix_cache_queries",
+    "vllm:prefix_cache_hits": "vllm:gpu_prefix_cache_hits",
+    "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
+}
+LEGACY_ABSENT = {
+    "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached_by_source", "vllm:prompt_tokens_cached",
+    "vllm:num_requests_waiting_by_reason", "vllm:admission_rejections", "vllm:kv_offload_load_bytes",
+    "vllm:kv_offload_load_time", "vllm:kv_offload_load_size", "vllm:kv_offload_store_bytes",
+    "vllm:kv_offload_store_time", "vllm:kv_offload_store_size", "vllm:kv_offload_config_info",
+    "vllm:kv_offload_lookup_sync_delay_seconds", "vllm:kv_offload_lookup_async_delay_seconds",
+    "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_cpu_cache_write_usage_perc",
+    "vllm:kv_offload_cpu_cache_read_usage_perc", "vllm:kv_offload_cpu_allocation_size",
+}
+
+
+def legacy_view(fam: Metric) -> Metric | None:
+    if fam.name in LEGACY_ABSENT or fam.name.startswith("vllm:kv_offload_tiering"):
+        return None
+    new = LEGACY_RENAMES.get(fam.name)
+    if new is None:
+        return fam
+    out = Metric(new, fam.documentation, fam.type, fam.unit)
+    out.samples = [s._replace(name=new + s.name[len(fam.name):]) for s in fam.samples]
+    return out
+
+
 class EngineCollector:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, legacy_names: bool = False) -> None:
         self.engine = engine
+        self.legacy_names = legacy_names
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self._collect():
+            view = legacy_view(fam) if self.legacy_names else fam
+            if view is not None:
+                yield view
 
     def _base(self, name: str) -> dict[str, str]:
         base = {"model_name": self.engine.cfg.served_model_name}
@@ -113,7 +150,7 @@ class EngineCollector:
             base["engine"] = "0"
         return base
 
-    def collect(self) -> Iterator[Metric]:
+    def _collect(self) -> Iterator[Metric]:
         e = self.engine
         st = e.stats
         g = e.gauges()
@@ -179,12 +216,12 @@ def _gauge(name: str, base: dict[str, str], series: list[tuple[dict[str, str], f
     return fam
 
 
-def build_registry(engine: Engine) -> CollectorRegistry:
+def build_registry(engine: Engine, legacy_names: bool = False) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     GCCollector(registry=reg)
     PlatformCollector(registry=reg)
     ProcessCollector(registry=reg)
-    reg.register(EngineCollector(engine))
+    reg.register(EngineCollector(engine, legacy_names))
     return reg
 
 

@@ -132,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
             holder["server"].should_exit = True
 
         app = SimApp(engine, dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE") == "1", on_fatal=on_fatal,
-                     server_info=server_info(cfg), time_scale=args.sim_time_scale)
+                     server_info=server_info(cfg), time_scale=args.sim_time_scale,
+                     legacy_metric_names=args.sim_metric_names == "legacy",
+                     load_tracking=args.enable_server_load_tracking)
         config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, lifespan="on",
             access_log=args.uvicorn_log_level in ("debug", "trace"), timeout_graceful_shutdown=2,

@@ -39,7 +39,8 @@ CRASH_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for th
 
 class SimApp:
     def __init__(self, engine: Engine, *, time_scale: float = 1.0, dev_mode: bool = False,
-                 on_fatal: Callable[[str], None] | None = None, server_info: dict[str, Any] | None = None) -> None:
+                 on_fatal: Callable[[str], None] | None = None, server_info: dict[str, Any] | None = None,
+                 legacy_metric_names: bool = False, load_tracking: bool = False) -> None:
         """`time_scale` > 1 runs the model faster than the wall clock (tests, quick demos): modeled times
         (headers, /metrics) are unchanged, only the real waiting shrinks."""
         self.engine = engine
@@ -52,7 +53,9 @@ class SimApp:
         self.dev_mode = dev_mode
         self.on_fatal = on_fatal
         self.server_info = server_info or {}
-        self.registry = build_registry(engine)
+        self.registry = build_registry(engine, legacy_metric_names)
+        self.load_tracking = load_tracking
+        self.in_flight = 0
         self.listeners: dict[str, asyncio.Queue[Event]] = {}
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task[None] | None = None
@@ -127,10 +130,16 @@ class SimApp:
             elif path in ("/v1/completions", "/v1/chat/completions"):
                 if await self._need(method, "POST", send):
                     kind = "completion" if path == "/v1/completions" else "chat"
-                    await self._completion(kind, receive, send)
+                    self.in_flight += 1
+                    try:
+                        await self._completion(kind, receive, send)
+                    finally:
+                        self.in_flight -= 1
             elif path == "/reset_prefix_cache" and self.dev_mode:
                 if await self._need(method, "POST", send):
                     await self._reset(scope, send)
+            elif path == "/load" and self.load_tracking:
+                await self._need(method, "GET", send) and await self._json(send, 200, {"server_load": self.in_flight})
             elif path == "/server_info" and self.dev_mode:
                 await self._need(method, "GET", send) and await self._json(send, 200, self.server_info)
             else:

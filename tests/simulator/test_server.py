@@ -249,3 +249,25 @@ def test_hybrid_crash_over_http_fails_in_flight_requests_and_calls_fatal() -> No
 
     assert with_client(argv, body, on_fatal=fatal.append) == (500, 500, 500)
     assert fatal and "restoring the recurrent" in fatal[0]
+
+
+def test_legacy_metric_names_view_and_load_endpoint() -> None:
+    async def body(c: httpx.AsyncClient) -> tuple[str, dict[str, Any]]:
+        for i in (0, 0):
+            await c.post("/v1/completions", json={"prompt": doc_text(i, 300), "max_tokens": 3})
+        load = (await c.get("/load")).json()
+        return (await c.get("/metrics")).text, load
+
+    text, load = with_client(OFFLOAD, body, legacy_metric_names=True, load_tracking=True)
+    assert load == {"server_load": 0}
+    fams = _families(text)
+    legacy = json.loads((FIX / "metric_catalog.json").read_text())["metrics"]
+    olds = {o.split()[0] for m in legacy for o in m.get("older_names", [])}
+    assert {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total",
+            "vllm:time_per_output_token_seconds"} <= olds
+    assert {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits",
+            "vllm:time_per_output_token_seconds", "vllm:kv_offload_total_bytes"} <= set(fams)
+    assert not {"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries", "vllm:prompt_tokens_by_source",
+                "vllm:kv_offload_load_bytes", "vllm:inter_token_latency_seconds"} & set(fams)
+    hits = [s.value for s in fams["vllm:gpu_prefix_cache_hits"].samples if s.name.endswith("_total")]
+    assert hits == [288.0]
