@@ -87,3 +87,33 @@ def test_bad_alertmanager_url_is_a_visible_failure(am: Alertmanager, engine: Any
     assert err is not None and err.startswith("HTTP 404")
     row = store.get_delivery(engine, did)
     assert row is not None and row["status"] == "failed" and row["last_error"] == err
+
+
+def test_evaluated_alert_reaches_alertmanager_and_resolves(am: Alertmanager, engine: Any) -> None:
+    """The whole path: ingest -> evaluation (agent_stale fires) -> queued delivery -> Alertmanager;
+    the agent comes back -> resolved -> Alertmanager drops it."""
+    from pydantic import TypeAdapter
+
+    from agent.protocol import PushBatch
+    from app.alerts.evaluate import EvalConfig, Evaluator
+    from app.storage.ingest_store import IngestWriter
+    from tests.conftest import make_batch
+
+    now = time.time()
+    writer = IngestWriter(engine)
+    writer.write(TypeAdapter(PushBatch).validate_python(make_batch(1, now - 600)), now - 600)
+    ch = AlertChannel(name="am", kind="alertmanager", url=am.url)
+    ev = Evaluator(engine, rule_settings={}, channels=[ch], config=EvalConfig())
+    assert ev.run(now).fired == 1
+    assert run_deliveries(engine, [ch], now, DeliveryConfig()).sent == 1
+    (got,) = _ours(am)
+    assert got["labels"]["alertname"] == "kvscope_agent_stale" and got["labels"]["host"] == "rig1"
+    assert got["labels"]["severity"] == "critical"
+    back = time.time()
+    writer.write(TypeAdapter(PushBatch).validate_python(make_batch(2, back)), back)  # the agent pushes again
+    assert ev.run(back).resolved == 1
+    assert run_deliveries(engine, [ch], back, DeliveryConfig()).sent == 1
+    deadline = time.monotonic() + 10
+    while _ours(am) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ours(am) == []
