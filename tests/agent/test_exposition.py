@@ -39,7 +39,7 @@ def test_values_equal_prometheus_client(path: Path, keep: tuple[str, ...] | None
     text = path.read_text()
     ref, ref_types = _reference(text, keep)
     ours = _ours(text, keep)
-    assert len(ours) > 50
+    assert len(ours) >= 10
     assert sorted(map(repr, ours)) == sorted(map(repr, ref))
     # the label cache (kept between scrapes) changes nothing
     cache: dict = {}
