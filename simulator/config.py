@@ -62,7 +62,7 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-transfer-config", default=None)
     p.add_argument("--mamba-cache-mode", default=None, choices=["none", "align", "all"])
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--dtype", default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -126,6 +126,7 @@ class EngineConfig:
     enable_prefix_caching: bool
     mamba_cache_mode: str
     max_num_seqs: int
+    max_num_batched_tokens: int
     offload: OffloadConfig | None
     kv_offloading_size: float | None
     kv_offloading_backend: str
@@ -289,6 +290,11 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         raise _value_error(
             f"GPU memory utilization must be within (0, 1]. Got {args.gpu_memory_utilization}."
         )
+    if args.max_num_batched_tokens < 1 or args.max_num_batched_tokens < args.max_num_seqs:
+        raise _value_error(
+            f"max_num_batched_tokens ({args.max_num_batched_tokens}) must be greater than or equal to "
+            f"max_num_seqs ({args.max_num_seqs})."
+        )
     if args.tensor_parallel_size != 1:
         raise _value_error("kvscope sim simulates one GPU: --tensor-parallel-size must be 1")
 
@@ -385,6 +391,7 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=prefix_caching,
         mamba_cache_mode=mamba_mode,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         offload=offload,
         kv_offloading_size=args.kv_offloading_size,
         kv_offloading_backend=args.kv_offloading_backend,

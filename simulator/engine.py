@@ -7,9 +7,14 @@ what else is running (piecewise constant between events, so `advance(now)` integ
   waiting    FIFO until its blocks fit in the GPU pool             (no work)
   transfer   KV bytes loaded from the CPU tier                     bytes at PCIe / n_transferring
   load_step  the extra engine step of a connector load (+ fs read) seconds at rate 1
-  prefill    tokens not found anywhere                             tokens at prefill_rate / n_prefilling
-  decode     continuous batching: every decoding request gets one token per engine step; a step
-             takes itl * (1 + s * (n_in_step - 1)); a request joins at the next step boundary
+  prefill    tokens not found anywhere                             )  engine steps (continuous batching,
+  decode     one token per step                                    )  chunked prefill), see below
+
+Engine steps, like vLLM V1's scheduler: each step every decoding request gets one token, then the
+remaining token budget (--max-num-batched-tokens, default 2048) goes to prefilling requests in
+admission order (chunked prefill). A step lasts itl * (1 + s * (n_decoding - 1)) if anything decodes,
+plus prefill_tokens / prefill_rate. A request joins at the next step boundary; a request's first
+token comes at the end of the step that completes its prefill.
 
 TTFT = queueing + recompute + transfer + overheads, as the issue asks; concurrency shares the device.
 """
@@ -131,6 +136,8 @@ class Engine:
         self._pending_events: list[Event] = []
         self._admissions = 0
         self.decoding: list[SimRequest] = []
+        self.prefilling: list[SimRequest] = []
+        self.step_prefill: list[tuple[SimRequest, int]] = []
         self.step_members: list[SimRequest] = []
         self.step_end: float | None = None
         self._blocked: tuple[str, int, int, int] | None = None
@@ -172,8 +179,10 @@ class Engine:
             self.active.remove(r)
         if r in self.decoding:
             self.decoding.remove(r)
-            if not self.decoding:
-                self.step_members, self.step_end = [], None
+        if r in self.prefilling:
+            self.prefilling.remove(r)
+        if not self.decoding and not self.prefilling:
+            self.step_members, self.step_prefill, self.step_end = [], [], None
         if r in self.waiting:
             self.waiting.remove(r)
         if r in self.deferred:
@@ -199,12 +208,10 @@ class Engine:
             return 1.0
         if r.phase == "transfer":
             return self.p.device.pcie_bytes_per_s / counts["transfer"]
-        if r.phase == "prefill":
-            return self.p.prefill_tokens_per_s / counts["prefill"]
         return 0.0
 
     def _counts(self) -> dict[str, int]:
-        c = {"frontend": 0, "transfer": 0, "load_step": 0, "prefill": 0}
+        c = {"frontend": 0, "transfer": 0, "load_step": 0}
         for r in self.active:
             c[r.phase] += 1
         return c
@@ -253,17 +260,36 @@ class Engine:
         return events
 
     def _maybe_start_step(self) -> None:
-        if self.step_end is None and self.decoding and not self.dead and self.stalled_since is None:
-            self.step_members = list(self.decoding)
-            n = len(self.step_members)
-            self.step_end = self.t + self.p.itl_s * (1.0 + self.p.itl_batch_slowdown * (n - 1))
+        if self.step_end is not None or self.dead or self.stalled_since is not None:
+            return
+        if not self.decoding and not self.prefilling:
+            return
+        self.step_members = list(self.decoding)
+        budget = self.cfg.max_num_batched_tokens - len(self.step_members)
+        self.step_prefill = []
+        for r in sorted(self.prefilling, key=lambda q: q.admit_seq):
+            if budget <= 0:
+                break
+            take = min(math.ceil(r.remaining), budget)
+            self.step_prefill.append((r, take))
+            budget -= take
+        n = len(self.step_members)
+        dur = self.p.itl_s * (1.0 + self.p.itl_batch_slowdown * (n - 1)) if n else 0.0
+        dur += sum(t for _, t in self.step_prefill) / self.p.prefill_tokens_per_s
+        self.step_end = self.t + dur
 
     def _step_done(self, events: list[Event]) -> None:
         members, self.step_members, self.step_end = self.step_members, [], None
-        self.stats.observe("vllm:iteration_tokens_total", len(members))
+        chunks, self.step_prefill = self.step_prefill, []
+        self.stats.observe("vllm:iteration_tokens_total", len(members) + sum(t for _, t in chunks))
         for m in members:
             if m.phase == "decode":  # not preempted, aborted or failed meanwhile
                 self._emit_token(m, events, "token")
+        for r, take in chunks:
+            if r.phase == "prefill":
+                r.remaining = max(0.0, r.remaining - take)
+                if r.remaining <= EPS:
+                    self._prefill_done(r, events)
 
     def _progress(self, dt: float, rates: list[float], counts: dict[str, int]) -> None:
         if dt <= 0:
@@ -272,7 +298,7 @@ class Engine:
             r.remaining = max(0.0, r.remaining - rate * dt)
             if r.phase == "transfer":
                 self.pcie_rx_bytes += rate * dt
-        if counts["prefill"] or counts["transfer"] or self.step_end is not None:
+        if counts["transfer"] or self.step_end is not None:
             self.busy_seconds += dt
 
     # ---- scheduling --------------------------------------------------------------------------
@@ -302,8 +328,7 @@ class Engine:
             g_tokens = len(hit_ids) * self.B
             if resumed:  # no new prompt accounting and no connector load for a resumed request
                 r.resume_compute = seq_len - g_tokens
-                r.phase, r.remaining = "prefill", float(r.resume_compute)
-                self.active.append(r)
+                self._start_prefill(r, r.resume_compute)
                 continue
             r.gpu_hit_tokens = g_tokens
             r.ext_tokens = r.ext_disk_tokens = 0
@@ -322,9 +347,15 @@ class Engine:
                 r.phase, r.remaining = "transfer", float(r.load_bytes)
                 r.load_started = self.t
                 self.load_jobs[r.id] = math.ceil(r.ext_tokens / self.chunk_tokens)
+                self.active.append(r)
             else:
-                r.phase, r.remaining = "prefill", float(r.computed_tokens)
-            self.active.append(r)
+                self._start_prefill(r, r.computed_tokens)
+
+    def _start_prefill(self, r: SimRequest, tokens: int) -> None:
+        if r in self.active:
+            self.active.remove(r)
+        r.phase, r.remaining = "prefill", float(max(tokens, 1))
+        self.prefilling.append(r)
 
     def _seq_hashes(self, r: SimRequest) -> list[BlockHash]:
         """Block hashes of the prompt plus the tokens generated so far (memoised while it waits)."""
@@ -340,6 +371,8 @@ class Engine:
             self.active.remove(v)
         if v in self.decoding:
             self.decoding.remove(v)
+        if v in self.prefilling:
+            self.prefilling.remove(v)
         if self.cfg.enable_prefix_caching and v.first_token_at is not None:
             for bid, h in zip(v.blocks, self._seq_hashes(v), strict=False):
                 self.pool.cache(bid, h)
@@ -358,7 +391,8 @@ class Engine:
         need_tokens = r.prompt_len + len(r.token_times) + 1
         while len(r.blocks) * self.B < need_tokens:
             if self.pool.num_free == 0:
-                victim = max((q for q in (*self.active, *self.decoding) if q.blocks and q.phase != "deferred"),
+                victim = max((q for q in (*self.active, *self.prefilling, *self.decoding)
+                              if q.blocks and q.phase != "deferred"),
                              key=lambda q: q.admit_seq, default=r)
                 self._preempt(victim)
                 if victim is r:
@@ -414,13 +448,14 @@ class Engine:
             self.dead = True
             msg = ("EngineCore encountered a fatal error: restoring the recurrent (mamba) state of a hybrid model "
                    "from the KV connector is not supported (mamba_cache_mode=align has no restore path)")
-            for q in [*self.active, *self.decoding, *self.waiting, *self.deferred, r]:
+            for q in [*self.active, *self.prefilling, *self.decoding, *self.waiting, *self.deferred, r]:
                 q.phase, q.error = "failed", msg
                 events.append(Event("failed", q.id, self.t, msg))
             self.active.clear()
+            self.prefilling.clear()
             self.decoding.clear()
             self.waiting.clear()
-            self.step_members, self.step_end = [], None
+            self.step_members, self.step_prefill, self.step_end = [], [], None
             return
         r.phase = "deferred"
         self.deferred.append(r)
@@ -452,17 +487,19 @@ class Engine:
             r.load_secs = self.t - r.load_started
             self.load_jobs.pop(r.id, None)
         elif r.phase == "load_step":
-            r.phase, r.remaining = "prefill", float(r.computed_tokens)
-        elif r.phase == "prefill":
-            if r.first_token_at is not None:  # a resumed request finished its recompute
-                self._emit_token(r, events, "token")
-                return
-            r.first_token_at = self.t
-            self._cache_prompt_blocks(r)
-            self._store(r)
-            self._record_load(r)
-            record_first_token(self.stats, self.cfg, r)
-            self._emit_token(r, events, "first_token")
+            self._start_prefill(r, r.computed_tokens)
+
+    def _prefill_done(self, r: SimRequest, events: list[Event]) -> None:
+        self.prefilling.remove(r)
+        if r.first_token_at is not None:  # a resumed request finished its recompute
+            self._emit_token(r, events, "token")
+            return
+        r.first_token_at = self.t
+        self._cache_prompt_blocks(r)
+        self._store(r)
+        self._record_load(r)
+        record_first_token(self.stats, self.cfg, r)
+        self._emit_token(r, events, "first_token")
 
     def _record_load(self, r: SimRequest) -> None:
         """Connector-load counters, attributed with the prompt accounting at the first token."""

@@ -10,7 +10,7 @@ from simdrive import doc_ids, engine, run, settle
 from simulator.engine import Engine
 
 
-def test_concurrent_requests_share_prefill_throughput() -> None:
+def test_concurrent_prefills_share_engine_steps_first_come_first_served() -> None:
     e = engine("--profile", "rtx4070-qwen3-4b")
     run(e, doc_ids(99, 10), 1)  # warm-up
     alone = run(e, doc_ids(1, 3000), 1)
@@ -19,10 +19,25 @@ def test_concurrent_requests_share_prefill_throughput() -> None:
     b = e.submit("b", doc_ids(3, 3000), 1, t)
     settle(e)
     assert alone.ttft is not None and a.ttft is not None and b.ttft is not None
-    # two prefills at once: each gets half the device, so both take ~twice as long
-    assert abs(a.ttft - b.ttft) < 1e-9
-    prefill = 3000 / e.p.prefill_tokens_per_s
-    assert abs((a.ttft - alone.ttft) - prefill) < 1e-6
+    rate = e.p.prefill_tokens_per_s
+    # chunked prefill, budget 2048 per step: [a 2048] [a 952 + b 1096] [b 1904]
+    assert abs((a.ttft - alone.ttft) - (2 * 2048 - 3000) / rate) < 1e-6
+    assert abs((b.ttft - alone.ttft) - 3000 / rate) < 1e-6  # b waited for all of a's prefill
+
+
+def test_decode_steps_stretch_while_a_long_prompt_prefills() -> None:
+    e = engine("--profile", "rtx4070-qwen3-4b")
+    run(e, doc_ids(99, 10), 1)
+    t = e.t + 1
+    d = e.submit("d", doc_ids(1, 100), 40, t)
+    e.advance(t + 0.2)  # d is decoding
+    e.submit("long", doc_ids(2, 6000), 1, t + 0.2)
+    settle(e)
+    gaps = [b - a for a, b in zip(d.token_times, d.token_times[1:], strict=False)]
+    itl = e.p.itl_s * (1 + e.p.itl_batch_slowdown)
+    assert min(gaps) >= e.p.itl_s - 1e-9
+    assert max(gaps) >= itl + 2000 / e.p.prefill_tokens_per_s  # a step carrying a prefill chunk
+    assert e.stats.histograms["vllm:inter_token_latency_seconds"][()].total == d.token_times[-1] - d.token_times[0]
 
 
 def test_requests_queue_when_the_pool_is_full() -> None:
