@@ -11,6 +11,8 @@ the end of every test module, and at the end of the session whatever happens.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -72,8 +74,22 @@ class ServerPool:
 
 
 @pytest.fixture(scope="session")
-def vllm_pool(realvllm_install: Install, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
-    pool = ServerPool(realvllm_install, tmp_path_factory.mktemp("realvllm"))
+def realvllm_jobs() -> Iterator[Path]:
+    """A job folder of our own (not pytest's basetemp: concurrent pytest sessions on this machine
+    prune each other's basetemps). Removed at the end unless KVSCOPE_REALVLLM_KEEP=1."""
+    root = Path(tempfile.mkdtemp(prefix="kvscope-realvllm-"))
+    try:
+        yield root
+    finally:
+        if os.environ.get("KVSCOPE_REALVLLM_KEEP") == "1":
+            print(f"\nrealvllm: job folder kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(realvllm_install: Install, realvllm_jobs: Path) -> Iterator[ServerPool]:
+    pool = ServerPool(realvllm_install, realvllm_jobs / "pool")
     try:
         yield pool
     finally:

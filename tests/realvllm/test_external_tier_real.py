@@ -19,8 +19,10 @@ from .workload import POOL_BLOCKS, PREFIX, TAIL, tokens
 
 
 @pytest.fixture(scope="module")
-def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("example-connector-store")
+def store_dir(realvllm_jobs: Path) -> Path:
+    path = realvllm_jobs / "example-connector-store"
+    path.mkdir()
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,131 @@
+"""Issue 6 (2): the controller switches a real `vllm serve` and rolls back a profile it rejects.
+
+The whole product runs as processes (app, agent with its `subprocess` launcher, vLLM started by
+that launcher); rollouts are requested through the app's JSON API as the UI does, and read back
+from it. On the CPU build:
+- `--kv-cache-dtype fp8` starts and doubles `cache_config_info{kv_cache_size_tokens}`;
+- `--kv-offloading-size 1 --kv-offloading-backend native` fails at engine start
+  ("CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"): a real bad profile,
+  so the agent must roll back to the last good one, with vLLM's error line in the rollout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ServerPool
+from .server import Install
+from .stack import Stack
+
+# The tiny model's context is 2,048 tokens; probe prompts are ~1.85 tokens per word with its
+# tokenizer, so the app's default (1,500 words) would not fit: ask for a probe that does.
+APP_ENV = {
+    "KVSCOPE_ROLLOUT_HEALTH_DEADLINE_S": "600",
+    "KVSCOPE_PROBE_PREFIX_WORDS": "400",
+    "KVSCOPE_PROBE_EVICT_COUNT": "3",
+    "KVSCOPE_PROBE_REQUEST_TIMEOUT_S": "120",
+}
+OFFLOAD_ERROR = "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"
+ROLLED_BACK: list[int] = []  # the rollout id of the rejected profile, for the events test
+TERMINAL = ("healthy", "rolled_back", "failed", "refused", "cancelled", "expired")
+
+
+@pytest.fixture(scope="module")
+def stack(vllm_pool: ServerPool, realvllm_install: Install, realvllm_jobs: Path) -> Iterator[Stack]:
+    vllm_pool.release()  # one vLLM at a time: this one belongs to the agent's launcher
+    s = Stack(realvllm_install, realvllm_jobs / "controller-stack", app_env=dict(APP_ENV))
+    try:
+        s.start()
+        s.wait(lambda: (s.instance() or {}).get("last_ok") and s.instance(), "the agent's first scrape of vLLM")
+        yield s
+    finally:
+        notes = s.stop()
+        assert not [n for n in notes if "outlived" in n or "killed" in n], notes
+
+
+def roll(stack: Stack, profile: str) -> dict[str, Any]:
+    inst = stack.instance()
+    assert inst is not None
+    r = stack.api("POST", "/api/v1/rollouts", json={"instance": inst["id"], "profile": profile,
+                                                    "requested_by": "tests/realvllm"})
+    rid = r["id"]
+    done: dict[str, Any] = stack.wait(
+        lambda: (x := stack.api("GET", f"/api/v1/rollouts/{rid}"))["state"] in TERMINAL and x,
+        f"rollout {rid} ({profile}) to finish", 1500,
+    )
+    return done
+
+
+def rollout_events(stack: Stack, instance_id: int) -> list[dict[str, Any]]:
+    return [e for e in stack.api("GET", f"/api/v1/events?instance={instance_id}")["events"]
+            if e.get("kind") == "rollout"]
+
+
+def cache_config(stack: Stack, **want: str) -> dict[str, str]:
+    """The instance's cache_config_info labels as the app stored them, once they show `want`."""
+    got: dict[str, str] = stack.wait(
+        lambda: (c := (stack.instance() or {}).get("cache_config") or {})
+        and all(c.get(k) == v for k, v in want.items()) and c,
+        f"cache_config_info with {want}", 120,
+    )
+    return got
+
+
+def test_dtype_switch_then_rejected_profile_rolls_back(stack: Stack) -> None:
+    for name, spec in (("kv-fp8", {"kv_cache_dtype": "fp8"}),
+                       ("cpu-offload-1g", {"offload_size_gib": 1})):
+        stack.api("POST", "/api/v1/profiles", json={"name": name, "spec": spec, "note": "tests/realvllm"})
+    inst = stack.instance()
+    assert inst is not None and inst["simulated"] is False and inst["version"] == "0.32.0"
+
+    # The launcher started vLLM with its initial (empty) profile args: the baseline pool.
+    auto = cache_config(stack, cache_dtype="auto")
+    auto_tokens = int(auto["kv_cache_size_tokens"])
+    assert auto_tokens == 2_097_152  # 1 GiB of KV space (VLLM_CPU_KVCACHE_SPACE=1), bf16, tiny model
+
+    # fp8: restarted by the agent, healthy, verified by the probe; the pool doubles.
+    r = roll(stack, "kv-fp8")
+    assert r["state"] == "healthy", json.dumps(r, indent=1)[:3000]
+    assert r["payload"]["argv"] == ["--kv-cache-dtype", "fp8"]
+    probe = r["result"].get("probe") or {}
+    assert probe.get("ok") is True, r["result"]
+    fp8 = cache_config(stack, cache_dtype="fp8")
+    assert int(fp8["kv_cache_size_tokens"]) == 2 * auto_tokens
+    # ... and the rollout, as the app shows it, says so.
+    assert r["pool"] == {"before_tokens": auto_tokens, "now_tokens": 2 * auto_tokens, "ratio": 2.0}, r["pool"]
+    changes = [e for e in stack.api("GET", f"/api/v1/events?instance={inst['id']}")["events"]
+               if e.get("kind") == "config_change"]
+    assert changes, "no config_change event for the dtype switch"
+
+    # CPU offload on the CPU backend: vLLM refuses at engine start -> back on fp8.
+    r = roll(stack, "cpu-offload-1g")
+    text = json.dumps(r)
+    assert r["state"] == "rolled_back", text[:3000]
+    assert r["payload"]["lkg_argv"] == ["--kv-cache-dtype", "fp8"], r["payload"]
+    ROLLED_BACK.append(int(r["id"]))
+    back = cache_config(stack, cache_dtype="fp8")
+    assert back["kv_offloading_size"] == "None"
+    final = stack.instance()
+    assert final is not None and final["last_ok"]
+    # The agent's launcher log kept vLLM's own words too.
+    logs = "".join(p.read_text(errors="replace") for p in (stack.job / "controller" / "logs").glob("*.log"))
+    assert OFFLOAD_ERROR in logs
+
+
+@pytest.mark.xfail(reason="controller gap (reported to the lead): the rolled-back rollout says 'process exited "
+                          "before healthy (ConnectError ...)'; vLLM's cause is above the 30-line log_tail (the API "
+                          "server's traceback fills it) and the event rows carry only the summary", strict=False)
+def test_rollback_names_vllm_error(stack: Stack) -> None:
+    """Issue 6 (2): 'vLLM's error line in the rollout's events'."""
+    assert ROLLED_BACK, "the rollback test did not get that far"
+    inst = stack.instance()
+    assert inst is not None
+    rollout = stack.api("GET", f"/api/v1/rollouts/{ROLLED_BACK[0]}")
+    events = [e for e in rollout_events(stack, inst["id"]) if e["data"].get("rollout_id") == ROLLED_BACK[0]]
+    assert OFFLOAD_ERROR in rollout["message"] or any(OFFLOAD_ERROR in e["message"] for e in events), \
+        json.dumps({"message": rollout["message"], "events": [e["message"] for e in events]})[:3000]
