@@ -113,8 +113,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def build_agent(args: argparse.Namespace, *, server: str | None, token: str | None) -> Any:
-    import httpx
-
+    from agent.fetch import StdlibFetcher
     from agent.host_sources import HostCollector
     from agent.loop import Agent, AgentConfig
 
@@ -129,10 +128,8 @@ def build_agent(args: argparse.Namespace, *, server: str | None, token: str | No
         spool_max_bytes=int(_opt(args, "spool_max_mb", 256.0) * 1024 * 1024),
         vllm_timeout_s=_opt(args, "vllm_timeout", 2.0),
     )
-    from agent.fetch import StdlibFetcher
-
     client = StdlibFetcher()  # ~4x less CPU per request than httpx (see agent/fetch.py)
-    push_client = httpx.Client(trust_env=False, headers={"User-Agent": "kvscope-agent"}) if server else None
+    push_client = StdlibFetcher() if server else None
     return Agent(cfg, client, host=HostCollector(build_host_sources(args)), push_client=push_client)
 
 

@@ -43,6 +43,8 @@ class Reply:
 class Fetcher(Protocol):
     def get(self, url: str, accept: str, timeout: float) -> Reply: ...
 
+    def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Reply: ...
+
     def close(self) -> None: ...
 
 
@@ -51,8 +53,14 @@ class HttpxFetcher:
     client: httpx.Client
 
     def get(self, url: str, accept: str, timeout: float) -> Reply:
+        return self._send("GET", url, None, {"Accept": accept}, timeout)
+
+    def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Reply:
+        return self._send("POST", url, body, headers, timeout)
+
+    def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float) -> Reply:
         try:
-            r = self.client.get(url, headers={"Accept": accept}, timeout=timeout)
+            r = self.client.request(method, url, content=body, headers=headers, timeout=timeout)
             content = r.content
         except httpx.TimeoutException as exc:
             raise FetchError("timeout", str(exc) or "timed out") from None
@@ -76,6 +84,13 @@ class StdlibFetcher:
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, url: str, accept: str, timeout: float) -> Reply:
+        return self._send("GET", url, None, {"Accept": accept}, timeout)
+
+    def post(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> Reply:
+        """Re-sent once on a stale keep-alive connection: only for idempotent posts (the ingest is)."""
+        return self._send("POST", url, body, headers, timeout)
+
+    def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float) -> Reply:
         parts = urlsplit(url)
         scheme = parts.scheme or "http"
         host = parts.hostname or ""
@@ -98,7 +113,7 @@ class StdlibFetcher:
                     if conn.sock is not None:
                         conn.sock.settimeout(timeout)
                 try:
-                    conn.request("GET", path, headers={"Accept": accept, "User-Agent": self.user_agent})
+                    conn.request(method, path, body=body, headers={"User-Agent": self.user_agent, **headers})
                     resp = conn.getresponse()
                     body = resp.read(MAX_BODY + 1)
                     if len(body) > MAX_BODY:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from agent.commands import CommandSink
-from agent.fetch import Fetcher
+from agent.fetch import Fetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
 from agent.protocol import AgentEvent, PushBatch, Scrape
 from agent.pusher import FlushResult, Pusher
@@ -77,7 +77,7 @@ class Agent:
     client: httpx.Client | Fetcher  # reads the vLLM servers (kvscope agent: a StdlibFetcher)
     host: HostCollector = field(default_factory=lambda: HostCollector([]))
     sink: CommandSink | None = None
-    push_client: httpx.Client | None = None
+    push_client: httpx.Client | Fetcher | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -101,12 +101,12 @@ class Agent:
         self._pool: ThreadPoolExecutor | None = None
         self.ticks = 0
 
-    def _push_client(self) -> httpx.Client:
+    def _push_client(self) -> httpx.Client | Fetcher:
         if self.push_client is not None:
             return self.push_client
         if isinstance(self.client, httpx.Client):
             return self.client
-        self.push_client = httpx.Client(trust_env=False, headers={"User-Agent": "kvscope-agent"})
+        self.push_client = StdlibFetcher()
         return self.push_client
 
     # ------------------------------------------------------------------ one tick

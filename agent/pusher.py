@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from agent.fetch import Fetcher, FetchError, Reply, as_fetcher
 from agent.protocol import AgentEvent, Command, reply_from_wire
 from agent.spool import Spool
 
@@ -38,7 +39,7 @@ class FlushResult:
 class Pusher:
     server_url: str
     token: str
-    client: httpx.Client
+    client: httpx.Client | Fetcher  # an httpx.Client (tests, TestClient) is wrapped
     spool: Spool
     timeout_s: float = 10.0
     backoff_min_s: float = 1.0
@@ -52,6 +53,7 @@ class Pusher:
 
     def __post_init__(self) -> None:
         self.url = self.server_url.rstrip("/") + "/api/v1/ingest"
+        self.http = as_fetcher(self.client)
 
     def due(self, now: float) -> bool:
         return len(self.spool) > 0 and now >= self.next_attempt_at
@@ -67,12 +69,13 @@ class Pusher:
                 break
             entry, body = item
             try:
-                r = self.client.post(
-                    self.url, content=body, timeout=self.timeout_s,
-                    headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+                r = self.http.post(
+                    self.url, body,
+                    {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+                    self.timeout_s,
                 )
-            except httpx.HTTPError as exc:
-                self._failed(now, f"push failed: {type(exc).__name__}: {exc}"[:300])
+            except FetchError as exc:
+                self._failed(now, f"push failed ({exc.kind}): {exc}"[:300])
                 res.error = self.last_error
                 return res
             if r.status_code == 200:
@@ -122,7 +125,7 @@ class Pusher:
         self.last_error = error
 
 
-def _error_text(r: httpx.Response) -> str:
+def _error_text(r: Reply) -> str:
     try:
         data = json.loads(r.content)
         if isinstance(data, dict) and "error" in data:

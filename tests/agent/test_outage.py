@@ -12,6 +12,7 @@ from fakevllm import FakeVllm
 from livesrv import LiveServer
 from sqlalchemy import func, select
 
+from agent.fetch import StdlibFetcher
 from agent.loop import Agent, AgentConfig
 from app.storage.models import IngestBatch
 from app.storage.series_store import list_instances, series_points
@@ -27,10 +28,12 @@ def live(app: Any) -> Iterator[LiveServer]:
         srv.stop()
 
 
+@pytest.mark.parametrize("push_kind", ["stdlib", "httpx"])
 def test_outage_every_sample_once_in_order(live: LiveServer, token: str, engine: Any, clock: Any,
-                                           tmp_path: Path) -> None:
+                                           tmp_path: Path, push_kind: str) -> None:
     fake = FakeVllm()
-    push = httpx.Client(trust_env=False)
+    # stdlib: what `kvscope agent` uses; its keep-alive connection goes stale when the app stops
+    push: Any = StdlibFetcher() if push_kind == "stdlib" else httpx.Client(trust_env=False)
     agent = Agent(
         AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=tmp_path / "state"),
         client=fake.client(), push_client=push,
