@@ -1,5 +1,5 @@
-"""The delivery job: sends queued notifications, retries failures with exponential backoff, and
-re-sends firing alerts to Alertmanager channels (which expire alerts not refreshed).
+"""The delivery job: sends queued notifications and retries failures with exponential backoff.
+(Re-sends of firing alerts to Alertmanager are queued by the evaluation, under its CAS.)
 
 Runs as its own scheduler job, so a dead channel (timeouts) never delays rule evaluation; within
 one run, a channel that failed is skipped for the rest of the run.
@@ -17,8 +17,7 @@ import httpx
 from sqlalchemy import Engine
 
 from app.alerts.channel_config import AlertChannel
-from app.alerts.channels import render, snapshot
-from app.alerts.silencing import is_silenced
+from app.alerts.channels import render
 from app.storage import alerts_store as store
 
 log = logging.getLogger("kvscope.alerts.delivery")
@@ -73,7 +72,6 @@ def run_deliveries(
 ) -> DeliveryReport:
     report = DeliveryReport()
     by_name = {c.name: c for c in channels}
-    enqueue_refreshes(engine, channels, now, cfg)
     dead: set[str] = set()
     t0 = time.monotonic()
     for d in store.due_deliveries(engine, now):
@@ -108,34 +106,6 @@ def run_deliveries(
                                   next_attempt_at=now + backoff_s(attempts, cfg))
             report.retrying += 1
     return report
-
-
-def enqueue_refreshes(engine: Engine, channels: Sequence[AlertChannel], now: float, cfg: DeliveryConfig) -> int:
-    """Queue a re-send of every firing alert to each Alertmanager channel not told in resend_s."""
-    am = [c for c in channels if c.kind == "alertmanager" and c.enabled]
-    if not am:
-        return 0
-    firing = store.list_alerts(engine, states=["firing"], limit=1000)
-    if not firing:
-        return 0
-    silences = store.active_silences(engine, now)
-    queued = 0
-    for channel in am:
-        last = store.last_delivery_times(engine, channel.name)
-        waiting = store.unsent_alert_ids(engine, channel.name)  # Alertmanager down: no pile-up
-        for alert in firing:
-            if int(alert["id"]) in waiting:
-                continue
-            if not channel.wants(alert["rule"], alert["severity"]):
-                continue
-            if is_silenced(silences, alert["rule"], alert["instance_id"], alert["host_id"], now):
-                continue
-            if now - last.get(int(alert["id"]), float("-inf")) < cfg.resend_s:
-                continue
-            snap = snapshot(alert, "refresh", base_url=cfg.base_url)
-            store.add_deliveries(engine, int(alert["id"]), [store.NewDelivery(channel.name, "refresh", snap)], now)
-            queued += 1
-    return queued
 
 
 def send_test(

@@ -40,6 +40,7 @@ class EvalConfig:
     interval_s: float = 15.0
     nodata_resolve_s: float = 900.0
     base_url: str | None = None
+    resend_s: float = 60.0  # re-send firing alerts to Alertmanager channels this often
 
 
 @dataclass
@@ -81,6 +82,8 @@ class Evaluator:
         self.config = config
         self.rules = list(rules)
         self.cache = SeriesCache(engine)
+        # per Alertmanager channel: (alert id -> last queued delivery time, alert ids with one unsent)
+        self._refresh_state: dict[str, tuple[dict[int, float], set[int]]] = {}
 
     # ------------------------------------------------------------------ targets and data
     def targets(self) -> list[Target]:
@@ -120,6 +123,12 @@ class Evaluator:
         open_by_key = store.open_alerts(self.engine)
         resolved_at = store.last_resolved(self.engine)
         silences = store.active_silences(self.engine, now)
+        # Read after the alert rows: a refresh queued by another process after that read makes
+        # our CAS fail, one queued before it is visible here. So a refresh is queued once.
+        self._refresh_state = {
+            c.name: (store.last_delivery_times(self.engine, c.name), store.unsent_alert_ids(self.engine, c.name))
+            for c in self.channels if c.kind == "alertmanager" and c.enabled
+        }
         seen: set[str] = set()
         for target in self.targets():
             specs: list[tuple[RuleSpec, dict[str, Any]]] = []
@@ -209,6 +218,25 @@ class Evaluator:
         return [store.NewDelivery(c.name, event, snap) for c in self.channels
                 if c.wants(str(alert["rule"]), str(alert.get("severity", "warning")))]
 
+    def _refreshes(
+        self, alert: Mapping[str, Any], silences: Sequence[Mapping[str, Any]], now: float
+    ) -> list[store.NewDelivery]:
+        """Alertmanager expires an alert it is not told about again before endsAt: re-send firing
+        alerts every resend_s (not while an earlier one waits, not when silenced)."""
+        if is_silenced(silences, str(alert["rule"]), alert.get("instance_id"), alert.get("host_id"), now):
+            return []
+        out = []
+        for c in self.channels:
+            state = self._refresh_state.get(c.name)
+            if state is None or not c.wants(str(alert["rule"]), str(alert.get("severity", "warning"))):
+                continue
+            last, waiting = state
+            aid = int(alert["id"])
+            if aid in waiting or now - last.get(aid, float("-inf")) < self.config.resend_s:
+                continue
+            out.append(store.NewDelivery(c.name, "refresh", snapshot(alert, "refresh", base_url=self.config.base_url)))
+        return out
+
     def _open(
         self, spec: RuleSpec, params: dict[str, Any], target: Target, key: str, result: RuleResult,
         decision: Decision, now: float, silences: Sequence[Mapping[str, Any]], report: EvalReport,
@@ -264,7 +292,9 @@ class Evaluator:
             if row["state"] == FIRING:
                 merged = {**row, **values}
                 deliveries = self._deliveries(merged, "resolved", silences, now)
-        elif decision.action == "update" and not values:
+        elif row["state"] == FIRING:
+            deliveries = self._refreshes({**row, **values}, silences, now)
+        if decision.action == "update" and not values and not deliveries:
             return
         ok = store.cas_update(self.engine, int(row["id"]), int(row["version"]), values, transitions, deliveries, now)
         if not ok:

@@ -96,6 +96,24 @@ def test_two_processes_open_fire_and_notify_once(engines: tuple[Any, Any], clock
     assert len(hook.requests) == 1 and hook.requests[0].json()["alert"]["rule"] == "agent_stale"
 
 
+def test_two_processes_queue_one_alertmanager_refresh(engines: tuple[Any, Any], clock: Any) -> None:
+    a, b = engines
+    t0 = clock()
+    _seed(a, t0)
+    am = AlertChannel(name="am", kind="alertmanager", url="http://127.0.0.1:9/")
+    ev_a = Evaluator(a, rule_settings={}, channels=[am], config=EvalConfig(resend_s=60))
+    ev_b = Evaluator(b, rule_settings={}, channels=[am], config=EvalConfig(resend_s=60))
+    ev_a.run(t0 + 600)
+    (firing,) = store.list_deliveries(a, channel="am")
+    store.finish_delivery(a, firing["id"], status="sent", now=t0 + 600)  # as if Alertmanager took it
+    for k in range(1, 4):  # both evaluate when the refresh is due, several times
+        _race([lambda k=k: ev_a.run(t0 + 600 + 60 * k), lambda k=k: ev_b.run(t0 + 600 + 60 * k)])
+        refreshes = [d for d in store.list_deliveries(a, channel="am") if d["event"] == "refresh"]
+        assert len(refreshes) == k  # exactly one more per due time, whichever process queued it
+        (new,) = [d for d in refreshes if d["status"] == "pending"]
+        store.finish_delivery(a, new["id"], status="sent", now=t0 + 600 + 60 * k)
+
+
 def test_stale_version_loses_and_writes_nothing(engines: tuple[Any, Any], clock: Any) -> None:
     a, b = engines
     t0 = clock()

@@ -177,8 +177,9 @@ def test_unknown_channel_fails_visibly(engine: Any, clock: Any) -> None:
 
 def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any, hook: Receiver,
                                                                    clock: Any) -> None:
-    """Alertmanager expires an alert not re-sent before its endsAt: kvscope re-sends firing alerts
-    every resend_s (endsAt = now + 4 x resend_s), and stops once the alert resolves."""
+    """Alertmanager expires an alert not re-sent before its endsAt: the evaluation queues a re-send
+    of each firing alert every resend_s (endsAt = now + 4 x resend_s), none while an earlier one
+    is still unsent, none while silenced."""
     from pydantic import TypeAdapter
 
     from agent.protocol import PushBatch
@@ -190,9 +191,14 @@ def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any,
     IngestWriter(engine).write(TypeAdapter(PushBatch).validate_python(make_batch(1, t0)), t0)
     am = AlertChannel(name="am", kind="alertmanager", url=hook.url)
     cfg = DeliveryConfig(resend_s=60)
-    Evaluator(engine, rule_settings={}, channels=[am], config=EvalConfig()).run(t0 + 600)
-    for dt in (600, 630, 660, 700):
+    ev = Evaluator(engine, rule_settings={}, channels=[am], config=EvalConfig(resend_s=60))
+
+    def tick(dt: float) -> None:
+        ev.run(t0 + dt)
         run_deliveries(engine, [am], t0 + dt, cfg)
+
+    for dt in (600, 630, 660, 700):
+        tick(dt)
     events = [d["event"] for d in reversed(store.list_deliveries(engine, channel="am"))]
     assert events == ["firing", "refresh"]  # at 600, then 660 (60 s later); not at 630 nor 700
     body = hook.requests[-1].json()[0]
@@ -202,12 +208,12 @@ def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any,
     # while Alertmanager is down, refreshes do not pile up behind the unsent one
     hook.status = 503
     for dt in (730, 800, 900, 1000):
-        run_deliveries(engine, [am], t0 + dt, cfg)
+        tick(dt)
     assert [d["event"] for d in store.list_deliveries(engine, channel="am")].count("refresh") == 2
     hook.status = 200
-    silences = store.add_silence(engine, now=t0, until=t0 + 10_000, rule="agent_stale")
-    assert silences
+    tick(1100)  # the waiting refresh goes out
+    store.add_silence(engine, now=t0, until=t0 + 10_000, rule="agent_stale")
     before = len(store.list_deliveries(engine, channel="am"))
-    run_deliveries(engine, [am], t0 + 5000, cfg)
-    after = store.list_deliveries(engine, channel="am")
-    assert len(after) == before  # silenced: no more refreshes (the queued one is still retried)
+    for dt in (1200, 1300, 1400):
+        tick(dt)
+    assert len(store.list_deliveries(engine, channel="am")) == before  # silenced: no more refreshes
