@@ -39,7 +39,8 @@ def clock() -> FakeClock:
 # tests stay on SQLite. The postgres variants SKIP with a reason when the server binaries are
 # missing. The cluster is started once per session by tests/pg.py.
 BOTH_DB_DIRS = ("tests/app/test_ingest", "tests/app/test_read", "tests/app/storage", "tests/app/api",
-                "tests/scale")
+                "tests/app/test_rollups", "tests/app/test_derived_truth", "tests/controller/test_rollouts_store",
+                "tests/alerts/test_cas", "tests/scale")
 
 
 def _wants_both(metafunc: Any) -> bool:
