@@ -5,6 +5,7 @@ quantiles, and the replay / observe / prefix-repetition drivers on a fake clock.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -298,3 +299,32 @@ def test_observe_run_has_no_synthetic_requests_and_no_reset() -> None:
                       clock=ft.clock, sleep=ft.sleep)
     assert rec["ok"] and rec["reset"] == "skipped" and rec["requests"] == []
     assert "/v1/completions" not in fake.paths and rec["elapsed_s"] == pytest.approx(3.0)
+
+
+def test_prefix_repetition_runs_concurrently_over_shared_prefixes() -> None:
+    import threading
+
+    lock = threading.Lock()
+    state = {"in_flight": 0, "peak": 0}
+    fake = FakeVllm()
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path != "/v1/completions":
+            return fake(req)
+        with lock:
+            state["in_flight"] += 1
+            state["peak"] = max(state["peak"], state["in_flight"])
+        time.sleep(0.02)  # keeps requests overlapping; nothing asserts on time
+        try:
+            return fake(req)
+        finally:
+            with lock:
+                state["in_flight"] -= 1
+
+    spec = parse_workload({"kind": "prefix-repetition", "num_prefixes": 3, "prefix_tokens": 40, "suffix_tokens": 5,
+                           "requests": 24, "concurrency": 4, "distribution": "round-robin", "stream": False})
+    rec = execute_run("http://v", spec, run_key="pr", client=_client(handler))
+    assert rec["ok"] and len(rec["requests"]) == 24
+    assert [r["tag"] for r in rec["requests"]].count("first") == 3
+    assert rec["counters"]["prompt_tokens"] == 24 * 45
+    assert 1 < state["peak"] <= 4
