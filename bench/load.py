@@ -9,6 +9,7 @@ Bounded: loopback only, fixed duration, everything started here is stopped here.
 - clients: asyncio tasks polling like an open browser tab: every `--refresh` seconds (the
   dashboard's live refresh, 15 s) an instance page's 7 chart fragments + the worth fragment,
   or (one client in five) the overview fragment; staggered starts;
+- one Prometheus-like scraper reads the app's /metrics (the exporter) every 15 s;
 - before the measured run, `--history-min` minutes of past ticks are pushed (multi-scrape
   batches), so the charts read real history, not an empty store.
 
@@ -207,6 +208,21 @@ async def run_client(c: httpx.AsyncClient, idx: int, n_inst: int, refresh: float
         await asyncio.sleep(max(0.0, t_round + refresh - time.time()))
 
 
+async def run_scraper(c: httpx.AsyncClient, every: float, t_end: float, st: Stats) -> None:
+    """A Prometheus scraping the app's /metrics (the exporter computes derived series for all instances)."""
+    while time.time() < t_end:
+        t_round = time.time()
+        t0 = time.perf_counter()
+        try:
+            r = await c.get("/metrics")
+            if r.status_code != 200 or "kvscope_instance_up" not in r.text:
+                st.errors.append(f"metrics {r.status_code}: {r.text[:120]}")
+        except httpx.HTTPError as exc:
+            st.errors.append(f"metrics {type(exc).__name__}")
+        st.add("metrics", time.perf_counter() - t0)
+        await asyncio.sleep(max(0.0, t_round + every - time.time()))
+
+
 async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], minutes: float) -> None:
     """Push `minutes` of past 1 Hz ticks per agent, 60 ticks per batch, a few agents at a time."""
     start = math.floor(time.time() - minutes * 60)
@@ -273,6 +289,7 @@ async def main_async(args: argparse.Namespace, base: str, token: str, app_pid: i
         await asyncio.gather(
             *(run_agent(c, a, headers, t_end, st) for a in agents),
             *(run_client(c, i, args.agents, args.refresh, t_end, st) for i in range(args.clients)),
+            run_scraper(c, 15.0, t_end, st),
         )
     st.lat["_cpu"] = [(cpu_seconds(app_pid) - cpu0) / (time.monotonic() - w0)]
     return st
@@ -304,7 +321,7 @@ def main() -> int:
     print(f"\nkvscope load: {args.agents} agents at 1 Hz, {args.clients} dashboard clients every {args.refresh:g} s, "
           f"{args.duration:g} s, {args.db}, {os.cpu_count()} cores; app CPU {cpu:.2f} cores")
     print(f"{'kind':<10}{'requests':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
-    for kind in ("push", "chart", "worth", "overview"):
+    for kind in ("push", "chart", "worth", "overview", "metrics"):
         xs = st.lat.get(kind, [])
         print(f"{kind:<10}{len(xs):>10}" + "".join(f"{pct(xs, q) * 1000:>10.0f}" for q in (0.5, 0.95, 0.99, 1.0)))
     frag = st.lat.get("chart", []) + st.lat.get("worth", []) + st.lat.get("overview", [])
