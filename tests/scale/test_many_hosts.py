@@ -27,6 +27,7 @@ from .sim import sim_command
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 N_HOSTS = 3
 STALE_AFTER_S = 4.0
+MAX_HOLE_S = 4.0  # 1 Hz ticks; slack for a loaded 2-core machine
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -126,9 +127,10 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
     assert others["labhost0"][0] == "up" and others["labhost2"][0] == "up", others
     metrics = httpx.get(f"{app}/metrics", timeout=10).text
     assert re.search(r'kvscope_instance_stale\{[^}]*host="labhost1"[^}]*\} 1\.0', metrics), "exporter: not stale"
-    time.sleep(2)
+    time.sleep(4)
     net.set_link(1, up=True)
     t_back = time.time()
+    assert t_back - t_cut > 2 * MAX_HOLE_S  # the outage is far longer than any hole we accept
 
     db = lab["db"]
 
@@ -145,7 +147,7 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
         for host in hosts:
             ticks = _host_ticks(conn, host)
             gaps = [b - a for a, b in itertools.pairwise(ticks)]
-            assert ticks and max(gaps) < 3.0, f"{host}: a hole of {max(gaps):.1f} s in its samples"
+            assert ticks and max(gaps) < MAX_HOLE_S, f"{host}: a hole of {max(gaps):.1f} s in its samples"
             agent_id = conn.execute("select agent_id from hosts where name = ?", (host,)).fetchone()[0]
             n_batches = conn.execute("select count(*) from ingest_batches where agent_id = ?",
                                      (agent_id,)).fetchone()[0]
