@@ -18,7 +18,8 @@ from app.alerts.rule_io import RuleResult, TargetData
 
 RuleFunc = Callable[[TargetData, float, Mapping[str, Any]], RuleResult]
 
-_HINT_PARAMS: dict[str, Any] = {"shift_margin": 0.5, "length_margin": 0.3, "hybrid_block_tokens": 256}
+_HINT_PARAMS: dict[str, Any] = {"shift_margin": 0.5, "length_margin": 0.3, "mix_margin": 0.3,
+                                "hybrid_block_tokens": 256}
 
 
 @dataclass(frozen=True)

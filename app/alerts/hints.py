@@ -3,7 +3,8 @@
 Each check compares the alert window (start, end] with the baseline window before it:
 - restart:          a counter reset in the window, or a restart / counter_reset event;
 - config_change:    a config_change event (cache_config_info labels moved) near the window;
-- workload_shift:   request rate or mean prompt length moved by more than a margin, or (when
+- workload_shift:   request rate, mean prompt length or the prompt-length mix (histogram buckets,
+                    total variation distance) moved by more than a margin, or (when
                     nothing else explains it) the same token volume finds far fewer cached prefixes;
 - hybrid_block_size: cache_config says a large block size (hybrid / mamba models hit only at
                     whole attention blocks) larger than the typical shared prefix;
@@ -15,20 +16,23 @@ Each check compares the alert window (start, end] with the baseline window befor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from app.alerts.hitrates import BY_SOURCE, CACHED_SOURCES, EXT_HITS, EXT_QUERIES, PROMPT_TOKENS, hit_rate
 from app.alerts.rule_io import Hint, TargetData
-from app.alerts.series import window_increase
+from app.alerts.series import bucket_increases, window_increase
 
 PROMPT_LEN_SUM = "vllm:request_prompt_tokens_sum"
 PROMPT_LEN_COUNT = "vllm:request_prompt_tokens_count"
+PROMPT_LEN_BUCKET = "vllm:request_prompt_tokens_bucket"
 REQUEST_SUCCESS = "vllm:request_success_total"
 ALLOC_FAILURES = "vllm:kv_offload_allocation_failure_total"
 RESTART_EVENTS = frozenset({"restart", "counter_reset"})
 
-HINT_METRICS = (PROMPT_LEN_SUM, PROMPT_LEN_COUNT, REQUEST_SUCCESS, ALLOC_FAILURES, EXT_HITS, EXT_QUERIES)
+HINT_METRICS = (PROMPT_LEN_SUM, PROMPT_LEN_COUNT, PROMPT_LEN_BUCKET, REQUEST_SUCCESS, ALLOC_FAILURES, EXT_HITS,
+                EXT_QUERIES)
 
 
 def _config_value(info: Mapping[str, Any], key: str) -> str | None:
@@ -63,6 +67,35 @@ def _requests(data: TargetData, start: float, end: float) -> tuple[float | None,
     rps = count.value / count.covered_s if count.value is not None and count.covered_s > 0 else None
     mean_len = tokens.value / count.value if tokens.value is not None and count.value else None
     return rps, mean_len
+
+
+def length_mix(data: TargetData, start: float, end: float) -> dict[float, float] | None:
+    """Share of requests per prompt-length bucket (upper bound -> share) over the window, from the
+    vllm:request_prompt_tokens histogram; None without requests."""
+    cumulative = bucket_increases(data.series.get(PROMPT_LEN_BUCKET), start, end)
+    if not cumulative:
+        return None
+    les = sorted(cumulative)
+    counts: list[float] = []
+    running = 0.0
+    for le in les:
+        c = max(cumulative[le], running)  # cumulative buckets never decrease
+        counts.append(c - running)
+        running = c
+    if running <= 0:
+        return None
+    return {le: c / running for le, c in zip(les, counts, strict=True)}
+
+
+def _mix_shift(before: dict[float, float], after: dict[float, float]) -> tuple[float, str]:
+    """Total variation distance between two bucket distributions, and the bucket that moved most."""
+    les = sorted(set(before) | set(after))
+    diffs = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in les}
+    tv = 0.5 * sum(abs(d) for d in diffs.values())
+    le = max(diffs, key=lambda k: abs(diffs[k]))
+    prev = les[les.index(le) - 1] if les.index(le) > 0 else 0.0
+    span = f"over {prev:.0f}" if math.isinf(le) else f"{prev:.0f}-{le:.0f}"
+    return tv, f"prompts of {span} tokens {before.get(le, 0.0):.0%} -> {after.get(le, 0.0):.0%} of requests"
 
 
 def _moved(before: float | None, after: float | None, margin: float) -> bool:
@@ -125,6 +158,11 @@ def hit_rate_hints(
         moved.append(f"request rate {rps_base:.2f}/s -> {rps_now:.2f}/s ({_pct(rps_base, rps_now)})")
     if _moved(len_base, len_now, float(params.get("length_margin", 0.3))) and len_base and len_now:
         moved.append(f"mean prompt length {len_base:.0f} -> {len_now:.0f} tokens ({_pct(len_base, len_now)})")
+    mix_now, mix_base = length_mix(data, start, end), length_mix(data, b0, b1)
+    if mix_now is not None and mix_base is not None:
+        tv, what = _mix_shift(mix_base, mix_now)
+        if tv > float(params.get("mix_margin", 0.3)):
+            moved.append(f"prompt length mix moved (total variation {tv:.2f}): {what}")
     # offload tier saturating
     fails = window_increase(data.series.get(ALLOC_FAILURES), start, end).value
     saturated = fails is not None and fails > 0

@@ -110,6 +110,17 @@ def test_request_rate_and_prompt_length_shift_are_named() -> None:
     assert "mean prompt length 2000 -> 500 tokens (-75%)" in hint.message
 
 
+def test_prompt_length_mix_shift_with_the_same_mean_is_named() -> None:
+    rec = history()
+    # half short, half long prompts: the mean stays 2000 tokens, the mix does not
+    rec.run(300, Mix(gpu_hit=0.1, ext_hit=0.0, lengths=((500.0, 0.5), (3500.0, 0.5))))
+    r = run("hit_rate_drop_overall", rec.data(), rec.t)
+    (hint,) = [h for h in r.hints if h.kind == "workload_shift"]
+    assert "mean prompt length" not in hint.message
+    assert "prompt length mix moved (total variation 1.00)" in hint.message
+    assert "prompts of 1024-2048 tokens 100% -> 0% of requests" in hint.message
+
+
 def test_config_change_event_is_a_hint() -> None:
     rec = history()
     msg = "cache config changed: block_size 16 -> 64"

@@ -15,6 +15,7 @@ from typing import Any
 
 LABELS = {"model_name": "m", "engine": "0"}
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
+LEN_BUCKETS = (128.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, float("inf"))
 BYTES_PER_TOKEN = 147_456.0
 TYPES = {
     "vllm:prompt_tokens": "counter",
@@ -45,6 +46,11 @@ class Mix:
     ttft_s: float = 0.2
     store_bytes_per_s: float = 0.0
     alloc_failures_per_s: float = 0.0
+    # prompt lengths as (tokens, share of requests); default: every prompt is prompt_len long
+    lengths: tuple[tuple[float, float], ...] = ()
+
+    def length_shares(self) -> tuple[tuple[float, float], ...]:
+        return self.lengths or ((self.prompt_len, 1.0),)
 
 
 HEALTHY = Mix()
@@ -66,7 +72,11 @@ class Server:
 
     def advance(self, dt: float, mix: Mix) -> None:
         reqs = mix.rps * dt
-        prompt = reqs * mix.prompt_len
+        prompt = reqs * sum(n * share for n, share in mix.length_shares())
+        for n, share in mix.length_shares():
+            for le in LEN_BUCKETS:
+                if n <= le:
+                    self._add(f"len:{le}", reqs * share)
         gpu = prompt * mix.gpu_hit
         ext = prompt * mix.ext_hit
         self._add("prompt", prompt)
@@ -112,6 +122,9 @@ class Server:
         for le in TTFT_BUCKETS:
             le_s = "+Inf" if le == float("inf") else str(le)
             out.append(("vllm:time_to_first_token_seconds_bucket", {**LABELS, "le": le_s}, c(f"ttft:{le}", 0.0)))
+        for le in LEN_BUCKETS:
+            le_s = "+Inf" if le == float("inf") else str(le)
+            out.append(("vllm:request_prompt_tokens_bucket", {**LABELS, "le": le_s}, c(f"len:{le}", 0.0)))
         return out
 
 
