@@ -17,7 +17,8 @@ RUN_KEYS = {
 
 def _layout(title: str, xtitle: str, ytitle: str) -> dict[str, Any]:
     return {
-        "title": {"text": title, "font": {"size": 14}}, "height": 280, "margin": {"l": 55, "r": 10, "t": 35, "b": 40},
+        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, "height": 280,
+        "margin": {"l": 55, "r": 10, "t": 45, "b": 40},
         "xaxis": {"title": {"text": xtitle}}, "yaxis": {"title": {"text": ytitle}, "rangemode": "tozero"},
         "legend": {"orientation": "h"}, "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
     }
@@ -44,6 +45,7 @@ def per_run_figures(kind: str, runs: list[dict[str, Any]]) -> list[dict[str, Any
 def ttft_cdf_figure(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     tags = focus_tags(kind)
     traces = []
+    modeled = any((r.get("record") or {}).get("timing_source") == "sim-model" for r in runs)
     for arm in ("A", "B"):
         vals: list[float] = []
         for r in runs:
@@ -56,7 +58,8 @@ def ttft_cdf_figure(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "name": f"arm {arm} (n={n})", "x": vals, "y": [(i + 1) / n for i in range(n)],
         })
     what = " of the reload requests" if tags else ""
-    return {"id": "ttft-cdf", "data": traces, "layout": _layout(f"TTFT CDF{what} (client-side)", "ms", "fraction")}
+    how = "the sim's modeled TTFT" if modeled else "client-side"
+    return {"id": "ttft-cdf", "data": traces, "layout": _layout(f"TTFT CDF{what} ({how})", "ms", "fraction")}
 
 
 def source_share_figure(runs: list[dict[str, Any]]) -> dict[str, Any]:

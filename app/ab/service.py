@@ -94,6 +94,10 @@ def experiment_view(exp: dict[str, Any], runs: list[dict[str, Any]] | None = Non
     }
     out["simulated"] = bool(exp.get("simulated"))
     out["workload"] = wl
+    try:
+        out["workload_text"] = parse_workload(exp.get("workload") or {}).describe()
+    except ValueError:
+        out["workload_text"] = str(wl.get("kind", "?"))
     out["options"] = exp.get("options") or {}
     out["finished"] = exp.get("finished_at") is not None
     out["progress"] = {"runs_done": done, "runs_total": total,
