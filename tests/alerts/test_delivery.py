@@ -217,3 +217,20 @@ def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any,
     for dt in (1200, 1300, 1400):
         tick(dt)
     assert len(store.list_deliveries(engine, channel="am")) == before  # silenced: no more refreshes
+
+
+def test_documented_webhook_body_matches_what_is_sent() -> None:
+    """docs/alerts.md shows the generic webhook body: same keys as the code sends."""
+    import json
+    import re
+    from pathlib import Path
+
+    from app.alerts.channels import webhook_body
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "alerts.md").read_text()
+    block = re.search(r"### Generic webhook.*?```json\n(.*?)```", doc, re.S)
+    assert block, "the webhook example is missing from docs/alerts.md"
+    documented = json.loads(block.group(1))
+    sent = webhook_body(snapshot(ALERT, "firing", base_url="http://x"), 1.0)
+    assert set(documented) == set(sent)
+    assert set(documented["alert"]) == set(sent["alert"])
