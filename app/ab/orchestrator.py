@@ -14,6 +14,9 @@ instance back on its previous profile (through a normal rollout, when it is not 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,16 +48,19 @@ def plan_runs(runs_per_arm: int) -> list[str]:
 
 class Orchestrator:
     def __init__(self, engine: Engine, port: ControllerPort, executor: RunExecutor,
-                 limits: Limits | None = None, actor: str = "ab") -> None:
+                 limits: Limits | None = None, owner: str | None = None, lease_s: float = 60.0) -> None:
         self.engine = engine
         self.port = port
         self.executor = executor
         self.limits = limits or Limits()
-        self.actor = actor
+        # Several app processes may tick; each experiment is moved on by one (its workload threads
+        # live there), holding a lease it renews on every tick.
+        self.owner = owner or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.lease_s = lease_s
 
     # ------------------------------------------------------------------ entry points
     def tick(self, now: float) -> None:
-        for exp in st.unfinished_experiments(self.engine):
+        for exp in st.claim_experiments(self.engine, self.owner, now, self.lease_s):
             try:
                 self.advance(exp, now)
             except Exception as exc:  # one broken experiment never stops the others
@@ -200,10 +206,11 @@ class Orchestrator:
         key = (eid, int(run["idx"]))
         run_key = f"ab{eid}-s{exp['seed']}-{run['idx']}"
         url = str(exp["instance_url"])
+        if not st.update_experiment(self.engine, eid, now, expect_state="running", expect_step="run", step="running",
+                                    step_started_at=now, message=f"run {run['idx'] + 1}/"
+                                    f"{2 * int(exp['runs_per_arm'])} (arm {run['arm']}): {spec.describe()}"):
+            return  # cancelled (or moved on) meanwhile
         st.update_run(self.engine, int(run["id"]), state="running", started_at=now)
-        st.update_experiment(self.engine, eid, now, expect_step="run", step="running", step_started_at=now,
-                             message=f"run {run['idx'] + 1}/{2 * int(exp['runs_per_arm'])} (arm {run['arm']}): "
-                             f"{spec.describe()}")
         self.executor.start(key, url, spec, run_key, self._cancel_check(eid))
 
     def _cancel_check(self, eid: int) -> Any:

@@ -41,6 +41,10 @@ class AbExperiment(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     rollout_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the rollout being waited for
     step_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The app process that moves this experiment on (its workload threads live there), with a lease:
+    # another process takes over only when the lease ran out (the owner died).
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_until: Mapped[float | None] = mapped_column(Float, nullable=True)
     verdict: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     requested_by: Mapped[str] = mapped_column(String(255), default="")
     created_at: Mapped[float] = mapped_column(Float)

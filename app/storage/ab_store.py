@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, insert, select, update
+from sqlalchemy import Engine, Table, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.storage.ab_models import AbExperiment, AbRun
@@ -96,6 +96,21 @@ def list_experiments(engine: Engine, *, instance_id: int | None = None, limit: i
 def unfinished_experiments(engine: Engine) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(_query().where(_E.c.finished_at.is_(None)).order_by(_E.c.id))]
+
+
+def claim_experiments(engine: Engine, owner: str, now: float, lease_s: float) -> list[dict[str, Any]]:
+    """The unfinished experiments this process moves on now: those it owns (lease renewed), plus
+    unowned ones and those whose owner's lease ran out (taken over by compare-and-set)."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(_E)
+            .where(_E.c.finished_at.is_(None))
+            .where(or_(_E.c.owner.is_(None), _E.c.owner == owner, _E.c.lease_until < now))
+            .values(owner=owner, lease_until=now + lease_s)
+        )
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(
+            _query().where(_E.c.finished_at.is_(None), _E.c.owner == owner).order_by(_E.c.id))]
 
 
 def update_experiment(

@@ -34,6 +34,8 @@ def upgrade() -> None:
         sa.Column("message", sa.Text(), nullable=False),
         sa.Column("rollout_id", sa.Integer(), nullable=True),
         sa.Column("step_started_at", sa.Float(), nullable=True),
+        sa.Column("owner", sa.String(length=128), nullable=True),
+        sa.Column("lease_until", sa.Float(), nullable=True),
         sa.Column("verdict", sa.JSON(), nullable=False),
         sa.Column("requested_by", sa.String(length=255), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),

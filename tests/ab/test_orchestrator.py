@@ -13,7 +13,7 @@ from app.ab.service import ExperimentError, start_experiment
 from app.storage import ab_store as st
 from app.storage import rollouts_store as rs
 from app.storage.events import list_events
-from tests.ab.conftest import SPEC, ModelExecutor, drive
+from tests.ab.conftest import SPEC, ModelExecutor, agent_step, drive
 
 
 def test_a_then_b_interleaved_verdict_and_back_on_a(setup: dict[str, Any], clock: Any) -> None:
@@ -115,3 +115,24 @@ def test_lost_run_after_restart_fails_and_restores(setup: dict[str, Any], clock:
 
     exp = drive(orch, ctx, host_id, clock, eid, on_tick=forget)
     assert exp["state"] == "failed" and "lost" in exp["message"]
+
+
+def test_two_app_processes_one_owner_and_takeover_after_the_lease(setup: dict[str, Any], clock: Any) -> None:
+    ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
+    ex1 = ModelExecutor(ctx, iid, hold=True)
+    one = Orchestrator(ctx.engine, RolloutsPort(ctx), ex1, Limits(n_boot=200), owner="p1", lease_s=30)
+    two = Orchestrator(ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, iid), Limits(n_boot=200), owner="p2",
+                       lease_s=30)
+    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=1)
+    for _ in range(5):  # both tick; p1 claimed it first and keeps it
+        one.tick(clock())
+        two.tick(clock())
+        agent_step(ctx, host_id, clock())
+        clock.advance(1.0)
+    exp = st.get_experiment(ctx.engine, eid)
+    assert exp is not None and exp["owner"] == "p1" and exp["step"] == "running"
+    clock.advance(31.0)  # p1 died mid-run: its lease runs out, p2 takes over and finds the run lost
+    exp = drive(two, ctx, host_id, clock, eid)
+    assert exp["owner"] == "p2" and exp["state"] == "failed" and "lost" in exp["message"]
+    cur = rs.instance_profiles(ctx.engine, iid)["current"]
+    assert cur is not None and cur["name"] == "no-offload"
