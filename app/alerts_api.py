@@ -98,7 +98,8 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     ev = Evaluator(
         ctx.engine, rule_settings=s.alert_rules, channels=s.alert_channels,
         config=EvalConfig(interval_s=s.alert_eval_interval_s, nodata_resolve_s=s.alert_nodata_resolve_s,
-                          base_url=s.alert_public_url, resend_s=s.alert_resend_s),
+                          base_url=s.alert_public_url, resend_s=s.alert_resend_s,
+                          history_s=s.alert_history_days * 86400),
     )
     ctx.extras["alerts.evaluator"] = ev
     ctx.extras["alerts.last_report"] = None

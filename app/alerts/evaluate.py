@@ -41,6 +41,7 @@ class EvalConfig:
     nodata_resolve_s: float = 900.0
     base_url: str | None = None
     resend_s: float = 60.0  # re-send firing alerts to Alertmanager channels this often
+    history_s: float = 90 * 86400.0  # resolved alerts older than this are pruned (hourly)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Evaluator:
         self.cache = SeriesCache(engine)
         # per Alertmanager channel: (alert id -> last queued delivery time, alert ids with one unsent)
         self._refresh_state: dict[str, tuple[dict[int, float], set[int]]] = {}
+        self._pruned_at = float("-inf")
 
     # ------------------------------------------------------------------ targets and data
     def targets(self) -> list[Target]:
@@ -157,6 +159,13 @@ class Evaluator:
                 except Exception as exc:  # one bad rule never stops the others
                     log.exception("alerts: rule %s on %s failed", spec.name, key)
                     report.errors.append(f"{key}: {exc}")
+        if now - self._pruned_at >= 3600:
+            self._pruned_at = now
+            try:
+                store.prune(self.engine, now - self.config.history_s)
+            except Exception as exc:  # housekeeping never stops evaluation
+                log.exception("alerts: pruning history failed")
+                report.errors.append(f"prune: {exc}")
         # open alerts whose rule got disabled or whose target is gone
         for key, row in open_by_key.items():
             if key not in seen:

@@ -187,6 +187,22 @@ def acknowledge(engine: Engine, alert_id: int, now: float, note: str = "") -> bo
         return res.rowcount == 1
 
 
+def prune(engine: Engine, before: float) -> int:
+    """Delete alerts resolved before `before` (their transitions and deliveries go with them) and
+    old test deliveries. Returns the number of alerts deleted."""
+    with engine.begin() as conn:
+        old = [int(r[0]) for r in conn.execute(
+            select(A.c.id).where(A.c.state == "resolved", A.c.resolved_at < before)
+        ).all()]
+        if old:
+            conn.execute(delete(AlertTransition).where(AlertTransition.alert_id.in_(old)))
+            conn.execute(delete(AlertDelivery).where(AlertDelivery.alert_id.in_(old)))
+            conn.execute(delete(AlertRow).where(AlertRow.id.in_(old)))
+        conn.execute(delete(AlertDelivery).where(AlertDelivery.alert_id.is_(None), AlertDelivery.created_at < before))
+        conn.execute(delete(AlertSilence).where(AlertSilence.until < before))
+    return len(old)
+
+
 # ------------------------------------------------------------------ deliveries
 def add_deliveries(engine: Engine, alert_id: int | None, deliveries: Sequence[NewDelivery], now: float) -> list[int]:
     with engine.begin() as conn:

@@ -37,12 +37,13 @@ def engines(settings: Any) -> Iterator[tuple[Any, Any]]:
     b.dispose()
 
 
-def _seed(engine: Any, now: float) -> None:
+def _seed(engine: Any, now: float, seq: int = 1) -> None:
+    """One agent push (host rig1, one instance) at `now`."""
     from pydantic import TypeAdapter
 
     from tests.conftest import make_batch
 
-    batch = TypeAdapter(PushBatch).validate_python(make_batch(1, now))
+    batch = TypeAdapter(PushBatch).validate_python(make_batch(seq, now))
     IngestWriter(engine).write(batch, now)
 
 
@@ -160,3 +161,21 @@ def test_a_target_that_fails_to_load_keeps_its_alerts(engines: tuple[Any, Any], 
     rep = ev.run(t0 + 615)
     assert rep.errors and rep.resolved == 0  # no false "resolved" because a read failed
     assert [x["rule"] for x in store.open_alerts(a).values()] == ["agent_stale"]
+
+
+def test_old_resolved_alerts_are_pruned(engines: tuple[Any, Any], clock: Any) -> None:
+    a, _ = engines
+    t0 = clock()
+    _seed(a, t0)
+    ch = AlertChannel(name="hook", kind="webhook", url="http://127.0.0.1:9/")
+    ev = Evaluator(a, rule_settings={}, channels=[ch], config=EvalConfig(history_s=86400))
+    ev.run(t0 + 600)  # agent_stale fires
+    _seed(a, t0 + 700, seq=2)  # the agent is back
+    ev.run(t0 + 700)  # resolves
+    (row,) = store.list_alerts(a, states=["resolved"])
+    assert store.list_transitions(a, alert_id=row["id"]) and store.list_deliveries(a, alert_id=row["id"])
+    ev.run(t0 + 700 + 86400 + 10)  # an hour later than the last prune, a day after the resolve
+    assert store.get_alert(a, row["id"]) is None
+    assert store.list_transitions(a, alert_id=row["id"]) == []
+    assert store.list_deliveries(a, alert_id=row["id"]) == []
+
