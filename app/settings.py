@@ -80,6 +80,7 @@ class Settings(BaseSettings):
     alert_public_url: str | None = Field(
         None, description="This app's URL as users reach it, for links in notifications."
     )
+    alert_history_days: float = Field(90.0, gt=0, description="Keep resolved alerts and their history this long.")
 
     @field_validator("alert_rules")
     @classmethod
