@@ -104,6 +104,7 @@ def bootstrap_diffs(
     seed: int,
     n_boot: int = 2000,
     level: float = 0.95,
+    widen_small_samples: bool = True,
 ) -> list[Interval] | None:
     """CIs of stat(B) - stat(A) for each statistic, from one hierarchical bootstrap.
 
@@ -127,23 +128,35 @@ def bootstrap_diffs(
             if va != 0:
                 rels[i].append(vb / va - 1.0)
     tail = (1.0 - level) / 2.0 * 100.0
+    # Resampling n runs sees a spread (n-1)/n of the true one (the plug-in variance): with the 3-5
+    # runs an experiment affords that makes the interval too narrow, so it is widened around the
+    # estimate by sqrt(n/(n-1)), n = the smaller arm's run count.
+    n_runs = min(len(a), len(b))
+    widen = math.sqrt(n_runs / (n_runs - 1)) if n_runs > 1 and widen_small_samples else 1.0
     out = []
     for i, fn in enumerate(stats):
         va, vb = fn(pa), fn(pb)
+        est = vb - va
         d = sorted(diffs[i])
         r = sorted(rels[i])
         has_rel = va != 0 and len(r) == len(d)
+        rel = (vb / va - 1.0) if va != 0 else None
+        lo, hi = _widen(est, percentile(d, tail), percentile(d, 100.0 - tail), widen)
+        rel_lo = rel_hi = None
+        if has_rel and rel is not None:
+            rel_lo, rel_hi = _widen(rel, percentile(r, tail), percentile(r, 100.0 - tail), widen)
         out.append(
             Interval(
-                a=va, b=vb, diff=vb - va,
-                lo=percentile(d, tail), hi=percentile(d, 100.0 - tail),
-                rel=(vb / va - 1.0) if va != 0 else None,
-                rel_lo=percentile(r, tail) if has_rel else None,
-                rel_hi=percentile(r, 100.0 - tail) if has_rel else None,
+                a=va, b=vb, diff=est, lo=lo, hi=hi, rel=rel, rel_lo=rel_lo, rel_hi=rel_hi,
                 level=level, n_a=len(pa), n_b=len(pb), runs_a=len(a), runs_b=len(b),
             )
         )
     return out
+
+
+def _widen(est: float, lo: float, hi: float, factor: float) -> tuple[float, float]:
+    """Stretch [lo, hi] away from the estimate by `factor` (an interval never shrinks below it)."""
+    return min(lo, est - (est - lo) * factor), max(hi, est + (hi - est) * factor)
 
 
 def bonferroni_level(family_level: float, k: int) -> float:

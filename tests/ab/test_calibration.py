@@ -1,6 +1,7 @@
 """How often the verdict cries wolf: A vs A over 200 seeded experiments on the sim's model with
-run- and request-level jitter. The headline metrics are meant to hold together at 95%; the
-percentile bootstrap of 3 runs per arm is a little optimistic, so the bound here is 10%."""
+run- and request-level jitter. The headline metrics are meant to hold together at 95%, so at most
+5% of A vs A experiments may call a difference (measured: 1%; 6% before the small-sample widening
+of the bootstrap interval)."""
 
 from __future__ import annotations
 
@@ -18,4 +19,4 @@ def test_a_vs_a_false_alarm_rate_over_200_seeds() -> None:
         headline = modeled_experiment(OFFLOAD_05, OFFLOAD_05, seed=s, n_boot=1000)["verdict"]["headline"]
         alarms += any(r["significant"] for r in headline)
     print(f"A vs A: a difference called in {alarms} of {n} experiments ({alarms / n:.1%}; nominal 5%)")
-    assert alarms / n <= 0.10
+    assert alarms / n <= 0.05

@@ -89,3 +89,16 @@ def test_bonferroni_level() -> None:
     assert bonferroni_level(0.95, 1) == pytest.approx(0.95)
     assert bonferroni_level(0.95, 4) == pytest.approx(0.9875)
     assert bonferroni_level(0.95, 0) == pytest.approx(0.95)
+
+
+def test_few_runs_widen_the_interval_by_sqrt_n_over_n_minus_1() -> None:
+    rng = random.Random(4)
+    a = [[50 + rng.gauss(0, 3) for _ in range(5)] for _ in range(3)]
+    b = [[50 + rng.gauss(0, 3) for _ in range(5)] for _ in range(3)]
+    (wide,) = bootstrap_diffs(a, b, [mean], seed=2, n_boot=400) or []
+    (plain,) = bootstrap_diffs(a, b, [mean], seed=2, n_boot=400, widen_small_samples=False) or []
+    assert wide.diff == plain.diff and plain.lo < plain.diff < plain.hi
+    assert wide.diff - wide.lo == pytest.approx((plain.diff - plain.lo) * 1.5**0.5)
+    assert wide.hi - wide.diff == pytest.approx((plain.hi - plain.diff) * 1.5**0.5)
+    assert wide.rel_lo is not None and plain.rel_lo is not None and wide.rel is not None
+    assert wide.rel - wide.rel_lo == pytest.approx((plain.rel - plain.rel_lo) * 1.5**0.5)
