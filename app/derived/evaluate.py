@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from app.derived.grid import Grid
 from app.rates import gauge_series, increase, rate_series
-from app.storage.rollups import TieredSeries
+from app.storage.rollups import Bucket, TieredSeries
 
 Values = list[float | None]
 
@@ -24,10 +24,16 @@ def counter_rate(s: TieredSeries, grid: Grid) -> Values:
         return []
     if s.tier == "raw":
         return [v for _, v in rate_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step,
-                                          grid.rate_window)][
-            : len(grid.times)
-        ]
-    return _bucket_eval(s, grid, lambda bs: _rate_of(bs, s.res))
+                                          grid.rate_window)][: len(grid.times)]
+    if grid.step == s.res:  # one bucket per instant: the bucket ending at t
+        by_end = {b.ts + s.res: b.inc for b in s.buckets}
+        res = s.res
+        return [None if (inc := by_end.get(t)) is None else inc / res for t in grid.times]
+    out: Values = []
+    for sel in _windows(s, grid):
+        incs = [b.inc for b in sel if b.inc is not None]
+        out.append(sum(incs) / (len(incs) * s.res) if incs else None)
+    return out
 
 
 def gauge_values(s: TieredSeries, grid: Grid, use: str = "mean") -> Values:
@@ -38,50 +44,37 @@ def gauge_values(s: TieredSeries, grid: Grid, use: str = "mean") -> Values:
         return [v for _, v in gauge_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step)][
             : len(grid.times)
         ]
-
-    def agg(bs: Sequence[tuple[float, int, float, float, float, float]]) -> float | None:
-        if not bs:
-            return None
-        if use == "max":
-            return max(b[3] for b in bs)
-        if use == "min":
-            return min(b[2] for b in bs)
-        if use == "last":
-            return bs[-1][5]
-        n = sum(b[1] for b in bs)
-        return sum(b[4] for b in bs) / n if n else None
-
-    return _bucket_eval(s, grid, agg, gauge=True)
-
-
-def _rate_of(bs: Sequence[tuple[float, int, float, float, float, float]], res: float) -> float | None:
-    if not bs:
-        return None
-    return sum(b[0] for b in bs) / (len(bs) * res)
-
-
-def _bucket_eval(
-    s: TieredSeries, grid: Grid, fn: Callable[[Sequence[tuple[float, int, float, float, float, float]]], float | None],
-    gauge: bool = False,
-) -> Values:
-    """Apply fn to the buckets ending in (t - step, t] for every grid instant t.
-    Bucket tuples: (inc, n, min, max, sum, last)."""
     out: Values = []
+    for sel in _windows(s, grid):
+        if not sel:
+            out.append(None)
+        elif use == "max":
+            out.append(max(b.vmax for b in sel))
+        elif use == "min":
+            out.append(min(b.vmin for b in sel))
+        elif use == "last":
+            out.append(sel[-1].vlast)
+        else:
+            n = sum(b.n for b in sel)
+            out.append(sum(b.vsum for b in sel) / n if n else None)
+    return out
+
+
+def _windows(s: TieredSeries, grid: Grid) -> list[list[Bucket]]:
+    """For every grid instant t, the buckets that end in (t - step, t] (ascending, two pointers)."""
+    out: list[list[Bucket]] = []
     bk = s.buckets
+    res = s.res
     i = 0
     n = len(bk)
     for t in grid.times:
         lo = t - grid.step
-        while i < n and bk[i].ts + s.res <= lo:
+        while i < n and bk[i].ts + res <= lo:
             i += 1
         j = i
-        sel: list[tuple[float, int, float, float, float, float]] = []
-        while j < n and bk[j].ts + s.res <= t:
-            b = bk[j]
-            if gauge or b.inc is not None:
-                sel.append((b.inc or 0.0, b.n, b.vmin, b.vmax, b.vsum, b.vlast))
+        while j < n and bk[j].ts + res <= t:
             j += 1
-        out.append(fn(sel))
+        out.append(bk[i:j])
     return out
 
 

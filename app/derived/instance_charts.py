@@ -214,10 +214,11 @@ def tier_occupancy(scope: Scope) -> Panel:
 def latency(scope: Scope) -> Panel:
     g = scope.grid
     p = Panel("latency", "Latency and load", g, ["latency (ms)", "requests", "preemptions/s"])
-    got = scope.fetch([
-        "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
-    ])
+    got = {
+        **scope.fetch(["vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"],
+                      lean=True),
+        **scope.fetch(["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total"]),
+    }
     ttft = quantile_series(got["vllm:time_to_first_token_seconds_bucket"], (0.5, 0.95, 0.99), g)
     colors = {0.5: "#2ca02c", 0.95: "#ff7f0e", 0.99: "#d62728"}
     if got["vllm:time_to_first_token_seconds_bucket"]:

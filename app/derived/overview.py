@@ -59,7 +59,7 @@ def sparklines(scope: Scope) -> dict[str, list[float | None]]:
     got = scope.fetch([
         "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
         "vllm:time_to_first_token_seconds_bucket",
-    ])
+    ], lean=True)
     cached = total(got["vllm:prompt_tokens_cached_total"], g, counter_rate)
     if cached is None and got["vllm:prompt_tokens_by_source_total"]:
         by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)

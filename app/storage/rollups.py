@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -27,9 +28,8 @@ DEFAULT_PX = 1600
 MIN_POINTS_PER_PX = 1 / 3
 
 
-@dataclass(frozen=True)
-class Bucket:
-    """One aggregate. ts = bucket start (s); inc is None for gauges."""
+class Bucket(NamedTuple):
+    """One aggregate. ts = bucket start (s); inc is None for gauges. A tuple: cheap to build."""
 
     ts: float
     n: int
@@ -222,7 +222,7 @@ def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
     )
     rows: list[dict[str, Any]] = []
     new_carry: dict[int, tuple[int, float]] = {}
-    for sid, samples in _group_by_series(conn.execute(q)):
+    for sid, samples in _group_by_series(conn.execute(q).all()):
         buckets, carry = fold_minutes(samples, carries.get(sid), kinds.get(sid) == "counter")
         rows.extend(_bucket_row(sid, ms, b) for ms, b in buckets)
         if carry is not None:
@@ -247,7 +247,7 @@ def _roll_hours(conn: Connection, dialect: str, start: int, end: int) -> int:
     rows: list[dict[str, Any]] = []
     cur_sid: int | None = None
     acc: list[tuple[int, Bucket]] = []
-    for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q):
+    for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q).all():
         if sid != cur_sid:
             if cur_sid is not None:
                 rows.extend(_bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
@@ -293,10 +293,11 @@ def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: 
 
 def tiered_points(
     engine: Engine, *, names: Sequence[str], start: float, end: float, tier: str,
-    instance_id: int | None = None, host_id: int | None = None, lookback: float = 0.0,
+    instance_id: int | None = None, host_id: int | None = None, lookback: float = 0.0, lean: bool = False,
 ) -> list[TieredSeries]:
     """Every series named in `names` of an instance (or host-level of a host), from one tier,
-    over [start - lookback, end]. One query for the series, one for the points."""
+    over [start - lookback, end]. One query for the series, one for the points. `lean`: rollup
+    buckets carry only the increase (enough for rates and quantiles; min/max/mean/last are 0)."""
     s = Series.__table__
     q = select(s.c.id, s.c.name, s.c.labels, s.c.kind).where(s.c.name.in_(list(names)))
     if instance_id is not None:
@@ -318,17 +319,17 @@ def tiered_points(
                 select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
                 .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
             )
-            for sid, ts, v in conn.execute(rq):
+            for sid, ts, v in conn.execute(rq).all():
                 pts[int(sid)].append((ts / 1000.0, float(v)))
         else:
             counters = {sid for sid in ids if meta[sid][2] == "counter"}
-            for sid, buckets in _rollup_buckets(conn, ids, counters, tier, lo, hi).items():
+            for sid, buckets in _rollup_buckets(conn, ids, counters, tier, lo, hi, lean).items():
                 pts[sid] = buckets
     out = []
     for sid in ids:
         name, labels, kind = meta[sid]
         data = pts[sid]
-        data.sort(key=lambda p: p[0] if isinstance(p, tuple) else p.ts)
+        data.sort(key=itemgetter(0))  # (ts, value) points and Buckets both start with ts
         out.append(TieredSeries(
             series_id=sid, name=name, labels=labels, kind=kind, tier=tier, res=TIER_RES[tier],
             points=data if tier == "raw" else [], buckets=data if tier != "raw" else [],
@@ -337,7 +338,7 @@ def tiered_points(
 
 
 def _rollup_buckets(
-    conn: Connection, ids: list[int], counters: set[int], tier: str, lo: int, hi: int
+    conn: Connection, ids: list[int], counters: set[int], tier: str, lo: int, hi: int, lean: bool = False
 ) -> dict[int, list[Bucket]]:
     """Buckets of `tier` over [lo, hi]: stored rollups up to the tier's watermark, and the tail
     past it (not rolled up yet: the job lags by the grace period and its interval) folded on the
@@ -351,8 +352,16 @@ def _rollup_buckets(
     cols = (t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
     if stored_until > lo:
         q = select(*cols).where(t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until)
-        for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q):
-            out[int(sid)].append(Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc))
+        if lean:
+            lq = select(t.c.series_id, t.c.bucket_ms, t.c.inc).where(
+                t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until
+            )
+            for sid, ms, inc in conn.execute(lq).all():
+                out[sid].append(Bucket(ms / 1000.0, 0, 0.0, 0.0, 0.0, 0.0, inc))
+        else:
+            make = Bucket._make
+            for row in conn.execute(q).all():
+                out[row[0]].append(make((row[1] / 1000.0, *row[2:])))
     if stored_until > hi:
         return out
     # tail: minutes from the 1m table (for the 1h tier) then from raw samples
@@ -363,7 +372,7 @@ def _rollup_buckets(
         q = select(m.c.series_id, m.c.bucket_ms, m.c.n, m.c.vmin, m.c.vmax, m.c.vsum, m.c.vlast, m.c.inc).where(
             m.c.series_id.in_(ids), m.c.bucket_ms >= stored_until, m.c.bucket_ms < wm_m
         )
-        for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q):
+        for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q).all():
             minutes[int(sid)].append((int(ms), Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc)))
         raw_from = wm_m
     carries: dict[int, tuple[int, float]] = {}
@@ -379,7 +388,7 @@ def _rollup_buckets(
         .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= raw_from, SampleRow.ts_ms <= hi)
         .order_by(SampleRow.series_id, SampleRow.ts_ms)
     )
-    for sid, samples in _group_by_series(conn.execute(rq)):
+    for sid, samples in _group_by_series(conn.execute(rq).all()):
         folded, _ = fold_minutes(samples, carries.get(sid), sid in counters)
         minutes[sid].extend(folded)
     for sid in ids:
