@@ -160,7 +160,9 @@ class Engine:
         if len(prompt_ids) + max_tokens > self.cfg.max_model_len:
             raise ValueError("prompt + max_tokens exceed max_model_len")
         now = max(now, self.t)  # never before the engine's own clock
-        self._pending_events.extend(self.advance(now))
+        # NB: advance() replaces self._pending_events, so take its result first, then extend the new list
+        events = self.advance(now)
+        self._pending_events.extend(events)
         r = SimRequest(request_id, list(prompt_ids), max_tokens, arrival=now, n=n)
         r.hashes = block_hashes(r.prompt_ids, self.B)
         r.remaining = self.p.base_overhead_s + (0.0 if self.started_any else self.p.warmup_s)

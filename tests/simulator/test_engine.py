@@ -191,3 +191,17 @@ def test_abort_frees_blocks_and_counts() -> None:
     assert e.pool.num_used == 0 and r.phase == "aborted"
     assert e.stats.get("vllm:request_success", finished_reason="abort") == 1
     assert e.next_event_time() is None
+
+
+def test_events_produced_inside_submit_are_not_lost() -> None:
+    e = engine("--profile", "tiny")
+    seen: list[tuple[str, str]] = []
+    e.submit("a", doc_ids(1, 200), 20, 1.0)
+    seen += [(ev.request_id, ev.kind) for ev in e.advance(1.05)]
+    e.submit("b", doc_ids(2, 200), 5, 1.2)  # a's tokens between 1.05 and 1.2 are produced in here
+    e.submit("c", doc_ids(3, 200), 5, 1.25)
+    while (t := e.next_event_time()) is not None:
+        seen += [(ev.request_id, ev.kind) for ev in e.advance(t)]
+    for rid, n in (("a", 20), ("b", 5), ("c", 5)):
+        kinds = [k for r, k in seen if r == rid]
+        assert kinds == ["first_token", *["token"] * (n - 1), "finished"], (rid, kinds)

@@ -271,3 +271,24 @@ def test_legacy_metric_names_view_and_load_endpoint() -> None:
                 "vllm:kv_offload_load_bytes", "vllm:inter_token_latency_seconds"} & set(fams)
     hits = [s.value for s in fams["vllm:gpu_prefix_cache_hits"].samples if s.name.endswith("_total")]
     assert hits == [288.0]
+
+
+def test_many_concurrent_clients_all_get_answers() -> None:
+    """Regression: events produced while a request was being submitted were once dropped, so some
+    concurrent requests never got their answer."""
+    argv = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
+            "--max-model-len", "2048", "--kv-offloading-size", "0.5"]
+
+    async def body(c: httpx.AsyncClient) -> int:
+        sem = asyncio.Semaphore(4)
+
+        async def one(i: int) -> int:
+            async with sem:
+                prompt = doc_text(i % 4, 600) + " " + " ".join(f"s{i}x{k}" for k in range(8))
+                r = await c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "stream": i % 3 == 0})
+                return r.status_code
+
+        codes = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(40))), 60)
+        return sum(1 for x in codes if x == 200)
+
+    assert with_client(argv, body, time_scale=10.0) == 40
