@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -115,10 +116,22 @@ class StdlibFetcher:
                 try:
                     conn.request(method, path, body=body, headers={"User-Agent": self.user_agent, **headers})
                     resp = conn.getresponse()
-                    body = resp.read(MAX_BODY + 1)
-                    if len(body) > MAX_BODY:
-                        self._drop(key)
-                        raise FetchError("other", f"answer over {MAX_BODY} bytes")
+                    # the socket timeout bounds each read; this bounds the whole answer, so a
+                    # server trickling bytes cannot hold the tick either
+                    deadline = time.monotonic() + timeout
+                    chunks: list[bytes] = []
+                    size = 0
+                    while chunk := resp.read1(256 * 1024):  # one recv at most: the deadline is checked
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if size > MAX_BODY:
+                            self._drop(key)
+                            raise FetchError("other", f"answer over {MAX_BODY} bytes")
+                        if time.monotonic() > deadline:
+                            self._drop(key)
+                            raise FetchError("timeout", f"answer not complete after {timeout:g} s")
+                    chunks.append(resp.read())  # b"": marks the answer done, so the connection is reusable
+                    body = b"".join(chunks)
                     headers = {k.lower(): v for k, v in resp.getheaders()}
                     if resp.will_close:
                         self._drop(key)

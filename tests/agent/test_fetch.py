@@ -113,3 +113,35 @@ def test_reader_over_the_stdlib_fetcher(served: ServedFake) -> None:
         f.close()
     assert s.ok and s.healthy and s.simulated and s.model == "tiny"
     assert any(x.name == "vllm:kv_offload_load_bytes_total" for x in s.samples)
+
+
+def test_a_trickling_answer_hits_the_whole_answer_deadline() -> None:
+    stop = threading.Event()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+
+        def trickle() -> None:
+            conn, _ = s.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
+                while not stop.is_set():  # one byte at a time, each well within the socket timeout
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        return
+                    stop.wait(0.05)
+
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        f = StdlibFetcher()
+        try:
+            with pytest.raises(FetchError) as e:
+                f.get(f"http://127.0.0.1:{port}/metrics", "text/plain", 0.5)
+            assert e.value.kind == "timeout" and "not complete" in str(e.value)
+        finally:
+            stop.set()
+            f.close()
+            t.join(5)
