@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -82,7 +83,19 @@ class SimApp:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
-            self.dispatch(self.engine.advance(self.clock()))
+            try:
+                events = self.engine.advance(self.clock())
+            except Exception as exc:  # a simulator bug: fail loudly like a dead engine, never hang
+                events = self._internal_error(exc)
+            self.dispatch(events)
+
+    def _internal_error(self, exc: Exception) -> list[Event]:
+        """A bug in the simulator: log it, fail every request in flight, and die like a crashed engine."""
+        traceback.print_exc()
+        self.engine.dead = True
+        msg = f"kvscope sim internal error: {type(exc).__name__}: {exc}"
+        self.fatal = self.fatal or msg
+        return [Event("failed", rid, self.engine.t, msg) for rid in list(self.listeners)]
 
     def dispatch(self, events: list[Event]) -> None:
         for ev in events:
@@ -106,14 +119,21 @@ class SimApp:
             self._driver = None
 
     # ---- ASGI --------------------------------------------------------------------------------
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, raw_send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await self._lifespan(receive, raw_send)
             return
         if scope["type"] != "http":
             return
         self._ensure_driver()
         path, method = scope["path"], scope["method"]
+        started = False
+
+        async def send(message: dict[str, Any]) -> None:  # tracks whether the reply has begun
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await raw_send(message)
+
         try:
             if path == "/health":  # like vLLM: 200 while the engine lives, 500 once it is dead
                 await self._need(method, "GET", send) and await self._respond(
@@ -146,6 +166,10 @@ class SimApp:
                 await self._json(send, 404, {"detail": "Not Found"})
         except ApiError as exc:
             await self._json(send, exc.status, exc.body())
+        except Exception as exc:
+            self.dispatch(self._internal_error(exc))
+            if not started:
+                await self._json(send, 500, ApiError(500, CRASH_MESSAGE, "InternalServerError").body())
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

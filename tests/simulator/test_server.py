@@ -292,3 +292,22 @@ def test_many_concurrent_clients_all_get_answers() -> None:
         return sum(1 for x in codes if x == 200)
 
     assert with_client(argv, body, time_scale=10.0) == 40
+
+
+def test_a_simulator_bug_fails_requests_instead_of_hanging(capsys: pytest.CaptureFixture[str]) -> None:
+    fatal: list[str] = []
+
+    async def body(c: httpx.AsyncClient) -> int:
+        a = c._transport.app  # type: ignore[attr-defined]
+
+        def broken(now: float) -> list[Any]:
+            raise RuntimeError("boom")
+
+        a.engine.advance = broken
+        r = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        await asyncio.sleep(0.3)
+        return r.status_code
+
+    assert with_client(["--profile", "tiny"], body, on_fatal=fatal.append) == 500
+    assert fatal and "boom" in fatal[0]
+    assert "RuntimeError: boom" in capsys.readouterr().err
