@@ -39,6 +39,7 @@ from agent.launcher.base import Launcher, LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
 from agent.protocol import AgentEvent, Command, RolloutUpdate
+from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
 from kvscope.errors import UserError
 
 TERMINAL = frozenset({"healthy", "rolled_back", "failed", "refused"})
@@ -129,6 +130,7 @@ class Controller:
         self._stopping = threading.Event()
         self._busy = False
         self._backoff: dict[str, tuple[float, float]] = {}  # url -> (next try, delay)
+        self.workloads = WorkloadRunner(clock=clock, allowed=lambda url: self._instance(url) is not None)
 
     # ------------------------------------------------------------------ CommandSink
     def submit(self, command: Command, now: float) -> None:
@@ -136,6 +138,9 @@ class Controller:
             if command.id in self._seen:
                 return
             self._seen.add(command.id)
+        if command.kind in WORKLOAD_COMMANDS:  # A/B workload runs next to vLLM (agent/workloads/agent_side.py)
+            self.workloads.submit(command, now)
+            return
         if command.kind != "rollout":
             self._event(now, "note", f"command {command.id} of kind {command.kind!r} ignored by the controller",
                         command.instance or None)
@@ -158,9 +163,10 @@ class Controller:
     def drain_events(self) -> list[AgentEvent]:
         with self._lock:
             out, self._events = self._events, []
-        return out
+        return out + self.workloads.drain_events()
 
     def close(self) -> None:
+        self.workloads.close()
         self._stopping.set()
         self._queue.put(None)
         if self._thread is not None:

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app.ab import service
+from app.ab.agent_executor import AgentExecutor
 from app.ab.charts import experiment_figures
 from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort, ThreadExecutor
@@ -39,7 +40,8 @@ def build_orchestrator(ctx: AppContext) -> Orchestrator:
     s = ctx.settings
     limits = Limits(switch_timeout_s=s.ab_switch_timeout_s, run_timeout_s=s.ab_run_timeout_s,
                     max_error_rate=s.ab_max_error_rate, n_boot=s.ab_bootstrap_resamples)
-    return Orchestrator(ctx.engine, RolloutsPort(ctx), ThreadExecutor(max_workers=s.ab_workers), limits)
+    return Orchestrator(ctx.engine, RolloutsPort(ctx), ThreadExecutor(max_workers=s.ab_workers), limits,
+                        agent_executor=AgentExecutor(ctx.engine))
 
 
 def orchestrator(ctx: AppContext) -> Orchestrator:
@@ -57,6 +59,9 @@ def tick_job(ctx: AppContext, now: float) -> None:
 def install(app: FastAPI, ctx: AppContext) -> None:
     orch = orchestrator(ctx)
     register_job(ctx, TICK_JOB, tick_job, ctx.settings.ab_tick_interval_s)
+    if isinstance(orch.agent_executor, AgentExecutor):  # workloads run by the instance's agent
+        ctx.command_providers.append(orch.agent_executor.commands_for)
+        ctx.push_hooks.append(orch.agent_executor.on_push)
     previous = app.router.lifespan_context
 
     @asynccontextmanager
@@ -96,6 +101,7 @@ def _start_from(ctx: AppContext, body: dict[str, Any], who: str) -> int:
             profile_a=str(body.get("a") or "") or None, workload=body.get("workload") or {"kind": "probe"},
             runs_per_arm=_int(body.get("runs", 3), "runs"), seed=_int(body.get("seed", 0), "seed"),
             override_hybrid=bool(body.get("override_hybrid")), requested_by=str(body.get("requested_by") or who),
+            executor=str(body.get("executor") or "app"),
         )
     except service.ExperimentError as exc:
         raise _http(exc) from None
@@ -271,6 +277,7 @@ def page_router(ctx: AppContext) -> APIRouter:
                 "instance": data.get("instance"), "a": data.get("a") or None, "b": data.get("b"),
                 "runs": data.get("runs") or 3, "seed": data.get("seed") or 0,
                 "override_hybrid": data.get("override_hybrid") == "on", "workload": _workload_from_form(form),
+                "executor": data.get("executor") or "app",
             }
             eid = await run_in_threadpool(_start_from, ctx, body, "web")
         except service.ExperimentError as exc:

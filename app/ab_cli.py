@@ -49,6 +49,8 @@ def register(sub: Any) -> None:
     p.add_argument("--runs", type=int, default=3, help="runs per arm (A B A B ...)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the prompts")
     p.add_argument("--override-hybrid", action="store_true", help="let B run offload on a hybrid model")
+    p.add_argument("--executor", choices=["app", "agent"], default="app",
+                   help="who sends the workload: the app over HTTP, or the instance's agent next to vLLM")
     p.add_argument("--no-wait", action="store_true", help="start it and print its id")
     p.add_argument("--json", action="store_true", help="print the final experiment as JSON")
     p.add_argument("--show", type=int, metavar="ID", help="print an experiment's state and verdict")
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("give --instance ID and --b PROFILE (and optionally --a PROFILE)")
         body = {"instance": args.instance, "a": args.profile_a, "b": args.profile_b, "runs": args.runs,
                 "seed": args.seed, "override_hybrid": args.override_hybrid, "workload": workload_from_args(args),
+                "executor": args.executor,
                 "requested_by": "cli"}
         exp = _call(c, "POST", "/api/v1/experiments", body)
         eid = exp["id"]

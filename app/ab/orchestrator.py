@@ -48,10 +48,12 @@ def plan_runs(runs_per_arm: int) -> list[str]:
 
 class Orchestrator:
     def __init__(self, engine: Engine, port: ControllerPort, executor: RunExecutor,
-                 limits: Limits | None = None, owner: str | None = None, lease_s: float = 60.0) -> None:
+                 limits: Limits | None = None, owner: str | None = None, lease_s: float = 60.0,
+                 agent_executor: RunExecutor | None = None) -> None:
         self.engine = engine
         self.port = port
-        self.executor = executor
+        self.executor = executor  # app-side: this process sends the workload to vLLM
+        self.agent_executor = agent_executor  # agent-side: the instance's agent runs it (options.executor)
         self.limits = limits or Limits()
         # Several app processes may tick; each experiment is moved on by one (its workload threads
         # live there), holding a lease it renews on every tick.
@@ -211,7 +213,12 @@ class Orchestrator:
                                     f"{2 * int(exp['runs_per_arm'])} (arm {run['arm']}): {spec.describe()}"):
             return  # cancelled (or moved on) meanwhile
         st.update_run(self.engine, int(run["id"]), state="running", started_at=now)
-        self.executor.start(key, url, spec, run_key, self._cancel_check(eid))
+        self._executor(exp).start(key, url, spec, run_key, self._cancel_check(eid))
+
+    def _executor(self, exp: dict[str, Any]) -> RunExecutor:
+        if (exp.get("options") or {}).get("executor") == "agent" and self.agent_executor is not None:
+            return self.agent_executor
+        return self.executor
 
     def _cancel_check(self, eid: int) -> Any:
         engine = self.engine
@@ -227,9 +234,10 @@ class Orchestrator:
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         assert run is not None
         key = (eid, int(run["idx"]))
-        record = self.executor.result(key)
+        executor = self._executor(exp)
+        record = executor.result(key)
         if record is None:
-            if not self.executor.known(key):
+            if not executor.known(key):
                 self._fail(exp, now, f"run {run['idx'] + 1} was lost (the app restarted while it ran)")
             elif now - float(exp["step_started_at"] or now) > self.limits.run_timeout_s:
                 self._fail(exp, now, f"run {run['idx'] + 1} took longer than {self.limits.run_timeout_s:.0f} s")
@@ -289,8 +297,9 @@ class Orchestrator:
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         if run is not None and run["state"] == "running":
             key = (eid, int(run["idx"]))
-            record = self.executor.result(key)
-            if record is None and self.executor.known(key):
+            executor = self._executor(exp)
+            record = executor.result(key)
+            if record is None and executor.known(key):
                 return  # the workload stops at its next request boundary
             if record is not None:
                 self._record_run(exp, run, {**record, "cancelled": True}, now)

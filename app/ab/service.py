@@ -15,6 +15,8 @@ from app.storage import ab_store as st
 from app.storage.series_store import get_instance
 
 MAX_RUNS_PER_ARM = 50
+# app: this app sends the workload to vLLM over HTTP; agent: the instance's agent does, next to vLLM
+EXECUTORS = ("app", "agent")
 
 
 class ExperimentError(Exception):
@@ -34,6 +36,7 @@ def start_experiment(
     seed: int = 0,
     override_hybrid: bool = False,
     requested_by: str = "",
+    executor: str = "app",
 ) -> int:
     """Validate and store a new experiment (state pending; the scheduler moves it on).
     A defaults to the profile the instance runs now."""
@@ -56,6 +59,8 @@ def start_experiment(
             raise ExperimentError(f"profile {arm}: no profile named {name!r} (see /api/v1/profiles)", 404)
     if not 1 <= runs_per_arm <= MAX_RUNS_PER_ARM:
         raise ExperimentError(f"runs per arm must be between 1 and {MAX_RUNS_PER_ARM}", 422)
+    if executor not in EXECUTORS:
+        raise ExperimentError(f"executor must be {' or '.join(EXECUTORS)} (where the workload runs)", 422)
     if not 0 <= seed < 2**31:
         raise ExperimentError("seed must be between 0 and 2^31-1", 422)
     if isinstance(workload, dict) and workload.get("trace_path"):
@@ -71,7 +76,7 @@ def start_experiment(
             ctx.engine, instance_id=instance_id, profile_a=profile_a, profile_b=profile_b,
             workload=spec.to_dict() | ({"records": spec.records} if spec.kind == "replay" else {}),
             runs_per_arm=runs_per_arm, seed=seed, now=ctx.now(), requested_by=requested_by,
-            options={"override_hybrid": bool(override_hybrid)},
+            options={"override_hybrid": bool(override_hybrid), "executor": executor},
         )
     except st.ExperimentConflict as exc:
         raise ExperimentError(str(exc), 409) from None

@@ -145,14 +145,15 @@ def _profile(client: Any, name: str, spec: dict[str, Any]) -> None:
     assert r.status_code == 201, r.text
 
 
-def test_offload_b_wins_on_reload_ttft_and_only_b_reloads(rig_factory: Any) -> None:
+@pytest.mark.parametrize("executor", ["app", "agent"])
+def test_offload_b_wins_on_reload_ttft_and_only_b_reloads(rig_factory: Any, executor: str) -> None:
     make, client = rig_factory
     rig = make(["--profile", "laptop8gb-qwen3-reranker-0.6b"], ["--kv-cache-memory-bytes", "268435456",
                                                                  "--max-model-len", "2048"])
     _profile(client, "laptop-no-offload", LAPTOP_POOL)
     _profile(client, "laptop-offload-0.5", {**LAPTOP_POOL, "offload_size_gib": 0.5})
     assert rig.apply("laptop-no-offload")["state"] == "healthy"
-    exp = rig.experiment({"b": "laptop-offload-0.5", "runs": 3, "seed": 7, "workload": {
+    exp = rig.experiment({"b": "laptop-offload-0.5", "runs": 3, "seed": 7, "executor": executor, "workload": {
         "kind": "probe", "prefix_tokens": 1500, "evict_prefixes": 2, "repetitions": 3}})
     assert exp["state"] == "completed", exp["message"]
     assert exp["profile_a"] == "laptop-no-offload"
@@ -169,6 +170,9 @@ def test_offload_b_wins_on_reload_ttft_and_only_b_reloads(rig_factory: Any) -> N
     assert "--kv-offloading-size" in " ".join(runs[1]["argv"]) and "--kv-offloading-size" not in runs[0]["argv"]
     ip = client.get(f"/api/v1/instances/{rig.instance_id()}/profile").json()
     assert ip["current"]["name"] == "laptop-no-offload"  # back on A at the end
+    if executor == "agent":  # the records came back as agent events, one per run
+        evs = client.get(f"/api/v1/events?instance={rig.instance_id()}").json()["events"]
+        assert sum(1 for e in evs if e["message"].startswith("A/B workload run")) == 6
 
 
 def test_failing_arm_hybrid_offload_forced_ends_failed_back_on_previous(rig_factory: Any) -> None:
