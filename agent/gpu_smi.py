@@ -193,6 +193,7 @@ class SmiSource:
     _apps: list[tuple[str, str, float]] = field(default_factory=list)  # (gpu index, pid, bytes)
     _apps_at: float | None = None
     _uuid_to_index: dict[str, str] = field(default_factory=dict)
+    _probe_rows: list[dict[str, str]] = field(default_factory=list)
 
     def probe(self) -> bool:
         """One-shot query: does nvidia-smi work here, and which field names does it know?"""
@@ -205,7 +206,8 @@ class SmiSource:
             text = (out + err).strip()
             if rc == 0 and parse_query_csv(out, fields):
                 self.gen_field = gen
-                self._uuid_to_index = {r["uuid"]: r["index"] for r in parse_query_csv(out, fields)}
+                self._probe_rows = parse_query_csv(out, fields)
+                self._uuid_to_index = {r["uuid"]: r["index"] for r in self._probe_rows}
                 return True
             last_err = text.splitlines()[0] if text else f"exit code {rc}"
             if "not a valid field" not in text:
@@ -252,6 +254,10 @@ class SmiSource:
         latest: dict[str, dict[str, str]] = {}
         for row in parse_query_csv("\n".join(qlines), fields):
             latest[row["index"]] = row
+        if not latest and self._probe_rows:
+            # the long-lived query has not printed yet (first tick, `agent once`): the probe's rows
+            latest = {row["index"]: row for row in self._probe_rows}
+        self._probe_rows = []
         if not latest:
             errors.append("no query output yet")
         rows_to_reading(list(latest.values()), self.gen_field, r)

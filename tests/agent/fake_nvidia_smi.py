@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A stand-in nvidia-smi for the agent's fallback reader (formats as in tests/fixtures/nvidia-smi).
 
-FAKE_SMI_MODE: "ok" (default), "old" (driver < 590: no pcie.link.gen.gpucurrent), "nodriver".
+FAKE_SMI_MODE: "ok" (default), "old" (driver < 590: no pcie.link.gen.gpucurrent), "nodriver",
+"slowlms" (the long-lived `-lms` query prints nothing).
 FAKE_SMI_LOG: a file; every invocation appends one line (tests count spawns).
 """
 
@@ -55,6 +56,8 @@ def main(argv: list[str]) -> int:
             print(f'Field "{f}" is not a valid field to query.\n')
             return 2
     loop = "-lms" in opts
+    if loop and MODE == "slowlms":
+        time.sleep(600)  # the long-lived query stays silent (killed by the reader's close)
     while True:
         for i in range(2):
             print(", ".join(ROWS[f][i] for f in fields), flush=True)

@@ -268,3 +268,15 @@ def test_auto_prefers_nvml_then_smi(tmp_path: Path) -> None:
 
 def test_query_fields_carry_the_gen_name() -> None:
     assert "pcie.link.gen.gpucurrent" in query_fields("pcie.link.gen.gpucurrent")
+
+
+def test_smi_first_reading_comes_from_the_probe(tmp_path: Path) -> None:
+    src = SmiSource(exe=_wrapper(tmp_path, "slowlms", tmp_path / "log"))
+    try:
+        r = src.read(1000.0)  # the long-lived query has printed nothing
+        v = _vals(r)
+        assert v[("kvscope:gpu_memory_used_bytes", (("gpu", "0"), ("name", "NVIDIA L40S")))] == 41873 * MIB
+        assert v[("kvscope:gpu_count", ())] == 2
+        assert src.read(1001.0).error == "no query output yet"  # then honest about the silence
+    finally:
+        src.close()
