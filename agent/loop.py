@@ -62,6 +62,13 @@ def load_agent_id(state_dir: Path) -> str:
     return value
 
 
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 def _scrape_one(reader: VllmReader, now: float) -> tuple[Scrape, list[AgentEvent]]:
     try:
         return reader.scrape(now)
@@ -95,7 +102,7 @@ class Agent:
                 cfg.server, cfg.token or "", self._push_client(), self.spool,
                 timeout_s=cfg.push_timeout_s,
             )
-        self._last_seq = self.spool.max_seq or 0
+        self._last_seq = max(self.spool.max_seq or 0, _read_int(self.state_dir / "last_seq"))
         self._started = False
         self._wake = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -236,6 +243,12 @@ class Agent:
             log.exception("final push failed")
 
     def close(self) -> None:
+        if self._last_seq:
+            # so a restart with the clock set back (and an empty spool) never reuses a seq
+            try:
+                (self.state_dir / "last_seq").write_text(f"{self._last_seq}\n")
+            except OSError:
+                log.warning("cannot save the last seq in %s", self.state_dir)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -157,3 +157,13 @@ def test_servers_are_read_concurrently(tmp_path: Path) -> None:
     finally:
         agent.close()
     assert [(s.instance, s.ok) for s in batch.scrapes] == [("http://a:8000", True), ("http://b:8000", True)]
+
+
+def test_seq_never_goes_back_across_restarts_even_with_the_clock_set_back(tmp_path: Path) -> None:
+    agent, _ = _multi(tmp_path)
+    first = agent.tick(2000.0).seq
+    agent.spool.remove(agent.spool.peek()[0])  # type: ignore[index]  # as if pushed
+    agent.close()
+    again, _ = _multi(tmp_path)
+    assert again.tick(1000.0).seq > first  # clock 1000 s earlier, empty spool
+    again.close()
