@@ -16,7 +16,7 @@ from app.storage import ab_store as st
 
 def _wait_events(runner: WorkloadRunner, n: int = 1) -> list[AgentEvent]:
     got: list[AgentEvent] = []
-    for _ in range(500):  # a bound on a worker thread, not a timing assertion
+    for _ in range(3000):  # a bound on a worker thread, not a timing assertion
         got += runner.drain_events()
         if len(got) >= n:
             return got
@@ -71,7 +71,7 @@ def test_runner_cancel_and_crash() -> None:
     r = WorkloadRunner(run=run)
     wl = {"kind": "probe"}
     r.submit(Command(id=-10, kind="workload", instance="http://v", payload={"key": [1, 0], "workload": wl}), 0.0)
-    assert started.wait(5)
+    assert started.wait(30)
     r.submit(Command(id=-11, kind="workload_cancel", instance="http://v", payload={"key": [1, 0]}), 0.0)
     (ev,) = _wait_events(r)
     assert ev.data["ab_run"]["record"]["cancelled"] is True

@@ -314,7 +314,7 @@ def test_prefix_repetition_runs_concurrently_over_shared_prefixes() -> None:
         with lock:
             state["in_flight"] += 1
             state["peak"] = max(state["peak"], state["in_flight"])
-        time.sleep(0.02)  # keeps requests overlapping; nothing asserts on time
+        time.sleep(0.05)  # keeps requests overlapping; nothing asserts on time
         try:
             return fake(req)
         finally:
