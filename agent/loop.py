@@ -22,7 +22,7 @@ import httpx
 from agent.commands import CommandSink
 from agent.fetch import Fetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
-from agent.protocol import AgentEvent, PushBatch, Scrape
+from agent.protocol import AgentEvent, PushBatch, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
 from agent.vllm_reader import VllmReader
@@ -106,6 +106,11 @@ class Agent:
         self._started = False
         self._wake = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
+        self._unwritten = 0  # batches lost because the spool could not be written
+        self._unwritten_reported = 0
+        self._unwritten_error = ""
+        self._carry_events: list[AgentEvent] = []
+        self._carry_updates: list[RolloutUpdate] = []
         self.ticks = 0
 
     def _push_client(self) -> httpx.Client | Fetcher:
@@ -124,7 +129,7 @@ class Agent:
         return self._last_seq
 
     def build_batch(self, now: float) -> PushBatch:
-        events: list[AgentEvent] = []
+        events, self._carry_events = self._carry_events, []
         if not self._started:
             self._started = True
             events.append(
@@ -159,12 +164,22 @@ class Agent:
                     data={"batches": batches, "bytes": nbytes, "dropped_total": self.spool.dropped_total},
                 )
             )
+        if self._unwritten:
+            events.append(
+                AgentEvent(
+                    ts=now, kind="spool_dropped",
+                    message=f"{self._unwritten} batch(es) of readings lost: the spool could not be written "
+                            f"({self._unwritten_error})",
+                    data={"batches": self._unwritten, "reason": "write_failed"},
+                )
+            )
+            self._unwritten_reported = self._unwritten  # counted as told once this batch is written
         if self.pusher is not None:
             events.extend(self.pusher.take_events())
-        updates = []
+        updates, self._carry_updates = self._carry_updates, []
         if self.sink is not None:
             try:
-                updates = self.sink.drain_updates()
+                updates.extend(self.sink.drain_updates())
                 events.extend(self.sink.drain_events())
             except Exception:
                 log.exception("command sink failed to drain")
@@ -178,7 +193,19 @@ class Agent:
     def tick(self, now: float) -> PushBatch:
         """Read everything once and spool the batch (the sender pushes it)."""
         batch = self.build_batch(now)
-        self.spool.append(batch.seq, batch_to_wire(batch))
+        try:
+            self.spool.append(batch.seq, batch_to_wire(batch))
+            self._unwritten -= self._unwritten_reported
+        except OSError as exc:  # disk full, state folder gone: the readings are lost, and said so later
+            if not self._unwritten:
+                log.error("cannot write the spool in %s: %s; readings are lost until it works",
+                          self.spool.dir, exc.strerror or exc)
+            self._unwritten += 1
+            self._unwritten_error = str(exc.strerror or exc)
+            # events and rollout updates are not readings: they ride on the next batch instead
+            self._carry_events = [e for e in batch.events if e.data.get("reason") != "write_failed"][-1000:]
+            self._carry_updates = batch.rollout_updates[-1000:]
+        self._unwritten_reported = 0
         self.ticks += 1
         self._wake.set()
         return batch

@@ -167,3 +167,22 @@ def test_seq_never_goes_back_across_restarts_even_with_the_clock_set_back(tmp_pa
     again, _ = _multi(tmp_path)
     assert again.tick(1000.0).seq > first  # clock 1000 s earlier, empty spool
     again.close()
+
+
+def test_an_unwritable_spool_loses_batches_and_says_so(tmp_path: Path, monkeypatch: Any) -> None:
+    agent, _ = _multi(tmp_path)
+
+    def full(_seq: int, _batch: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    real = agent.spool.append
+    monkeypatch.setattr(agent.spool, "append", full)
+    agent.tick(1000.0)
+    agent.tick(1001.0)
+    monkeypatch.setattr(agent.spool, "append", real)
+    b = agent.tick(1002.0)
+    [ev] = [e for e in b.events if e.kind == "spool_dropped"]
+    assert ev.data == {"batches": 2, "reason": "write_failed"} and "No space left" in ev.message
+    assert [e.kind for e in b.events].count("agent_start") == 1  # events of lost batches carried over
+    assert len(agent.spool) == 1
+    assert not [e for e in agent.tick(1003.0).events if e.kind == "spool_dropped"]  # told once
