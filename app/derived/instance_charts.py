@@ -215,8 +215,7 @@ def latency(scope: Scope) -> Panel:
     g = scope.grid
     p = Panel("latency", "Latency and load", g, ["latency (ms)", "requests", "preemptions/s"])
     got = {
-        **scope.fetch(["vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"],
-                      lean=True),
+        **scope.fetch_counters(["vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"]),
         **scope.fetch(["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total"]),
     }
     ttft = quantile_series(got["vllm:time_to_first_token_seconds_bucket"], (0.5, 0.95, 0.99), g)

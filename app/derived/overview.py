@@ -56,10 +56,10 @@ def describe_offload(inst: dict[str, Any]) -> str:
 
 def sparklines(scope: Scope) -> dict[str, list[float | None]]:
     g = scope.grid
-    got = scope.fetch([
+    got = scope.fetch_counters([
         "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
         "vllm:time_to_first_token_seconds_bucket",
-    ], lean=True)
+    ])
     cached = total(got["vllm:prompt_tokens_cached_total"], g, counter_rate)
     if cached is None and got["vllm:prompt_tokens_by_source_total"]:
         by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)

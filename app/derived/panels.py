@@ -51,7 +51,8 @@ class Scope:
     now: float
     state: str  # up | down | restarting | stale
     lookback: float
-    _cache: dict[tuple[bool, bool, str], list[TieredSeries]] = field(default_factory=dict)
+    _cache: dict[tuple[bool, str], list[TieredSeries]] = field(default_factory=dict)
+    _lean_cache: dict[str, list[TieredSeries]] = field(default_factory=dict)
 
     @property
     def instance_id(self) -> int:
@@ -61,22 +62,38 @@ class Scope:
     def host_id(self) -> int:
         return int(self.instance["host_id"])
 
-    def fetch(self, names: list[str], host: bool = False, lean: bool = False) -> dict[str, list[TieredSeries]]:
-        """Series by name (instance-level, or host-level with host=True). lean: counters whose
-        rates are all that is needed (rollup buckets without min/max/mean/last)."""
-        missing = [n for n in names if (host, lean, n) not in self._cache]
+    def fetch(self, names: list[str], host: bool = False) -> dict[str, list[TieredSeries]]:
+        """Series by name: instance-level, or host-level with host=True."""
+        missing = [n for n in names if (host, n) not in self._cache]
         if missing:
-            found = tiered_points(
-                self.engine, names=missing, start=self.grid.start, end=self.grid.end, tier=self.grid.tier,
-                instance_id=None if host else self.instance_id, host_id=self.host_id if host else None,
-                lookback=self.lookback, lean=lean,
-            )
-            by: dict[str, list[TieredSeries]] = defaultdict(list)
-            for s in found:
-                by[s.name].append(s)
+            by = self._read(missing, host, lean=False)
             for n in missing:
-                self._cache[(host, lean, n)] = by.get(n, [])
-        return {n: self._cache[(host, lean, n)] for n in names}
+                self._cache[(host, n)] = by.get(n, [])
+        return {n: self._cache[(host, n)] for n in names}
+
+    def fetch_counters(self, names: list[str]) -> dict[str, list[TieredSeries]]:
+        """Instance counters of which only rates are needed (histogram buckets): from rollup
+        tiers, buckets without min/max/mean/last, a cheaper read. A subclass that reads series
+        elsewhere (overrides fetch) is used as it is."""
+        if type(self).fetch is not Scope.fetch:
+            return self.fetch(names)
+        missing = [n for n in names if n not in self._lean_cache]
+        if missing:
+            by = self._read(missing, False, lean=True)
+            for n in missing:
+                self._lean_cache[n] = by.get(n, [])
+        return {n: self._lean_cache[n] for n in names}
+
+    def _read(self, names: list[str], host: bool, lean: bool) -> dict[str, list[TieredSeries]]:
+        found = tiered_points(
+            self.engine, names=names, start=self.grid.start, end=self.grid.end, tier=self.grid.tier,
+            instance_id=None if host else self.instance_id, host_id=self.host_id if host else None,
+            lookback=self.lookback, lean=lean,
+        )
+        by: dict[str, list[TieredSeries]] = defaultdict(list)
+        for s in found:
+            by[s.name].append(s)
+        return by
 
 
 def make_scope(
