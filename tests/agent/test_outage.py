@@ -98,3 +98,34 @@ def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: A
     [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 4,
                              instance_id=inst["id"])
     assert [v for _t, v in series.points] == [fake.prompt_tokens(i + 1) for i in range(4)]
+
+
+def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: Any, clock: Any,
+                                              tmp_path: Path) -> None:
+    """The app stores a batch but the reply never reaches the agent: the re-sent batch is a duplicate."""
+    lose_reply = {"left": 1}
+
+    def via_app(req: httpx.Request) -> httpx.Response:
+        r = client.post(req.url.path, content=req.content, headers=dict(req.headers))
+        if lose_reply["left"]:
+            lose_reply["left"] -= 1
+            raise httpx.ReadTimeout("reply lost", request=req)
+        return httpx.Response(r.status_code, content=r.content)
+
+    fake = FakeVllm()
+    agent = Agent(AgentConfig(["http://vllm:8000"], server="http://app", token=token, state_dir=tmp_path / "st"),
+                  client=fake.client(), push_client=httpx.Client(transport=httpx.MockTransport(via_app)))
+    t0 = clock() - 10
+    try:
+        agent.tick(t0)
+        assert agent.flush(t0).error  # stored by the app, but the agent cannot know
+        agent.tick(t0 + 1)
+        assert agent.flush(t0 + 5).pushed == 2
+    finally:
+        agent.close()
+    [inst] = list_instances(engine)
+    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2,
+                             instance_id=inst["id"])
+    assert [v for _t, v in series.points] == [fake.prompt_tokens(1), fake.prompt_tokens(2)]
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(IngestBatch)).scalar() == 2
