@@ -169,7 +169,8 @@ def _caveats(records: list[dict[str, Any]]) -> list[str]:
         out.append("a counter went down during a run (server restart?): its counter deltas are left out")
     if any(r.get("timing_source") == "sim-model" for r in records):
         out.append("simulated server (kvscope sim): TTFTs are its modeled times (x-kvscope-sim-ttft-ms), "
-                   "not the client's wall clock")
+                   "not the client's wall clock; the model is deterministic, so TTFT intervals show no "
+                   "run-to-run noise")
     elif any((r.get("server") or {}).get("simulated") for r in records):
         out.append("simulated server (kvscope sim): the timings come from its cost model")
     return out
