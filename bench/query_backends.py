@@ -5,7 +5,7 @@ The same 30 days of one instance (a simulated vLLM with CPU offload, one scrape 
 `--interval` seconds, ~75 series) are written to a SQLite file and to a throwaway PostgreSQL
 through the app's IngestWriter, rolled up by the app's rollup job (raw kept 48 h, as in
 production), and backfilled into a real Prometheus with `promtool tsdb create-blocks-from
-openmetrics`. Then, for the 30-day range:
+openmetrics` (one day per run). Then, for the 30-day range:
 
 - store (SQLite / Postgres): the dashboard's own code path (make_scope picks the 1 h tier, the
   chart function computes the traces): the server time of the chart;
@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +73,14 @@ def seed_store(url: str, batches: list[bytes], now: float) -> tuple[Any, float, 
     return engine, t_ingest, time.perf_counter() - t0
 
 
-def to_openmetrics(batches: list[bytes]) -> str:
-    from scale.prom import openmetrics
-
+def prom_samples(batches: list[bytes]) -> Iterator[tuple[str, dict[str, str], float, float]]:
+    """What a Prometheus scraping that vLLM would hold: samples with the target labels added."""
     target = {"instance": URL.split("//", 1)[1], "job": "vllm"}
-    return openmetrics(
-        (s["name"], {**s["labels"], **target}, s["value"], round(sc["ts"] * 1000) / 1000)
-        for body in batches for sc in json.loads(body)["scrapes"] for s in sc["samples"]
-    )
+    for body in batches:
+        for sc in json.loads(body)["scrapes"]:
+            ts = round(sc["ts"] * 1000) / 1000
+            for s in sc["samples"]:
+                yield s["name"], {**s["labels"], **target}, s["value"], ts
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--no-postgres", action="store_true")
     args = ap.parse_args()
 
-    from scale.prom import PromServer, backfill, binaries
+    from scale.prom import PromServer, backfill_chunked, binaries
 
     from app.derived.instance_charts import CHARTS
     from app.derived.panels import make_scope
@@ -138,7 +138,7 @@ def main() -> int:
         else:
             t0 = time.perf_counter()
             prom = PromServer(bins[0], work)
-            backfill(bins[1], to_openmetrics(batches), prom.storage, work)
+            backfill_chunked(bins[1], prom_samples(batches), prom.storage, work)
             prom.start()
             print(f"Prometheus: backfilled with promtool in {time.perf_counter() - t0:.1f} s", flush=True)
 

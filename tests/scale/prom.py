@@ -53,9 +53,21 @@ def backfill(promtool: str, om_text: str, storage: Path, work: Path) -> None:
     src.write_text(om_text)
     storage.mkdir(parents=True, exist_ok=True)
     r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(storage)],
-                       capture_output=True, text=True, timeout=600, check=False)
+                       capture_output=True, text=True, timeout=1800, check=False)
+    src.unlink()
     if r.returncode != 0:
         raise RuntimeError(f"promtool backfill failed: {r.stderr.strip()[-2000:]}")
+
+
+def backfill_chunked(promtool: str, samples: Iterable[tuple[str, dict[str, str], float, float]], storage: Path,
+                     work: Path, chunk_s: float = 86400.0) -> None:
+    """Backfill long histories one day at a time: promtool re-reads its whole input once per 2 h
+    block it writes, so one file of 30 days costs 360 passes; daily files keep it linear."""
+    chunks: dict[int, list[tuple[str, dict[str, str], float, float]]] = {}
+    for smp in samples:
+        chunks.setdefault(int(smp[3] // chunk_s), []).append(smp)
+    for key in sorted(chunks):
+        backfill(promtool, openmetrics(chunks.pop(key)), storage, work)
 
 
 class PromServer:
