@@ -24,74 +24,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from simulator.blocks import BlockHash, BlockPool, block_hashes
 from simulator.config import EngineConfig
+from simulator.connector import OffloadConnector
 from simulator.engine_stats import declare_families, record_finish, record_first_token
+from simulator.request import EngineDead, Event, SimRequest
 from simulator.stats import Stats
-from simulator.tiers import CpuTier, FsTier
+from simulator.tiers import CpuTier
 from simulator.tokenizer import encode, filler
 
 HANG_LOOKUP_INTERVAL_S = 0.05  # a hung request's connector lookup is retried every engine step
 EPS = 1e-12
-
-
-@dataclass
-class Event:
-    kind: str  # first_token | token | finished | failed
-    request_id: str
-    t: float
-    message: str = ""
-
-
-@dataclass
-class SimRequest:
-    id: str
-    prompt_ids: list[int]
-    max_tokens: int
-    arrival: float
-    n: int = 1
-    hashes: list[BlockHash] = field(default_factory=list)
-    phase: str = "frontend"
-    remaining: float = 0.0
-    blocks: list[int] = field(default_factory=list)
-    enqueued_at: float = 0.0
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    gpu_hit_tokens: int = 0
-    ext_tokens: int = 0
-    ext_disk_tokens: int = 0
-    load_bytes: int = 0
-    load_started: float = 0.0
-    fs_read_s: float = 0.0
-    output: list[str] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    seq_hash_cache: tuple[int, list[BlockHash]] = (-1, [])
-    token_times: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    error: str | None = None
-    preemptions: int = 0
-    admit_seq: int = 0  # order of (re)admission: preemption picks the latest
-    resume_compute: int = 0  # tokens recomputed by the current (resumed) admission
-    load_secs: float = 0.0
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def computed_tokens(self) -> int:
-        return self.prompt_len - self.gpu_hit_tokens - self.ext_tokens
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_at is None else self.first_token_at - self.arrival
-
-
-class EngineDead(Exception):
-    pass
 
 
 class Engine:
@@ -102,20 +46,9 @@ class Engine:
         self.t = now
         self.pool = BlockPool(cfg.num_gpu_blocks)
         self.B = cfg.block_size
-        o = cfg.offload
-        self.cpu: CpuTier | None = None
-        self.fs: list[FsTier] = []
-        self.chunk_blocks = 1
-        if o is not None:
-            self.chunk_blocks = o.chunk_tokens // self.B
-            self.cpu = CpuTier(max(cfg.cpu_num_chunks, 1), o.eviction_policy)
-            key = f"{cfg.profile.model.name}-{cfg.cache_dtype}-{o.chunk_tokens}".replace("/", "_")
-            self.fs = [FsTier(t.root_dir, key, self.chunk_bytes) for t in o.secondary_tiers]
-        self.native = o is not None and o.backend == "native"
-        self.tiering = self.native and o is not None and o.spec_name == "TieringOffloadingSpec"
-        self.on_cpu_store = on_cpu_store
         self.stats = Stats(created=wall_time if wall_time is not None else now)
         declare_families(self.stats, cfg)
+        self.conn = OffloadConnector(cfg, self.stats, on_cpu_store) if cfg.offload is not None else None
         self.requests: dict[str, SimRequest] = {}
         self.active: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
@@ -125,14 +58,10 @@ class Engine:
         self.stalled_since: float | None = None
         self._hang_lookups_counted = 0
         self.started_any = False
-        self.store_jobs: list[tuple[float, int]] = []  # (end time, chunks pinned)
         self.load_jobs: dict[str, int] = {}  # request id -> chunks pinned by its load
-        self.store_counts: dict[BlockHash, int] = {}
         # device telemetry for the fake nvidia-smi
         self.pcie_rx_bytes = 0.0
-        self.pcie_tx_bytes = 0.0
         self.busy_seconds = 0.0
-        self.offload_config_emitted = False
         self._pending_events: list[Event] = []
         self._admissions = 0
         self.decoding: list[SimRequest] = []
@@ -142,14 +71,39 @@ class Engine:
         self.step_end: float | None = None
         self._blocked: tuple[str, int, int, int] | None = None
 
-    # ---- sizes -------------------------------------------------------------------------------
+    # ---- the connector's state, as the rest of the simulator reads it ---------------------------
+    @property
+    def cpu(self) -> CpuTier | None:
+        return self.conn.cpu if self.conn is not None else None
+
+    @property
+    def native(self) -> bool:
+        return self.conn is not None and self.conn.native
+
     @property
     def chunk_tokens(self) -> int:
-        return self.chunk_blocks * self.B
+        return self.conn.chunk_tokens if self.conn is not None else self.B
 
     @property
     def chunk_bytes(self) -> int:
         return int(self.chunk_tokens * self.cfg.kv_bytes_per_token)
+
+    @property
+    def pcie_tx_bytes(self) -> float:
+        return self.conn.tx_bytes if self.conn is not None else 0.0
+
+    @property
+    def offload_config_emitted(self) -> bool:
+        return self.conn is not None and self.conn.config_emitted
+
+    @property
+    def on_cpu_store(self) -> Callable[[int], None] | None:
+        return self.conn.on_cpu_store if self.conn is not None else None
+
+    @on_cpu_store.setter
+    def on_cpu_store(self, cb: Callable[[int], None] | None) -> None:
+        if self.conn is not None:
+            self.conn.on_cpu_store = cb
 
     # ---- requests ----------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids: list[int], max_tokens: int, now: float, n: int = 1) -> SimRequest:
@@ -258,7 +212,6 @@ class Engine:
             self.t = max(self.t, now)
         if self.stalled_since is not None:
             self._count_hang_lookups()
-        self.store_jobs = [(end, n) for end, n in self.store_jobs if end > self.t]
         return events
 
     def _maybe_start_step(self) -> None:
@@ -336,9 +289,9 @@ class Engine:
             r.ext_tokens = r.ext_disk_tokens = 0
             self.stats.inc("vllm:prefix_cache_queries", r.prompt_len)
             self.stats.inc("vllm:prefix_cache_hits", g_tokens)
-            if self.cpu is not None:
+            if self.conn is not None:
                 self.stats.inc("vllm:external_prefix_cache_queries", r.prompt_len - g_tokens)
-                ext_blocks, disk_blocks = self._lookup_external(r, len(hit_ids), cap_blocks)
+                ext_blocks, disk_blocks, r.fs_read_s = self.conn.lookup(r.hashes, len(hit_ids), cap_blocks)
                 r.ext_tokens = ext_blocks * self.B
                 r.ext_disk_tokens = disk_blocks * self.B
             if r.ext_tokens and self.p.model.is_hybrid:
@@ -403,48 +356,6 @@ class Engine:
             r.blocks += self.pool.allocate(1)
         return True
 
-    def _lookup_external(self, r: SimRequest, gpu_blocks: int, cap_blocks: int) -> tuple[int, int]:
-        """Consecutive chunks found in the CPU tier (then fs) after the GPU hit: (blocks, from-disk blocks)."""
-        assert self.cpu is not None
-        k = self.chunk_blocks
-        j = gpu_blocks // k
-        end = gpu_blocks
-        disk_blocks = 0
-        chunks_looked = 0
-        while (j + 1) * k <= len(r.hashes) and j * k < cap_blocks:
-            h = r.hashes[(j + 1) * k - 1]
-            chunks_looked += 1
-            self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
-            if h in self.cpu:
-                self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
-                self.cpu.touch(h)
-            else:
-                found = False
-                for i, fs in enumerate(self.fs, start=1):
-                    self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier=f"{i}:fs")
-                    if h in fs and fs.read(h):
-                        self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier=f"{i}:fs")
-                        r.fs_read_s += self._promote_from_fs(h, i)
-                        found = True
-                        break
-                if not found:
-                    break
-                disk_blocks += min((j + 1) * k, cap_blocks) - max(j * k, gpu_blocks)
-            end = min((j + 1) * k, cap_blocks)
-            j += 1
-        if self.native:
-            self.stats.observe("vllm:kv_offload_lookup_sync_delay_seconds", 8e-06 + 1.5e-06 * chunks_looked)
-        return max(0, end - gpu_blocks), disk_blocks
-
-    def _promote_from_fs(self, h: BlockHash, tier: int) -> float:
-        """fs -> CPU staging (every promotion goes through the CPU tier); returns the read seconds."""
-        assert self.cpu is not None
-        secs = self.chunk_bytes / self.p.device.disk_bytes_per_s
-        self._tier_inc("vllm:kv_offload_tiering_read_bytes", self.chunk_bytes, tier=f"{tier}:fs")
-        self._tier_inc("vllm:kv_offload_tiering_read_time", secs, tier=f"{tier}:fs")
-        self._cpu_insert(h)
-        return secs
-
     def _hybrid_reload_failure(self, r: SimRequest, events: list[Event]) -> None:
         if self.cfg.hybrid_failure == "crash":
             self.dead = True
@@ -464,17 +375,11 @@ class Engine:
         self.stalled_since = self.t
         self._hang_lookups_counted = 0
 
-    def _tier_inc(self, name: str, value: float, tier: str) -> None:
-        if self.tiering:
-            self.stats.inc(name, value, tier=tier)
-
     def _count_hang_lookups(self) -> None:
         assert self.stalled_since is not None
         n = int((self.t - self.stalled_since) / HANG_LOOKUP_INTERVAL_S)
-        for _ in range(n - self._hang_lookups_counted):
-            self.stats.observe("vllm:kv_offload_lookup_sync_delay_seconds", 9.5e-06)
-            self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
-            self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
+        if self.conn is not None and n > self._hang_lookups_counted:
+            self.conn.hung_lookups(n - self._hang_lookups_counted)
         self._hang_lookups_counted = max(n, self._hang_lookups_counted)
 
     # ---- phase transitions -------------------------------------------------------------------
@@ -498,21 +403,11 @@ class Engine:
             return
         r.first_token_at = self.t
         self._cache_prompt_blocks(r)
-        self._store(r)
-        self._record_load(r)
+        if self.conn is not None:
+            self.conn.store(r.hashes, self.t)
+            self.conn.record_load(r.load_bytes, r.load_secs)
         record_first_token(self.stats, self.cfg, r)
         self._emit_token(r, events, "first_token")
-
-    def _record_load(self, r: SimRequest) -> None:
-        """Connector-load counters, attributed with the prompt accounting at the first token."""
-        if not (self.native and r.load_bytes):
-            return
-        self.stats.inc("vllm:kv_offload_load_bytes", r.load_bytes)
-        self.stats.inc("vllm:kv_offload_load_time", r.load_secs)
-        self.stats.observe("vllm:kv_offload_load_size", r.load_bytes)
-        self.stats.inc("vllm:kv_offload_total_bytes", r.load_bytes, transfer_type="CPU_to_GPU")
-        self.stats.inc("vllm:kv_offload_total_time", r.load_secs, transfer_type="CPU_to_GPU")
-        self.stats.observe("vllm:kv_offload_size", r.load_bytes, transfer_type="CPU_to_GPU")
 
     def _emit_token(self, r: SimRequest, events: list[Event], kind: str) -> None:
         if not r.output:
@@ -543,8 +438,8 @@ class Engine:
         if self.cfg.enable_prefix_caching:
             for bid, h in zip(r.blocks, all_hashes, strict=False):
                 self.pool.cache(bid, h)
-        if self.cfg.offload is not None and not self.cfg.offload.offload_prompt_only:
-            self._store(r, all_hashes)
+        if self.conn is not None and not self.conn.offload.offload_prompt_only:
+            self.conn.store(all_hashes, self.t)
         self.pool.release(r.blocks)
         self.running -= 1
         record_finish(self.stats, self.cfg, r)
@@ -555,81 +450,24 @@ class Engine:
             for bid, h in zip(r.blocks, r.hashes, strict=False):
                 self.pool.cache(bid, h)
 
-    # ---- offload stores ----------------------------------------------------------------------
-    def _cpu_insert(self, h: BlockHash) -> None:
-        assert self.cpu is not None
-        self.cpu.insert(h)
-        if self.on_cpu_store is not None:
-            self.on_cpu_store(self.cpu.slot[h])
-
-    def _store(self, r: SimRequest, hashes: list[BlockHash] | None = None) -> None:
-        if self.cpu is None or self.cfg.offload is None:
-            return
-        hashes = r.hashes if hashes is None else hashes
-        k = self.chunk_blocks
-        threshold = self.cfg.offload.store_threshold
-        new: list[BlockHash] = []
-        for j in range(len(hashes) // k):
-            h = hashes[(j + 1) * k - 1]
-            if h in self.cpu:
-                continue
-            if threshold >= 2:
-                if len(self.store_counts) > 1_000_000:  # bound the sighting table on long runs
-                    self.store_counts.clear()
-                seen = self.store_counts.get(h, 0) + 1
-                self.store_counts[h] = seen
-                if seen < threshold:
-                    self.stats.inc("vllm:kv_offload_stores_skipped", 1)
-                    continue
-            new.append(h)
-        if not new:
-            return
-        for h in new:
-            self._cpu_insert(h)
-            for i, fs in enumerate(self.fs, start=1):
-                wrote = fs.write(h, {"model": self.cfg.profile.model.name, "tokens": self.chunk_tokens})
-                if wrote:
-                    self._tier_inc("vllm:kv_offload_tiering_write_bytes", wrote, tier=f"{i}:fs")
-                    self._tier_inc("vllm:kv_offload_tiering_write_time",
-                                   wrote / self.p.device.disk_bytes_per_s, tier=f"{i}:fs")
-        nbytes = len(new) * self.chunk_bytes
-        secs = nbytes / self.p.device.pcie_bytes_per_s
-        self.pcie_tx_bytes += nbytes
-        self.store_jobs.append((self.t + secs, len(new)))
-        if self.native:
-            self.stats.inc("vllm:kv_offload_store_bytes", nbytes)
-            self.stats.inc("vllm:kv_offload_store_time", secs)
-            self.stats.observe("vllm:kv_offload_store_size", nbytes)
-            self.stats.inc("vllm:kv_offload_total_bytes", nbytes, transfer_type="GPU_to_CPU")
-            self.stats.inc("vllm:kv_offload_total_time", secs, transfer_type="GPU_to_CPU")
-            self.stats.observe("vllm:kv_offload_size", nbytes, transfer_type="GPU_to_CPU")
-            self.stats.observe("vllm:kv_offload_cpu_allocation_size", len(new))
-        self.offload_config_emitted = True
-
     # ---- gauges and control ------------------------------------------------------------------
     def gauges(self) -> dict[str, float]:
-        cap = self.cpu.capacity if self.cpu is not None else 1
-        writing = sum(n for end, n in self.store_jobs if end > self.t)
-        reading = sum(self.load_jobs.values())
+        write, read = self.conn.usage(self.t, sum(self.load_jobs.values())) if self.conn is not None else (0.0, 0.0)
         return {
             "running": float(self.running - len(self.deferred)),
             "waiting_capacity": float(len(self.waiting)),
             "waiting_deferred": float(len(self.deferred)),
             "kv_cache_usage": self.pool.usage(),
-            "cpu_write_usage": min(1.0, writing / cap),
-            "cpu_read_usage": min(1.0, reading / cap),
-            "cpu_usage": min(1.0, (writing + reading) / cap),
+            "cpu_write_usage": write,
+            "cpu_read_usage": read,
+            "cpu_usage": min(1.0, write + read),
         }
 
     def reset_prefix_cache(self, reset_external: bool) -> bool:
         if not self.pool.reset_prefix_cache():
             return False
-        if reset_external:
-            if self.cpu is not None:
-                self.cpu.clear()
-            for fs in self.fs:
-                fs.clear()
-            self.store_counts.clear()
+        if reset_external and self.conn is not None:
+            self.conn.reset()
         return True
 
     def pool_bytes_in_use(self) -> int:
@@ -637,3 +475,6 @@ class Engine:
         blocks = self.pool.num_used + sum(1 for b in range(self.pool.num_blocks)
                                           if self.pool.ref_cnt[b] == 0 and self.pool.block_hash[b] is not None)
         return int(blocks * self.B * self.cfg.bytes_per_token)
+
+
+__all__ = ["Engine", "EngineDead", "Event", "SimRequest"]

@@ -12,7 +12,7 @@ from simulator import stats as S
 from simulator.config import EngineConfig
 
 if TYPE_CHECKING:
-    from simulator.engine import SimRequest
+    from simulator.request import SimRequest
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHED_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")

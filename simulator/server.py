@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from simulator import EMULATED_VLLM_VERSION, SIM_HEADER
-from simulator.engine import Engine, EngineDead, Event
+from simulator.engine import Engine
 from simulator.metrics import CONTENT_TYPE, build_registry, render
 from simulator.openai_api import (
     ApiError,
@@ -29,6 +29,7 @@ from simulator.openai_api import (
     stream_chunk,
     usage_chunk,
 )
+from simulator.request import EngineDead, Event
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
