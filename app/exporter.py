@@ -277,10 +277,7 @@ class DerivedCollector:
 
 def install(app: Any, ctx: Any) -> None:
     s = ctx.settings
-    collector = DerivedCollector(
-        ctx.engine, ctx.now, float(getattr(s, "exporter_window_s", 60.0)), float(s.stale_after_s),
-        float(getattr(s, "exporter_cache_s", 5.0)),
-    )
-    if getattr(s, "exporter_enabled", True):
+    collector = DerivedCollector(ctx.engine, ctx.now, s.exporter_window_s, s.stale_after_s, s.exporter_cache_s)
+    if s.exporter_enabled:
         ctx.metrics.registry.register(collector)
     ctx.extras["exporter"] = collector

@@ -183,3 +183,15 @@ def test_derive_without_data_exports_only_state() -> None:
     flat = [WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 10, 5.0), (now, 5.0)]),
             WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 10, 9.0), (now, 9.0)])]
     assert "instance_gpu_prefix_cache_hit_ratio" not in {n for n, _, _ in derive([inst], flat, now, 60.0, 30.0)}
+
+
+def test_exporter_can_be_turned_off(engine: Any, clock: Any, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+
+    s = load_settings(None, data_dir=str(tmp_path / "off"), run_scheduler=False, exporter_enabled=False)
+    with TestClient(create_app(s, engine=engine, clock=clock, start_jobs=False)) as c:
+        text = c.get("/metrics").text
+    assert "kvscope_ingest_samples_total" in text and "kvscope_instance_up" not in text
