@@ -101,7 +101,7 @@ def _start_from(ctx: AppContext, body: dict[str, Any], who: str) -> int:
             profile_a=str(body.get("a") or "") or None, workload=body.get("workload") or {"kind": "probe"},
             runs_per_arm=_int(body.get("runs", 3), "runs"), seed=_int(body.get("seed", 0), "seed"),
             override_hybrid=bool(body.get("override_hybrid")), requested_by=str(body.get("requested_by") or who),
-            executor=str(body.get("executor") or "app"),
+            executor=str(body.get("executor") or "auto"),
         )
     except service.ExperimentError as exc:
         raise _http(exc) from None
@@ -277,7 +277,7 @@ def page_router(ctx: AppContext) -> APIRouter:
                 "instance": data.get("instance"), "a": data.get("a") or None, "b": data.get("b"),
                 "runs": data.get("runs") or 3, "seed": data.get("seed") or 0,
                 "override_hybrid": data.get("override_hybrid") == "on", "workload": _workload_from_form(form),
-                "executor": data.get("executor") or "app",
+                "executor": data.get("executor") or "auto",
             }
             eid = await run_in_threadpool(_start_from, ctx, body, "web")
         except service.ExperimentError as exc:

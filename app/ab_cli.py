@@ -49,8 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--runs", type=int, default=3, help="runs per arm (A B A B ...)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the prompts")
     p.add_argument("--override-hybrid", action="store_true", help="let B run offload on a hybrid model")
-    p.add_argument("--executor", choices=["app", "agent"], default="app",
-                   help="who sends the workload: the app over HTTP, or the instance's agent next to vLLM")
+    p.add_argument("--executor", choices=["auto", "app", "agent"], default="auto",
+                   help="who sends the workload: the app over HTTP, or the instance's agent next to vLLM "
+                   "(auto: the agent when the instance URL is loopback on another machine)")
     p.add_argument("--no-wait", action="store_true", help="start it and print its id")
     p.add_argument("--json", action="store_true", help="print the final experiment as JSON")
     p.add_argument("--show", type=int, metavar="ID", help="print an experiment's state and verdict")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import json
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent.workloads.spec import parse_workload
 from app.ab.results import summarise_run
@@ -36,7 +39,7 @@ def start_experiment(
     seed: int = 0,
     override_hybrid: bool = False,
     requested_by: str = "",
-    executor: str = "app",
+    executor: str = "auto",
 ) -> int:
     """Validate and store a new experiment (state pending; the scheduler moves it on).
     A defaults to the profile the instance runs now."""
@@ -59,8 +62,10 @@ def start_experiment(
             raise ExperimentError(f"profile {arm}: no profile named {name!r} (see /api/v1/profiles)", 404)
     if not 1 <= runs_per_arm <= MAX_RUNS_PER_ARM:
         raise ExperimentError(f"runs per arm must be between 1 and {MAX_RUNS_PER_ARM}", 422)
+    if executor == "auto":
+        executor = default_executor(str(inst["url"]), str(inst.get("host") or ""))
     if executor not in EXECUTORS:
-        raise ExperimentError(f"executor must be {' or '.join(EXECUTORS)} (where the workload runs)", 422)
+        raise ExperimentError(f"executor must be auto, {' or '.join(EXECUTORS)} (where the workload runs)", 422)
     if not 0 <= seed < 2**31:
         raise ExperimentError("seed must be between 0 and 2^31-1", 422)
     if isinstance(workload, dict) and workload.get("trace_path"):
@@ -80,6 +85,19 @@ def start_experiment(
         )
     except st.ExperimentConflict as exc:
         raise ExperimentError(str(exc), 409) from None
+
+
+def default_executor(url: str, agent_host: str, this_host: str | None = None) -> str:
+    """'agent' when the instance URL is a loopback address on another machine (the app cannot reach
+    it), else 'app'."""
+    host = urlsplit(url).hostname or ""
+    loopback = host == "localhost"
+    try:
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    here = this_host if this_host is not None else socket.gethostname()
+    return "agent" if loopback and agent_host and agent_host != here else "app"
 
 
 def experiment_view(exp: dict[str, Any], runs: list[dict[str, Any]] | None = None,

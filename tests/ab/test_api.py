@@ -54,6 +54,7 @@ def test_api_create_errors(client: Any, setup: dict[str, Any]) -> None:
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "probe", "repetitions": 0}}, 422, "repetitions"),
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay"}}, 422, "trace_path"),
         ({"instance": iid, "b": "offload-0.5", "runs": 99}, 422, "runs per arm"),
+        ({"instance": iid, "b": "offload-0.5", "executor": "gpu"}, 422, "executor must be auto, app or agent"),
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay", "trace_path": "/etc/passwd"}}, 422,
          "not trace_path"),
         ([1, 2], 422, "JSON object"),
@@ -191,3 +192,14 @@ def test_cli_pieces(tmp_path: Any) -> None:
     assert wl["concurrency"] == 2
     with pytest.raises(UserError, match="cannot reach the kvscope app"), ab_cli._client("http://127.0.0.1:9") as c:
         ab_cli._call(c, "GET", "/api/v1/experiments")
+
+
+def test_default_executor() -> None:
+    from app.ab.service import default_executor
+
+    assert default_executor("http://127.0.0.1:8000", "gpu-box", this_host="home") == "agent"
+    assert default_executor("http://localhost:8000", "gpu-box", this_host="home") == "agent"
+    assert default_executor("http://[::1]:8000", "gpu-box", this_host="home") == "agent"
+    assert default_executor("http://127.0.0.1:8000", "home", this_host="home") == "app"
+    assert default_executor("http://10.0.0.5:8000", "gpu-box", this_host="home") == "app"
+    assert default_executor("http://gpu-box:8000", "gpu-box", this_host="home") == "app"
