@@ -27,7 +27,7 @@ from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
 from app.ab.results import summarise_run
 from app.ab.verdict import compute_verdict, focus_tags
 from app.storage import ab_store as st
-from app.storage.series_store import get_instance, series_points
+from app.storage.series_store import series_points
 
 log = logging.getLogger("kvscope.ab")
 FAILED_ROLLOUT_STATES = frozenset({"rolled_back", "failed", "refused", "cancelled", "expired"})
@@ -398,10 +398,6 @@ class Orchestrator:
 
 def _join(a: str, b: str) -> str:
     return f"{a}; {b}" if a else b
-
-
-def instance_exists(engine: Engine, instance_id: int) -> bool:
-    return get_instance(engine, instance_id) is not None
 
 
 def host_pinned_bytes(engine: Engine, host_id: int, start: float, end: float) -> float | None:
