@@ -28,6 +28,8 @@ class RunContext:
     sleep: Callable[[float], None] = time.sleep
     t0: float = 0.0
     results: list[RequestResult] = field(default_factory=list)
+    pool_tokens: int | None = None  # the GPU KV pool in tokens (cache_config_info), when known
+    notes: dict[str, object] = field(default_factory=dict)  # what the driver decided (e.g. auto sizes)
 
     def check(self) -> None:
         if self.cancelled():

@@ -72,6 +72,20 @@ def reset_caches(client: httpx.Client, base_url: str, timeout_s: float = 30.0) -
     return f"failed: HTTP {r.status_code}"
 
 
+def pool_tokens(cache_config: dict[str, str]) -> int | None:
+    """The GPU KV pool in tokens: kv_cache_size_tokens, else num_gpu_blocks x block_size."""
+    raw = cache_config.get("kv_cache_size_tokens")
+    if raw not in (None, "None"):
+        try:
+            return int(float(str(raw)))
+        except ValueError:
+            pass
+    try:
+        return int(cache_config["num_gpu_blocks"]) * int(cache_config["block_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def timing_source(info: dict[str, Any], results: list[RequestResult]) -> str:
     """'sim-model' when a simulated server sent its modeled TTFT for every answered request (the
     verdict then compares those: deterministic, no wall-clock noise, and right under a sim time
@@ -113,6 +127,7 @@ def execute_run(
         except httpx.HTTPError as exc:
             record["error"] = f"cannot read /metrics before the run: {type(exc).__name__}: {exc}"[:300]
             return record
+        ctx.pool_tokens = pool_tokens(before.cache_config)
         ctx.t0 = clock()
         try:
             DRIVERS[spec.kind](ctx)
@@ -123,6 +138,7 @@ def execute_run(
         record["requests"] = [r.to_dict() for r in ctx.results]
         record["elapsed_s"] = elapsed
         record["timing_source"] = timing_source(info, ctx.results)
+        record["driver"] = dict(ctx.notes)
         try:
             after = read_snapshot(c, base_url)
             record["counters"] = delta(before, after, elapsed)

@@ -26,7 +26,7 @@ class WorkloadSpec:
     request_timeout_s: float = 60.0
     # --- probe: prefix cold, again (GPU hit), `evict_prefixes` others, again (reload or recompute)
     prefix_tokens: int = 1500  # the CPU tier must hold this prefix + the evicting ones (0.5 GiB: ~4,600 tokens)
-    evict_prefixes: int = 2
+    evict_prefixes: int | None = None  # None: auto, just enough to fill the GPU pool (from cache_config_info)
     evict_tokens: int | None = None  # length of each evicting prefix (default: prefix_tokens)
     repetitions: int = 5
     # --- prefix-repetition: many requests over shared prefixes
@@ -51,7 +51,8 @@ class WorkloadSpec:
 
     def describe(self) -> str:
         if self.kind == "probe":
-            return (f"probe: {self.prefix_tokens}-token prefix, {self.evict_prefixes} evicting prefixes, "
+            evict = "auto (enough to fill the GPU pool)" if self.evict_prefixes is None else self.evict_prefixes
+            return (f"probe: {self.prefix_tokens}-token prefix, {evict} evicting prefixes, "
                     f"{self.repetitions} repetitions")
         if self.kind == "prefix-repetition":
             return (f"prefix-repetition: {self.requests} requests over {self.num_prefixes} prefixes of "
@@ -64,7 +65,6 @@ class WorkloadSpec:
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "max_tokens": (1, 4096),
     "prefix_tokens": (16, 1_000_000),
-    "evict_prefixes": (0, 1000),
     "repetitions": (1, 1000),
     "num_prefixes": (1, 10_000),
     "suffix_tokens": (0, 100_000),
@@ -96,6 +96,8 @@ def parse_workload(data: dict[str, Any] | None, *, base_dir: Path | None = None)
     for fname, (flo, fhi) in _FLOAT_RANGES.items():
         if fname in data and data[fname] is not None:
             setattr(spec, fname, _float(data[fname], fname, flo, fhi))
+    if data.get("evict_prefixes") not in (None, "auto"):
+        spec.evict_prefixes = _int(data["evict_prefixes"], "evict_prefixes", 0, 1000)
     if data.get("evict_tokens") is not None:
         spec.evict_tokens = _int(data["evict_tokens"], "evict_tokens", 16, 1_000_000)
     for bname in ("stream", "warmup"):

@@ -136,7 +136,8 @@ def compute_verdict(
         "headline": headline,
         "secondary": secondary,
         "costs": _costs(sums_a, sums_b),
-        "caveats": _caveats(records_a + records_b),
+        "caveats": _caveats(records_a + records_b) + (
+            _probe_caveats({"A": sums_a, "B": sums_b}) if kind == "probe" else []),
     }
     v["call"] = _call(headline)
     v["summary"] = summary_text(v, profile_a, profile_b)
@@ -173,6 +174,19 @@ def _caveats(records: list[dict[str, Any]]) -> list[str]:
                    "run-to-run noise")
     elif any((r.get("server") or {}).get("simulated") for r in records):
         out.append("simulated server (kvscope sim): the timings come from its cost model")
+    return out
+
+
+def _probe_caveats(sums: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """A probe whose reload requests were served from the GPU pool measured nothing about offload."""
+    out = []
+    for arm, runs in sums.items():
+        reload = _mean([s.get("ttft_reload_p50_ms") for s in runs])
+        hit = _mean([s.get("ttft_hit_p50_ms") for s in runs])
+        if reload is not None and hit is not None and reload <= 1.25 * hit:
+            out.append(f"in arm {arm} the reload requests were about as fast as GPU hits ({reload:.1f} vs {hit:.1f} "
+                       "ms): the evicting prefixes probably did not evict the probed prefix; raise evict_prefixes "
+                       "or prefix_tokens")
     return out
 
 

@@ -102,7 +102,12 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
         target = prompts.text(f"{run_key}-r{rep}-target", spec.prefix_tokens)
         send(target, "cold", spec.max_tokens)
         send(target, "hit", spec.max_tokens)
-        for k in range(spec.evict_prefixes):
+        n_evict = spec.evict_prefixes
+        if n_evict is None:
+            from agent.workloads.probe import evict_count
+
+            n_evict = evict_count(eng.cfg.kv_cache_size_tokens, spec.evict_tokens or spec.prefix_tokens)
+        for k in range(n_evict):
             send(prompts.text(f"{run_key}-r{rep}-evict{k}", spec.evict_tokens or spec.prefix_tokens), "evict",
                  spec.max_tokens)
         send(target, "reload", spec.max_tokens)

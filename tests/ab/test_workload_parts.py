@@ -54,8 +54,17 @@ def test_spec_refuses_bad_input_with_one_line(data: dict[str, Any], msg: str) ->
 
 def test_spec_defaults_trace_file_and_roundtrip(tmp_path: Path) -> None:
     s = parse_workload(None)
-    assert s.kind == "probe" and s.prefix_tokens == 1500 and s.evict_prefixes == 2
-    assert "probe: 1500-token prefix" in s.describe()
+    assert s.kind == "probe" and s.prefix_tokens == 1500 and s.evict_prefixes is None
+    assert "probe: 1500-token prefix, auto (enough to fill the GPU pool) evicting" in s.describe()
+    assert parse_workload({"evict_prefixes": "auto"}).evict_prefixes is None
+    assert parse_workload({"evict_prefixes": 3}).evict_prefixes == 3
+    from agent.workloads.probe import evict_count
+    from agent.workloads.runner import pool_tokens
+
+    assert evict_count(2336, 1500) == 2 and evict_count(40432, 2900) == 14 and evict_count(None, 100) == 2
+    assert pool_tokens({"kv_cache_size_tokens": "2336"}) == 2336
+    assert pool_tokens({"kv_cache_size_tokens": "None", "num_gpu_blocks": "146", "block_size": "16"}) == 2336
+    assert pool_tokens({"num_gpu_blocks": "x"}) is None and pool_tokens({}) is None
     assert parse_workload(s.to_dict()) == s
     (tmp_path / "t.jsonl").write_text('{"prompt": "a b c", "max_tokens": 4}\nnot json\n')
     with pytest.raises(ValueError, match="line 2: not JSON"):

@@ -23,7 +23,7 @@ KVSCOPE = str(Path(sys.executable).parent / "kvscope")
 LAPTOP = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
           "--max-model-len", "2048"]
 OFFLOAD = ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
-PROBE = {"kind": "probe", "prefix_tokens": 1500, "evict_prefixes": 2, "repetitions": 2}
+PROBE = {"kind": "probe", "prefix_tokens": 1500, "repetitions": 2}  # evicting prefixes: auto
 
 
 def free_port() -> int:
@@ -78,6 +78,7 @@ def test_probe_run_without_and_with_offload(sim: Any) -> None:
         assert rec["reset"] == "ok"
         assert rec["server"]["simulated"] is True and rec["server"]["model"]
         assert rec["timing_source"] == "sim-model"
+        assert rec["driver"] == {"evict_prefixes": 2, "pool_tokens": 2336}  # auto: 2 x 1,500 fill 2,336
         tags = [r["tag"] for r in rec["requests"]]
         assert tags == ["cold", "hit", "evict", "evict", "reload"] * 2
         assert all(r["ok"] and r["ttft_s"] > 0 and r["prompt_tokens"] > 1400 for r in rec["requests"])
