@@ -97,11 +97,8 @@ def test_probe_run_without_and_with_offload(sim: Any) -> None:
 
 def test_reset_unavailable_outside_dev_mode_and_prefix_repetition(sim: Any) -> None:
     url = sim(*OFFLOAD, dev_mode=False)
-    # Concurrency 1: with several requests in flight, `kvscope sim` (as of this commit) sometimes never
-    # answers one of them (reported to the simulator's owners); the driver's concurrency is tested
-    # against a fake server in test_workload_parts.py.
     spec = parse_workload({"kind": "prefix-repetition", "num_prefixes": 4, "prefix_tokens": 600, "requests": 16,
-                           "concurrency": 1, "suffix_tokens": 8, "max_tokens": 8})
+                           "concurrency": 4, "suffix_tokens": 8, "max_tokens": 8})
     rec = execute_run(url, spec, run_key="pr")
     assert rec["ok"], rec.get("error")
     assert rec["reset"].startswith("unavailable")
