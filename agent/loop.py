@@ -29,6 +29,8 @@ from agent.vllm_reader import VllmReader
 from agent.wire import batch_to_wire
 
 log = logging.getLogger("kvscope.agent")
+# How often a sleeping loop looks for controller updates to report early (cheap: an Event check).
+UPDATE_POLL_S = 0.05
 
 AGENT_VERSION = "0.1.0"
 
@@ -232,23 +234,43 @@ class Agent:
         interval = self.config.interval_s
         next_at = clock()
         try:
+            early = False
             while not stop.is_set():
                 now = clock()
                 try:
                     self.tick(now)
                 except Exception:  # disk full, a bug: log, keep going
                     log.exception("tick failed")
-                next_at += interval
+                if not early:  # an early tick (controller news) is extra: the schedule stays
+                    next_at += interval
                 delay = next_at - clock()
                 if delay < -interval:  # far behind (suspend, slow disk): do not burst
                     next_at = clock()
                     delay = 0.0
-                stop.wait(max(delay, 0.0))
+                early = self._sleep_until_due(stop, delay, clock)
         finally:
             self._wake.set()
             if sender.is_alive():
                 sender.join(timeout=self.config.push_timeout_s + 1)
             self.close()
+
+    def _sleep_until_due(self, stop: threading.Event, delay: float, clock: Any) -> bool:
+        """Sleep until the next tick, but wake early when the controller has a rollout transition
+        to report, so a restart's result reaches the app without waiting a whole interval.
+        True when woken early."""
+        ready: threading.Event | None = getattr(self.sink, "updates_ready", None)
+        if ready is None:
+            stop.wait(max(delay, 0.0))
+            return False
+        until = clock() + max(delay, 0.0)
+        while not stop.is_set():
+            left = until - clock()
+            if left <= 0:
+                return False
+            if ready.is_set():
+                return True
+            stop.wait(min(left, UPDATE_POLL_S))
+        return False
 
     def _send_loop(self, stop: threading.Event, clock: Any) -> None:
         assert self.pusher is not None
@@ -287,4 +309,4 @@ class Agent:
                 log.exception("command sink close failed")
 
 
-__all__ = ["Agent", "AgentConfig", "HostCollector", "HostSource"]
+__all__ = ["UPDATE_POLL_S", "Agent", "AgentConfig", "HostCollector", "HostSource"]
