@@ -144,9 +144,9 @@ def _row(sid: int, ms: int, b: Any) -> dict[str, Any]:
             "vlast": b.vlast, "inc": b.inc}
 
 
-def timed(client: Any, url: str, repeat: int) -> tuple[float, float]:
-    """Median wall ms and median CPU ms (this process, all threads: the server's own work, which
-    a busy shared machine does not inflate the way it inflates wall time)."""
+def timed(client: Any, url: str, repeat: int) -> tuple[float, float, float]:
+    """Median wall ms, median CPU ms and best CPU ms (this process, all threads: the server's own
+    work; on a busy shared machine the best of N is the least disturbed figure)."""
     client.get(url)  # warm-up
     wall, cpu = [], []
     for _ in range(repeat):
@@ -155,7 +155,7 @@ def timed(client: Any, url: str, repeat: int) -> tuple[float, float]:
         wall.append((time.perf_counter() - t) * 1000)
         cpu.append((time.process_time() - c) * 1000)
         assert r.status_code == 200, (url, r.status_code, r.text[:300])
-    return statistics.median(wall), statistics.median(cpu)
+    return statistics.median(wall), statistics.median(cpu), min(cpu)
 
 
 def main() -> int:
@@ -191,36 +191,39 @@ def main() -> int:
     app = create_app(settings, engine=engine, clock=lambda: float(now), start_jobs=False)
     fails = 0
     with TestClient(app) as client:
-        floor, floor_cpu = timed(client, "/healthz", args.repeat * 4)
+        floor, floor_cpu, _ = timed(client, "/healthz", args.repeat * 4)
         print(f"\nbaseline: GET /healthz {floor:.2f} ms wall, {floor_cpu:.2f} ms CPU (medians)\n")
         print(f"{'range':>5} {'chart':>9} {'tier':>4} {'points':>6} {'pts/px':>6} {'wall ms':>8} {'CPU ms':>7} "
-              f"{'CPU/healthz':>11}")
-        results: dict[tuple[str, str], tuple[float, float]] = {}
+              f"{'best CPU':>8} {'CPU/healthz':>11}")
+        results: dict[tuple[str, str], tuple[float, float, float]] = {}
         ranges = [r for r in args.ranges.split(",") if r in RANGES]
         for rng in ranges:
             for key in CHARTS:
-                ms, cpu = timed(client, f"/instances/1/fragments/chart/{key}?range={rng}", args.repeat)
+                ms, cpu, best = timed(client, f"/instances/1/fragments/chart/{key}?range={rng}", args.repeat)
                 meta = client.get(f"/api/v1/instances/1/charts/{key}?range={rng}").json()
                 ppp = meta["points"] / PX
-                results[(rng, key)] = (ms, cpu)
+                results[(rng, key)] = (ms, cpu, best)
                 flag = ""
-                if ppp > 2 or (rng == "30d" and min(ms, cpu) > TARGET_MS):
+                if ppp > 2 or (rng == "30d" and cpu > TARGET_MS):
                     flag = "  <-- over target"
                     fails += 1
                 print(f"{rng:>5} {key:>9} {meta['tier']:>4} {meta['points']:>6} {ppp:>6.2f} {ms:>8.1f} {cpu:>7.1f} "
-                      f"{cpu / max(floor_cpu, 0.01):>11.1f}{flag}")
+                      f"{best:>8.1f} {cpu / max(floor_cpu, 0.01):>11.1f}{flag}")
         print("\nbaseline: the 24 h charts forced to raw samples (no rollups)")
+        few = max(1, args.repeat // 2)
         for key in CHARTS:
-            _, raw_cpu = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h&tier=raw", max(1, args.repeat // 2))
-            _, tier_cpu = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h", max(1, args.repeat // 2))
+            _, raw_cpu, _ = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h&tier=raw", few)
+            _, tier_cpu, _ = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h", few)
             print(f"  24h {key:>9}: raw {raw_cpu:8.1f} ms CPU, tiered (1m) {tier_cpu:7.1f} ms CPU, raw/tiered "
                   f"{raw_cpu / tier_cpu:5.1f}x")
-        page_ms, page_cpu = timed(client, "/instances/1?range=30d", max(1, args.repeat // 2))
+        page_ms, page_cpu, _ = timed(client, "/instances/1?range=30d", max(1, args.repeat // 2))
         last = ranges[-1] if "30d" not in ranges else "30d"
         worst = max(results[(last, k)][1] for k in CHARTS)
         worst_wall = max(results[(last, k)][0] for k in CHARTS)
+        worst_best = max(results[(last, k)][2] for k in CHARTS)
         print(f"\nwhole instance page, 30 d (7 charts + worth panel): {page_ms:.1f} ms wall, {page_cpu:.1f} ms CPU")
-        print(f"{last}: slowest chart {worst:.1f} ms CPU / {worst_wall:.1f} ms wall (target <= {TARGET_MS:.0f} ms): "
+        print(f"{last}: slowest chart {worst:.1f} ms CPU median, {worst_best:.1f} ms CPU best, "
+              f"{worst_wall:.1f} ms wall (target <= {TARGET_MS:.0f} ms): "
               f"{'OK' if worst <= TARGET_MS else 'OVER'}; ratio to target {worst / TARGET_MS:.2f}")
     engine.dispose()
     if not args.keep:
