@@ -47,10 +47,22 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     from app.jobs import register_job
 
     register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
-    # Everything imported and built so far lives as long as the process: move it out of the
-    # cyclic GC's reach, so the full collections that chart requests trigger (tens of thousands
-    # of buckets each) stop rescanning it (measured: 30-day latency chart 143 -> 66 ms median).
+    _freeze_once()
+
+
+_FROZEN: list[bool] = []
+
+
+def _freeze_once() -> None:
+    """Once per process: the modules imported and the app built live as long as the process, so
+    move them out of the cyclic GC's reach; the full collections that chart requests trigger
+    (tens of thousands of buckets each) then stop rescanning them (measured: 30-day latency
+    chart 143 -> 66 ms median). Garbage is collected first, so nothing dead is kept."""
+    if _FROZEN:
+        return
+    gc.collect()
     gc.freeze()
+    _FROZEN.append(True)
 
 
 ROLLUP_JOB = "rollups"
