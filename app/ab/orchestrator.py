@@ -392,8 +392,17 @@ class Orchestrator:
 
     def _finish(self, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
         eid = int(exp["id"])
+        extra: dict[str, Any] = {}
+        if outcome != "completed" and not exp.get("verdict"):
+            done = [r for r in st.list_runs(self.engine, eid) if r["state"] == "done"]
+            if {r["arm"] for r in done} == {"A", "B"}:  # what the finished runs say, labelled partial
+                v = self.verdict(exp)
+                v["partial"] = True
+                v["summary"] = (f"Partial result ({outcome} after {len(done)} of {2 * int(exp['runs_per_arm'])} "
+                                f"runs): {v['summary']}")
+                extra["verdict"] = v
         st.update_experiment(self.engine, eid, now, state=outcome, outcome=outcome, step="", message=message,
-                             rollout_id=None, event=f"A/B experiment #{eid} {outcome}: {message}")
+                             rollout_id=None, event=f"A/B experiment #{eid} {outcome}: {message}", **extra)
 
 
 def _join(a: str, b: str) -> str:

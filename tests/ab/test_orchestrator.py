@@ -136,3 +136,25 @@ def test_two_app_processes_one_owner_and_takeover_after_the_lease(setup: dict[st
     assert exp["owner"] == "p2" and exp["state"] == "failed" and "lost" in exp["message"]
     cur = rs.instance_profiles(ctx.engine, iid)["current"]
     assert cur is not None and cur["name"] == "no-offload"
+
+
+def test_failure_after_some_runs_keeps_a_partial_verdict(setup: dict[str, Any], clock: Any) -> None:
+    ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
+
+    class FailingThird(ModelExecutor):
+        def start(self, key: Any, url: str, spec: Any, run_key: str, cancelled: Any) -> None:
+            super().start(key, url, spec, run_key, cancelled)
+            if key[1] == 2:  # the third run: the server answers 500 to everything
+                rec = self.done[key]
+                rec["requests"] = [{**r, "ok": False, "error": "HTTP 500: EngineCore died"} for r in rec["requests"]]
+
+    orch = Orchestrator(ctx.engine, RolloutsPort(ctx), FailingThird(ctx, iid), Limits(n_boot=200))
+    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=3)
+    exp = drive(orch, ctx, host_id, clock, eid)
+    assert exp["state"] == "failed"
+    assert "arm A (no-offload) failed in run 3" in exp["message"] and "HTTP 500: EngineCore died" in exp["message"]
+    v = exp["verdict"]
+    assert v["partial"] is True and v["summary"].startswith("Partial result (failed after 2 of 6 runs)")
+    assert {m["runs_a"] for m in v["headline"] if m["available"]} == {1}
+    cur = rs.instance_profiles(ctx.engine, iid)["current"]
+    assert cur is not None and cur["name"] == "no-offload"
