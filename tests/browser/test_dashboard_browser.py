@@ -173,3 +173,18 @@ def _shots(p: Any, name: str) -> None:
         p.wait_for_timeout(600)  # let the charts re-theme
         p.screenshot(path=str(out / f"{name}-{scheme}.png"), full_page=True)
     p.emulate_media(color_scheme="light")
+
+
+def test_usable_on_a_phone(live: LiveApp, page: Any) -> None:
+    p, log = page
+    p.set_viewport_size({"width": 390, "height": 844})
+    for path in ("/", "/instances/1?range=1h"):
+        p.goto(live.url + path)
+        if path != "/":
+            _wait_charts(p)
+        overflow = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 1, f"{path}: {overflow}px wider than the phone screen"
+    # the range picker buttons are big enough to tap
+    box = p.locator("#range-picker button[data-range='15m']").bounding_box()
+    assert box is not None and box["height"] >= 32
+    assert log.errors == []
