@@ -60,6 +60,8 @@ def register(sub: Any) -> None:
     p.add_argument("--host-name", help="name of this host in the app (default: hostname)")
     p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool bound in MB (default 256)")
     p.add_argument("--launcher-config", help="TOML file: let the agent start/restart vLLM (controller)")
+    p.add_argument("--no-command-poll", action="store_true",
+                   help="with --launcher-config: take commands from push replies only (no long-poll)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_agent)
     acts = p.add_subparsers(dest="agent_cmd", metavar="ACTION")
@@ -127,6 +129,7 @@ def build_agent(args: argparse.Namespace, *, server: str | None, token: str | No
         state_dir=state, host_name=_opt(args, "host_name"),
         spool_max_bytes=int(_opt(args, "spool_max_mb", 256.0) * 1024 * 1024),
         vllm_timeout_s=_opt(args, "vllm_timeout", 2.0),
+        command_poll=not _opt(args, "no_command_poll", False),
     )
     client = StdlibFetcher()  # ~4x less CPU per request than httpx (see agent/fetch.py)
     push_client = StdlibFetcher() if server else None

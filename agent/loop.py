@@ -2,7 +2,8 @@
 
 Scraping never waits for the app: batches go to the durable spool first and the sender drains
 it in order, so an app that is down or slow only delays delivery. Commands from push replies
-go to the CommandSink (the controller) when one is configured.
+go to the CommandSink (the controller) when one is configured; then a long-poll thread
+(agent/commands_poll.py) also fetches them as soon as the app has them, between pushes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import httpx
 
 from agent.commands import CommandSink
-from agent.fetch import Fetcher, StdlibFetcher
+from agent.commands_poll import DEFAULT_WAIT_S, CommandPoller
+from agent.fetch import Fetcher, HttpxFetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
 from agent.protocol import AgentEvent, PushBatch, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
@@ -47,6 +49,8 @@ class AgentConfig:
     vllm_timeout_s: float = 2.0
     push_timeout_s: float = 10.0
     meta_every_s: float = 60.0
+    command_poll: bool = True  # long-poll the app for commands when a sink is configured
+    command_poll_wait_s: float = DEFAULT_WAIT_S
 
 
 def load_agent_id(state_dir: Path) -> str:
@@ -113,6 +117,7 @@ class Agent:
         self._unwritten_error = ""
         self._carry_events: list[AgentEvent] = []
         self._carry_updates: list[RolloutUpdate] = []
+        self.poller: CommandPoller | None = None
         self.ticks = 0
 
     def _push_client(self) -> httpx.Client | Fetcher:
@@ -217,6 +222,11 @@ class Agent:
         if self.pusher is None:
             return FlushResult()
         res = self.pusher.flush(now)
+        if self.poller is not None:
+            if res.commands:
+                self.poller.note_known([c.id for c in res.commands])
+            if res.pushed:
+                self.poller.nudge()
         if res.commands and self.sink is not None:
             for cmd in res.commands:
                 try:
@@ -231,6 +241,7 @@ class Agent:
         sender = threading.Thread(target=self._send_loop, args=(stop, clock), name="kvscope-push", daemon=True)
         if self.pusher is not None:
             sender.start()
+        self.start_command_poll()
         interval = self.config.interval_s
         next_at = clock()
         try:
@@ -250,9 +261,29 @@ class Agent:
                 early = self._sleep_until_due(stop, delay, clock)
         finally:
             self._wake.set()
+            self.stop_command_poll()
             if sender.is_alive():
                 sender.join(timeout=self.config.push_timeout_s + 1)
             self.close()
+
+    def start_command_poll(self) -> CommandPoller | None:
+        """With a sink and a server: a thread long-polls the app for commands (see commands_poll)."""
+        cfg = self.config
+        if self.sink is None or self.pusher is None or not cfg.command_poll or self.poller is not None:
+            return self.poller
+        push = self._push_client()
+        self.poller = CommandPoller(
+            cfg.server or "", cfg.token or "", self.sink, self.agent_id, self.host_name,
+            # httpx clients (tests: TestClient, MockTransport) are shared; else a connection of its own
+            client=HttpxFetcher(push) if isinstance(push, httpx.Client) else None,
+            wait_s=cfg.command_poll_wait_s,
+        )
+        self.poller.start()
+        return self.poller
+
+    def stop_command_poll(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
 
     def _sleep_until_due(self, stop: threading.Event, delay: float, clock: Any) -> bool:
         """Sleep until the next tick, but wake early when the controller has a rollout transition

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import jobs
+from app.api import commands as commands_api
 from app.api import ingest as ingest_api
 from app.api import read as read_api
 from app.auth import TokenChecker
@@ -50,6 +51,7 @@ def create_app(
     _install_timing(app, ctx)
     tokens = TokenChecker(ctx)
     app.include_router(ingest_api.router(ctx, tokens))
+    app.include_router(commands_api.router(ctx, tokens))  # long-poll: the same commands, sooner
     app.include_router(read_api.router(ctx))
     import importlib
 
