@@ -36,7 +36,7 @@ from agent.protocol import Command, reply_from_wire
 
 log = logging.getLogger("kvscope.agent.commands")
 
-DEFAULT_WAIT_S = 20.0  # the app holds at most 30 s; shorter keeps an app restart quick
+DEFAULT_WAIT_S = 10.0  # the app holds at most 30 s; uvicorn waits for held polls on shutdown
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 KNOWN_IDS = 256
 UNSUPPORTED = frozenset({404, 405})

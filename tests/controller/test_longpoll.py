@@ -199,7 +199,7 @@ def test_agent_thread_delivers_a_command_without_any_push(
             assert poller.known() == [rid] and len(sink.got) == 1
         finally:
             agent.stop_command_poll()
-        # The held request is cut, not waited for (wait is 20 s): the thread is gone ...
+        # The held request is cut, not waited for (wait is 10 s): the thread is gone ...
         assert not poller.alive
         # ... and the app sees the agent leave and stops holding.
         until(lambda: state.waiting == 0, "the app to notice the poll went away")
