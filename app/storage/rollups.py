@@ -352,16 +352,16 @@ def _rollup_buckets(
     cols = (t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
     if stored_until > lo:
         q = select(*cols).where(t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until)
+        new = tuple.__new__  # builds the Bucket without the Python-level NamedTuple __new__ (hot path)
         if lean:
             lq = select(t.c.series_id, t.c.bucket_ms, t.c.inc).where(
                 t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until
             )
             for sid, ms, inc in conn.execute(lq).all():
-                out[sid].append(Bucket(ms / 1000.0, 0, 0.0, 0.0, 0.0, 0.0, inc))
+                out[sid].append(new(Bucket, (ms / 1000.0, 0, 0.0, 0.0, 0.0, 0.0, inc)))
         else:
-            make = Bucket._make
-            for row in conn.execute(q).all():
-                out[row[0]].append(make((row[1] / 1000.0, *row[2:])))
+            for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q).all():
+                out[sid].append(new(Bucket, (ms / 1000.0, n, vmin, vmax, vsum, vlast, inc)))
     if stored_until > hi:
         return out
     # tail: minutes from the 1m table (for the 1h tier) then from raw samples
