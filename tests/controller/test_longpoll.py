@@ -21,6 +21,7 @@ from agent.fetch import HttpxFetcher, StdlibFetcher
 from agent.loop import Agent, AgentConfig
 from agent.protocol import AgentEvent, Command, RolloutUpdate
 from app.api.commands import poll_state
+from tests.agent.fakevllm import FakeVllm
 from tests.agent.livesrv import LiveServer
 from tests.conftest import make_batch
 
@@ -206,6 +207,51 @@ def test_agent_thread_delivers_a_command_without_any_push(
         agent.close()
     finally:
         c.close()
+
+
+def test_agent_run_starts_the_poll_with_the_sink_and_its_stop_cuts_it(
+    app: Any, live: LiveServer, token: str, clock: Any, tmp_path: Path
+) -> None:
+    fake = FakeVllm()
+    sink = Sink()
+    # wait 30 s: a poll that were not cut on stop would outlive the join bound below
+    agent = Agent(AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=tmp_path / "st",
+                              host_name="rig1", interval_s=0.2, command_poll_wait_s=30.0),
+                  client=fake.client(), sink=sink, push_client=StdlibFetcher())
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop, clock), daemon=True)
+    c = httpx.Client(base_url=live.url, timeout=10)
+    try:
+        runner.start()
+        # the poll starts before the first push (409: host unknown); that push cuts its backoff short
+        until(lambda: bool(c.get("/api/v1/instances").json()["instances"]), "the agent's first push")
+        until(lambda: poll_state(app.state.ctx).waiting == 1, "the agent's poll to hold")
+        assert c.post("/api/v1/profiles", json={"name": "fp8", "spec": {"kv_cache_dtype": "fp8"}}).status_code == 201
+        rid = _rollout(c, int(c.get("/api/v1/instances").json()["instances"][0]["id"]))
+        assert sink.arrived.wait(BOUND_S)
+        assert [x.id for x in sink.got] == [rid]
+    finally:
+        stop.set()
+        runner.join(BOUND_S)
+        c.close()
+    assert not runner.is_alive() and agent.poller is not None and not agent.poller.alive
+    assert sink.closed
+
+
+def test_no_command_poll_flag(tmp_path: Path) -> None:
+    import argparse
+
+    from agent.cli import build_agent, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    base = ["agent", "--no-gpu", "--state-dir", str(tmp_path), "--vllm-url", "http://127.0.0.1:9"]
+    for extra, expected in (([], True), (["--no-command-poll"], False)):
+        a = build_agent(parser.parse_args(base + extra), server="http://app", token="T")
+        try:
+            assert a.config.command_poll is expected
+        finally:
+            a.close()
 
 
 def _mock_poller(handler: Callable[[httpx.Request], httpx.Response], sink: Sink, **kw: Any) -> CommandPoller:
