@@ -215,3 +215,18 @@ def test_restarting_then_down(client: Any, token: str, clock: Any, batch_factory
     b3["scrapes"][0].update(ok=False, healthy=False, error="connection refused", samples=[])
     assert client.post("/api/v1/ingest", json=b3, headers=auth).status_code == 200
     assert 'data-state="down"' in client.get("/").text
+
+
+def test_instance_page_links_apply_ab_alert_rules_and_loads_rollouts(client: Any, token: str, clock: Any,
+                                                                     batch_factory: Any) -> None:
+    """The instance page is where a user starts a switch or an A/B: the links must lead somewhere real."""
+    r = client.post("/api/v1/ingest", json=batch_factory(1, clock()), headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200
+    iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
+    page = client.get(f"/instances/{iid}")
+    assert page.status_code == 200
+    for href in (f"/instances/{iid}/apply", f"/instances/{iid}/experiment", f"/alerts/rules?instance={iid}",
+                 f"/instances/{iid}/rollouts"):
+        assert href in page.text
+        target = client.get(href)
+        assert target.status_code == 200, (href, target.text[:300])
