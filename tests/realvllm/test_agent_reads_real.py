@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from .behaviour import differences, record
 from .captures import agent_capture, keep_or_compare
 from .conftest import ServerPool
 from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, delta, read_until, send
-from .server import Server, http_get
+from .server import Server, free_port, http_get
 from .workload import BLOCK, POOL_BLOCKS, PREFIX, TAIL, complete, tokens
 
 FLAGS = ("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS))
@@ -166,3 +170,37 @@ def test_kvscope_agent_capture_keeps_a_real_sample(server: Server, tmp_path: Pat
     assert parsed["dropped_duplicates"] == 0
     assert {"vllm:prompt_tokens_by_source", "vllm:cache_config_info", "vllm:prefix_cache_hits"} \
         <= set(parsed["families"])
+
+
+def test_the_simulator_answers_like_the_real_server(server: Server, tmp_path: Path) -> None:
+    """The stand-in against the real thing, on everything kvscope relies on (families, types,
+    labels, label values, cache_config_info's label set, status codes, error objects). The other
+    differences are printed (and listed in docs/realvllm.md) for the simulator team.
+    Runs last in the module: it sends its own requests to the shared server."""
+    real = record(server.url, "tiny", 2048)
+    port = free_port()
+    log = (tmp_path / "sim.log").open("wb")
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "kvscope.cli", "sim", "--profile", "tiny", "--port", str(port),
+         "--served-model-name", "tiny", "--max-model-len", "2048", "--enable-prefix-caching",
+         "--num-gpu-blocks-override", str(POOL_BLOCKS), "--block-size", "128",
+         "--sim-state-dir", str(tmp_path / "sim-state"),
+         "--sim-shm-dir", str(tmp_path / "shm"), "--uvicorn-log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
+        start_new_session=True,
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 60
+        while http_get(url + "/health", timeout=2)[0] != 200:
+            assert sim.poll() is None and time.monotonic() < end, (tmp_path / "sim.log").read_text()[-2000:]
+            time.sleep(0.2)
+        simulated = record(url, "tiny", 2048)
+    finally:
+        if sim.poll() is None:
+            os.killpg(sim.pid, signal.SIGTERM)
+        sim.wait(30)
+    core, other = differences(real, simulated)
+    print("\nsimulator vs real vLLM 0.32.0 (CPU), outside what kvscope relies on:\n  " + "\n  ".join(other))
+    assert not core, "the simulator differs from the real server:\n" + "\n".join(core)

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.browser.conftest import chromium_context, page  # noqa: F401  (fixtures)
+
 from .conftest import ServerPool
 from .server import Install
 from .stack import KVSCOPE, Stack
@@ -172,3 +174,32 @@ def test_ab_fp8_vs_auto_on_the_real_server(stack: Stack, profiles: list[str]) ->
     print(f"\nreal A/B (auto vs fp8) verdict: {verdict['summary']}")
     after = stack.api("GET", f"/api/v1/instances/{inst['id']}/profile")
     assert after["current"]["name"] in ("kv-fp8", "kv-auto"), after
+
+
+BROWSER_CHARTS_WITH_DATA = ("tokens", "hitrates", "latency")  # a CPU server has no GPU and no offload tier
+
+
+def test_dashboard_in_chromium_with_the_real_server(stack: Stack, request: pytest.FixtureRequest) -> None:
+    """Issue 6: the dashboard's browser check, once with a real server as the data source (the
+    stack has served the probes and the A/B by now). Skips where Chromium is missing."""
+    p, log = request.getfixturevalue("page")
+    inst = stack.instance()
+    assert inst is not None
+    p.goto(stack.app_url + "/")
+    p.wait_for_selector(".instance-card")
+    assert p.locator(".instance-card [data-state]").first.get_attribute("data-state") == "up"
+    assert p.locator(".instance-card .badge.sim").count() == 0  # a real vLLM is not labelled simulated
+    p.goto(f"{stack.app_url}/instances/{inst['id']}?range=15m")
+    p.wait_for_function(
+        "() => document.querySelectorAll('.chart-panel .chart[data-rendered=\"1\"]').length"
+        " + document.querySelectorAll('.chart-panel .empty').length === 7", timeout=60_000)
+    for key in BROWSER_CHARTS_WITH_DATA:
+        traces = p.evaluate(
+            "(k) => { const c = document.querySelector(`#chart-${k} .chart`);"
+            " return c && c.data ? c.data.filter(t => t.name !== 'events')"
+            ".map(t => [t.name, t.y.filter(v => v !== null).length]) : null; }", key)
+        assert traces and any(n > 0 for _, n in traces), (key, traces)
+    # Charts without data say why instead of drawing a flat zero.
+    for el in p.locator(".chart-panel .empty").all():
+        assert el.inner_text().strip(), "an empty chart without an explanation"
+    assert log.errors == []
