@@ -41,7 +41,7 @@ STATE_KEY = "commands_poll"
 
 @dataclass
 class PollState:
-    """What the open long-polls are doing (read by tests and the self metrics page)."""
+    """What the open long-polls are doing (tests wait on it: a poll is seen holding)."""
 
     waiting: int = 0  # long-polls holding now
     answered: int = 0  # long-polls answered with at least one command
