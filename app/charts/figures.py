@@ -115,15 +115,37 @@ def _add_events(layout: dict[str, Any], data: list[dict[str, Any]], events: list
     })
 
 
+SPARK_MARKERS_BELOW = 30  # fewer present points than this: draw markers too (a lone point shows)
+
+
 def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) -> dict[str, Any]:
+    """A small chart of the points that exist: the x range is the span of the present points (a
+    few minutes of data fill the width instead of sitting at the edge of an hour), markers when
+    there are few points, no x tick labels (the label above says the range), a tight y range."""
+    clean = _clean(ys)
+    present = [(x, y) for x, y in zip(xs, clean, strict=True) if y is not None]
+    layout: dict[str, Any] = {
+        "margin": {"l": 36, "r": 6, "t": 4, "b": 4}, "showlegend": False,
+        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+        "xaxis": {"type": "date", "showgrid": False, "showticklabels": False, "ticks": "", "zeroline": False},
+        "yaxis": {"title": {"text": unit, "font": {"size": 9}, "standoff": 2}, "tickfont": {"size": 8},
+                  "nticks": 3, "zeroline": False},
+        "meta": {"points": len(present)},
+    }
+    if present:
+        lo_x, hi_x = present[0][0], present[-1][0]
+        if hi_x - lo_x < 60:  # one point or a few seconds: a minute around them
+            lo_x, hi_x = lo_x - 30, hi_x + 30
+        layout["xaxis"]["range"] = [round(lo_x * 1000), round(hi_x * 1000)]
+        lo_y = min(y for _, y in present)
+        hi_y = max(y for _, y in present)
+        pad = (hi_y - lo_y) * 0.1 or max(abs(hi_y) * 0.05, 0.5)
+        layout["yaxis"]["range"] = [lo_y - pad, hi_y + pad]
+    mode = "lines+markers" if len(present) < SPARK_MARKERS_BELOW else "lines"
     return {
-        "data": [{"type": "scatter", "mode": "lines", "x": [round(t * 1000) for t in xs], "y": _clean(ys),
-                  "line": {"width": 1.4, "color": color}, "hovertemplate": f"%{{y:.3g}} {unit}<extra></extra>",
+        "data": [{"type": "scatter", "mode": mode, "x": [round(t * 1000) for t in xs], "y": clean,
+                  "line": {"width": 1.4, "color": color}, "marker": {"size": 4, "color": color},
+                  "hovertemplate": f"%{{x|%H:%M:%S}} UTC: %{{y:.3g}} {unit}<extra></extra>",
                   "connectgaps": False}],
-        "layout": {"margin": {"l": 32, "r": 4, "t": 4, "b": 16}, "showlegend": False,
-                   "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
-                   "xaxis": {"type": "date", "showgrid": False, "tickfont": {"size": 8}, "nticks": 3,
-                             "tickformat": "%H:%M"},
-                   "yaxis": {"title": {"text": unit, "font": {"size": 9}}, "tickfont": {"size": 8}, "nticks": 3,
-                             "rangemode": "tozero"}},
+        "layout": layout,
     }
