@@ -243,7 +243,14 @@ def run_demo(args: argparse.Namespace) -> int:
     _seed_profiles(engine, offload_gib, now)
     app = create_app(settings, engine=engine)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=args.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=3,
+        )
     )
     server_thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
     server_thread.start()

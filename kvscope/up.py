@@ -70,7 +70,8 @@ def run_up(args: argparse.Namespace) -> int:
     token = _local_token(engine, time.time())
     app = create_app(settings, engine=engine)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+        uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False,
+                       timeout_graceful_shutdown=3)
     )
     server_thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
     server_thread.start()
