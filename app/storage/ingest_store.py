@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from agent.protocol import PushBatch, Sample
 from app.storage.events import add_event
 from app.storage.models import Host, IngestBatch, Instance, SampleRow, Series
+from app.storage.rollup_late import mark_late
 
 CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 INFO_CONFIG = "vllm:cache_config_info"
@@ -134,6 +135,7 @@ class IngestWriter:
                     )
                 if rows:
                     self._insert_samples(conn, rows)
+                    mark_late(conn, rows)  # samples of minutes already rolled up: re-rolled by the job
                 result.stored = len(rows)
         except Exception:
             # A failed transaction may have cached ids that were rolled back.

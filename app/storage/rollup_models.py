@@ -55,3 +55,12 @@ class RollupWatermark(Base):
     __tablename__ = "rollup_watermarks"
     tier: Mapped[str] = mapped_column(String(8), primary_key=True)
     done_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class RollupLate(Base):
+    """Series that received samples older than the 1-minute watermark (a spool replaying late):
+    from_ms is the oldest such sample; the job re-rolls that series' buckets from there."""
+
+    __tablename__ = "rollup_late"
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    from_ms: Mapped[int] = mapped_column(BigInteger)

@@ -151,6 +151,8 @@ class RollupReport:
     raw_deleted: int = 0
     minutes_deleted: int = 0
     hours_deleted: int = 0
+    late_minutes: int = 0  # re-rolled because late samples arrived (app.storage.rollup_late)
+    late_hours: int = 0
 
 
 def run_rollups(
@@ -176,6 +178,12 @@ def run_rollups(
             end = min(target, start + CHUNK_MS)
             rep.minutes_written += _roll_minutes(conn, dialect, start, end)
             _set_watermark(conn, "1m", end, wm is not None)
+    # late samples (before the watermark when they arrived): re-roll their series' buckets
+    from app.storage.rollup_late import reroll_late
+
+    with engine.connect() as conn:
+        counters = {int(sid) for (sid,) in conn.execute(select(Series.id).where(Series.kind == "counter"))}
+    rep.late_minutes, rep.late_hours = reroll_late(engine, now_ms, int(raw_retention_s * 1000), counters)
     # hours: whole hours below the 1-minute watermark
     for _ in range(max_chunks):
         with engine.begin() as conn:
