@@ -16,7 +16,7 @@ Bounded: loopback only, fixed duration, everything started here is stopped here.
 Prints requests, errors and latency percentiles per kind (p50/p95/p99/max), ingest lag, and the
 app's CPU share. Exit status 1 on any error.
 
-    python bench/load.py [--agents 50] [--clients 100] [--duration 300] [--db sqlite|postgres]
+    python bench/load.py [--agents 50] [--clients 100] [--duration 300] [--db sqlite|postgres] [--apps N]
 """
 
 from __future__ import annotations
@@ -247,9 +247,9 @@ def cpu_seconds(pid: int) -> float:
         return math.nan
 
 
-def start_app(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[bytes], str, str, Any]:
-    env = {**os.environ, "KVSCOPE_DATA_DIR": str(work), "KVSCOPE_RUN_SCHEDULER": "false" if args.no_jobs else "true",
-           "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24)}
+def start_apps(args: argparse.Namespace, work: Path) -> tuple[list[subprocess.Popen[bytes]], list[str], str, Any]:
+    """`--apps` app processes on one database (the scale-out setup); jobs run in the first only."""
+    env = {**os.environ, "KVSCOPE_DATA_DIR": str(work), "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24)}
     cluster = None
     if args.db == "postgres":
         sys.path.insert(0, str(REPO / "tests"))
@@ -261,37 +261,48 @@ def start_app(args: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[by
                          text=True, check=True).stdout
     m = re.search(r"kvs_[A-Za-z0-9_\-]+", out)
     assert m, out
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=(work / "app.log").open("wb"))
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    return proc, base, m.group(0), cluster
+    procs, bases = [], []
+    for i in range(args.apps):
+        port = free_port()
+        jobs = "false" if args.no_jobs or i > 0 else "true"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
+            env={**env, "KVSCOPE_RUN_SCHEDULER": jobs}, stdout=subprocess.DEVNULL,
+            stderr=(work / f"app{i}.log").open("wb")))
+        bases.append(f"http://127.0.0.1:{port}")
+    for base in bases:
+        for _ in range(300):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+    return procs, bases, m.group(0), cluster
 
 
-async def main_async(args: argparse.Namespace, base: str, token: str, app_pid: int) -> Stats:
+async def main_async(args: argparse.Namespace, bases: list[str], token: str, pids: list[int]) -> Stats:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     agents = [Agent(i) for i in range(args.agents)]
     t0 = time.perf_counter()
-    await seed_history(base, headers, agents, args.history_min)
+    await seed_history(bases[0], headers, agents, args.history_min)
     print(f"seeded {args.history_min:g} min of history for {args.agents} agents in {time.perf_counter() - t0:.0f} s",
           flush=True)
     st = Stats()
+    n = len(bases)
     limits = httpx.Limits(max_connections=args.agents + args.clients * 8, max_keepalive_connections=args.clients * 8)
-    cpu0, w0 = cpu_seconds(app_pid), time.monotonic()
+    cpu0, w0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
     t_end = time.time() + args.duration
-    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as c:
+    cs = [httpx.AsyncClient(base_url=b, timeout=60, limits=limits) for b in bases]
+    try:  # agents and clients spread round-robin over the app processes (a load balancer's job)
         await asyncio.gather(
-            *(run_agent(c, a, headers, t_end, st) for a in agents),
-            *(run_client(c, i, args.agents, args.refresh, t_end, st) for i in range(args.clients)),
-            run_scraper(c, 15.0, t_end, st),
+            *(run_agent(cs[a.idx % n], a, headers, t_end, st) for a in agents),
+            *(run_client(cs[i % n], i, args.agents, args.refresh, t_end, st) for i in range(args.clients)),
+            run_scraper(cs[0], 15.0, t_end, st),
         )
-    st.lat["_cpu"] = [(cpu_seconds(app_pid) - cpu0) / (time.monotonic() - w0)]
+    finally:
+        for c in cs:
+            await c.aclose()
+    st.lat["_cpu"] = [(sum(cpu_seconds(p) for p in pids) - cpu0) / (time.monotonic() - w0)]
     return st
 
 
@@ -304,22 +315,27 @@ def main() -> int:
     ap.add_argument("--history-min", type=float, default=10.0, help="minutes of history pushed first")
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--no-jobs", action="store_true", help="do not run the rollup/alert jobs in the app")
+    ap.add_argument("--apps", type=int, default=1, help="app processes on the same database (scale-out)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvscope-load-"))
-    proc, base, token, cluster = start_app(args, work)
+    procs, bases, token, cluster = start_apps(args, work)
     try:
-        st = asyncio.run(main_async(args, base, token, proc.pid))
+        st = asyncio.run(main_async(args, bases, token, [p.pid for p in procs]))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if cluster is not None:
             cluster.stop()
     cpu = st.lat.pop("_cpu")[0]
     print(f"\nkvscope load: {args.agents} agents at 1 Hz, {args.clients} dashboard clients every {args.refresh:g} s, "
-          f"{args.duration:g} s, {args.db}, {os.cpu_count()} cores; app CPU {cpu:.2f} cores")
+          f"{args.duration:g} s, {args.db}, {args.apps} app process(es), {os.cpu_count()} cores; "
+          f"app CPU {cpu:.2f} cores")
     print(f"{'kind':<10}{'requests':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for kind in ("push", "chart", "worth", "overview", "metrics"):
         xs = st.lat.get(kind, [])
