@@ -21,6 +21,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+try:
+    from . import watchdog
+except ImportError:  # run as a script (smoke.py): this folder is on sys.path
+    import watchdog  # type: ignore[no-redef]
+
 VLLM_VERSION = "0.32.0"
 DEFAULT_HOME = Path(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))) / "kvscope" / "realvllm"
 HEALTH_DEADLINE_S = float(os.environ.get("KVSCOPE_REALVLLM_START_DEADLINE", "600"))
@@ -68,6 +73,15 @@ class Install:
 
 def default_install() -> Install:
     return Install(Path(os.environ.get("KVSCOPE_REALVLLM_HOME", str(DEFAULT_HOME))))
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the test process dies (killed by a CI timeout, say), so
+    even then no vLLM outlives the run. Linux prctl(PR_SET_PDEATHSIG); a no-op elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -192,6 +206,7 @@ class Server:
     healthy_after_s: float | None = None
     shm_seen: set[Path] = field(default_factory=set)
     shm_before: set[str] = field(default_factory=set)
+    guard: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -212,8 +227,10 @@ class Server:
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=server_env(self.job_dir, self.env_extra), cwd=self.job_dir, start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
+        self.guard = watchdog.start([f"pgid:{self.proc.pid}"])
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -276,6 +293,7 @@ class Server:
                     path.unlink()
                     notes.append(f"removed {path}")
         self.proc = None
+        watchdog.stop(self.guard)
         return notes
 
 

@@ -25,7 +25,17 @@ from typing import Any
 
 import httpx
 
-from .server import HEALTH_DEADLINE_S, Install, _group_alive, _tree_shm_paths, free_port, serve_argv, server_env
+from . import watchdog
+from .server import (
+    HEALTH_DEADLINE_S,
+    Install,
+    _group_alive,
+    _tree_shm_paths,
+    die_with_parent,
+    free_port,
+    serve_argv,
+    server_env,
+)
 
 KVSCOPE = [sys.executable, "-m", "kvscope.cli"]
 
@@ -65,6 +75,7 @@ class Stack:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     shm_seen: set[Path] = field(default_factory=set)
     shm_before: set[str] = field(default_factory=set)
+    guard: subprocess.Popen[bytes] | None = None
 
     @property
     def app_url(self) -> str:
@@ -88,6 +99,7 @@ class Stack:
         self.job.mkdir(parents=True, exist_ok=True)
         self.shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         self.app_port, self.vllm_port = free_port(), free_port()
+        self.guard = watchdog.start([f"port:{self.vllm_port}"])
         self._spawn("app", [*KVSCOPE, "serve", "--data-dir", str(self.data_dir), "--port", str(self.app_port),
                             "--log-level", "warning"])
         self.wait(lambda: httpx.get(self.app_url + "/healthz", timeout=5).status_code == 200, "the app", 120)
@@ -118,9 +130,13 @@ class Stack:
         log = (self.job / f"{name}.log").open("ab")
         try:
             self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                               env=self._env(), cwd=self.job, start_new_session=True))
+                                               env=self._env(), cwd=self.job, start_new_session=True,
+                                               preexec_fn=die_with_parent))
         finally:
             log.close()
+        # the watchdog learns each new group by restarting with it
+        watchdog.stop(self.guard)
+        self.guard = watchdog.start([f"port:{self.vllm_port}", *(f"pgid:{p.pid}" for p in self.procs)])
 
     # ------------------------------------------------------------------ use
     def wait(self, pred: Callable[[], Any], what: str, deadline_s: float = HEALTH_DEADLINE_S) -> Any:
@@ -193,4 +209,5 @@ class Stack:
                     path.unlink()
                     notes.append(f"removed {path}")
         self.procs.clear()
+        watchdog.stop(self.guard)
         return notes

@@ -26,6 +26,9 @@ from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, de
 from .server import Server, free_port, http_get
 from .workload import BLOCK, POOL_BLOCKS, PREFIX, TAIL, complete, tokens
 
+# vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
+pytestmark = pytest.mark.timeout(1200)
+
 FLAGS = ("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS))
 
 

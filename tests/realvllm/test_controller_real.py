@@ -25,6 +25,9 @@ from .conftest import ServerPool
 from .server import Install
 from .stack import KVSCOPE, Stack
 
+# vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
+pytestmark = pytest.mark.timeout(2400)
+
 # The tiny model's context is 2,048 tokens; probe prompts are ~1.85 tokens per word with its
 # tokenizer, so the app's default (1,500 words) would not fit: ask for a probe that does.
 APP_ENV = {

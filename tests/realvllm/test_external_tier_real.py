@@ -17,6 +17,9 @@ from .readings import SOURCES, AgentView, delta, send
 from .server import Server
 from .workload import POOL_BLOCKS, PREFIX, TAIL, tokens
 
+# vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
+pytestmark = pytest.mark.timeout(1200)
+
 
 @pytest.fixture(scope="module")
 def store_dir(realvllm_jobs: Path) -> Path:
