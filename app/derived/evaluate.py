@@ -9,8 +9,10 @@ divided by the time those buckets cover. Gauges: last value (raw) or bucket mean
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 
 from app.derived.grid import Grid
 from app.rates import gauge_series, increase, rate_series
@@ -129,33 +131,35 @@ def histogram_quantile(q: float, buckets: dict[float, float | None]) -> float | 
 
 def _quantiles_sorted(qs: Sequence[float], items: Sequence[tuple[float, float]]) -> list[float | None]:
     """histogram_quantile for several q over (le, cumulative) pairs sorted by le."""
-    if len(items) < 2 or items[-1][0] != math.inf:
+    return _quantiles_cum(qs, [le for le, _ in items], [v for _, v in items])
+
+
+def _quantiles_cum(qs: Sequence[float], les: Sequence[float], vals: Sequence[float]) -> list[float | None]:
+    """histogram_quantile for several q: `les` ascending, `vals` their cumulative counts (or rates)."""
+    n = len(les)
+    if n < 2 or les[-1] != math.inf:
         return [None] * len(qs)
-    # cumulative counts must not decrease (scrape races): fix like Prometheus does
-    fixed: list[tuple[float, float]] = []
-    run = -math.inf
-    for le, v in items:
-        run = max(run, v)
-        fixed.append((le, run))
-    count = fixed[-1][1]
+    # cumulative counts must not decrease (scrape races): fix like Prometheus does (running max)
+    cum = list(accumulate(vals, max, initial=-math.inf))
+    del cum[0]
+    count = cum[-1]
     if count <= 0:
         return [None] * len(qs)
     out: list[float | None] = []
     for q in qs:
         rank = q * count
-        prev_le, prev_c = 0.0, 0.0
-        got: float | None = None
-        for i, (le, c) in enumerate(fixed):
-            if c >= rank:
-                if le == math.inf:
-                    got = fixed[-2][0]
-                elif (i == 0 and le <= 0) or c == prev_c:
-                    got = le
-                else:
-                    got = prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
-                break
-            prev_le, prev_c = le, c
-        out.append(got)
+        i = bisect_left(cum, rank)  # the first bucket whose cumulative count reaches the rank
+        if i >= n:
+            out.append(None)
+            continue
+        le, c = les[i], cum[i]
+        prev_le, prev_c = (les[i - 1], cum[i - 1]) if i else (0.0, 0.0)
+        if le == math.inf:
+            out.append(les[-2])
+        elif (i == 0 and le <= 0) or c == prev_c:
+            out.append(le)
+        else:
+            out.append(prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c))
     return out
 
 
@@ -170,10 +174,18 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
             continue
     per_le.sort(key=lambda p: p[0])
     out: dict[float, Values] = {q: [] for q in qs}
-    for i in range(len(grid.times)):
-        items = [(le, v) for le, vals in per_le if (v := vals[i]) is not None]
-        for q, val in zip(qs, _quantiles_sorted(qs, items), strict=True):
-            out[q].append(val)
+    les = [le for le, _ in per_le]
+    cols = [vals for _, vals in per_le]
+    rows: Iterable[Sequence[float | None]] = zip(*cols, strict=True) if cols else ([] for _ in grid.times)
+    sinks = [out[q].append for q in qs]
+    for row in rows:
+        if None in row:  # some buckets have no rate at this instant: the others still count
+            kept = [(le, v) for le, v in zip(les, row, strict=True) if v is not None]
+            got = _quantiles_cum(qs, [le for le, _ in kept], [v for _, v in kept])
+        else:
+            got = _quantiles_cum(qs, les, row)  # type: ignore[arg-type]  # no None in row
+        for sink, val in zip(sinks, got, strict=True):
+            sink(val)
     return out
 
 

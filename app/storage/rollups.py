@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -83,8 +85,10 @@ def fold_minutes(
                 out.append((cur_b, Bucket(cur_b / 1000, n, vmin, vmax, vsum, vlast, inc if counter else None)))
             cur_b, n, vmin, vmax, vsum, inc = b, 0, v, v, 0.0, 0.0
         n += 1
-        vmin = min(vmin, v)
-        vmax = max(vmax, v)
+        if v < vmin:  # = min(vmin, v) and max(vmax, v), without two calls per sample
+            vmin = v
+        if v > vmax:
+            vmax = v
         vsum += v
         vlast = v
         if prev is not None:
@@ -305,7 +309,8 @@ def tiered_points(
 ) -> list[TieredSeries]:
     """Every series named in `names` of an instance (or host-level of a host), from one tier,
     over [start - lookback, end]. One query for the series, one for the points. `lean`: rollup
-    buckets carry only the increase (enough for rates and quantiles; min/max/mean/last are 0)."""
+    buckets carry only the increase (enough for rates and quantiles; min/max/mean/last are 0),
+    and only whole buckets (the one still filling at `end` is left out)."""
     s = Series.__table__
     q = select(s.c.id, s.c.name, s.c.labels, s.c.kind).where(s.c.name.in_(list(names)))
     if instance_id is not None:
@@ -337,7 +342,8 @@ def tiered_points(
     for sid in ids:
         name, labels, kind = meta[sid]
         data = pts[sid]
-        data.sort(key=itemgetter(0))  # (ts, value) points and Buckets both start with ts
+        if tier == "raw":
+            data.sort(key=itemgetter(0))  # rollup buckets come ascending from _rollup_buckets
         out.append(TieredSeries(
             series_id=sid, name=name, labels=labels, kind=kind, tier=tier, res=TIER_RES[tier],
             points=data if tier == "raw" else [], buckets=data if tier != "raw" else [],
@@ -359,17 +365,27 @@ def _rollup_buckets(
     t = (Rollup1m if tier == "1m" else Rollup1h).__table__
     cols = (t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
     if stored_until > lo:
-        q = select(*cols).where(t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until)
-        new = tuple.__new__  # builds the Bucket without the Python-level NamedTuple __new__ (hot path)
-        if lean:
-            lq = select(t.c.series_id, t.c.bucket_ms, t.c.inc).where(
-                t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until
-            )
-            for sid, ms, inc in conn.execute(lq).all():
-                out[sid].append(new(Bucket, (ms / 1000.0, 0, 0.0, 0.0, 0.0, 0.0, inc)))
+        if conn.dialect.name == "sqlite":
+            _stored_buckets_sqlite(conn, out, ids, tier, lo, stored_until, lean)
         else:
-            for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q).all():
-                out[sid].append(new(Bucket, (ms / 1000.0, n, vmin, vmax, vsum, vlast, inc)))
+            q = select(*cols).where(t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until)
+            new = tuple.__new__  # builds the Bucket without the Python-level NamedTuple __new__ (hot path)
+            if lean:
+                lq = select(t.c.series_id, t.c.bucket_ms, t.c.inc).where(
+                    t.c.series_id.in_(ids), t.c.bucket_ms >= lo, t.c.bucket_ms < stored_until
+                )
+                for sid, ms, inc in conn.execute(lq).all():
+                    out[sid].append(new(Bucket, (ms / 1000.0, 0, 0.0, 0.0, 0.0, 0.0, inc)))
+            else:
+                for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q).all():
+                    out[sid].append(new(Bucket, (ms / 1000.0, n, vmin, vmax, vsum, vlast, inc)))
+            for sid in ids:
+                out[sid].sort(key=itemgetter(0))
+    if lean:
+        # rates and quantiles use whole buckets only (a bucket ending after the range end is never
+        # read by counter_rate or range_increase): skip folding the one still filling
+        res_ms = MINUTE_MS if tier == "1m" else HOUR_MS
+        hi = hi - hi % res_ms - 1
     if stored_until > hi:
         return out
     # tail: minutes from the 1m table (for the 1h tier) then from raw samples
@@ -404,6 +420,39 @@ def _rollup_buckets(
         tail = mins if tier == "1m" else fold_hours(mins)
         out[sid].extend(b for _, b in tail)
     return out
+
+
+_TABLES = {"1m": Rollup1m.__tablename__, "1h": Rollup1h.__tablename__}
+
+
+def _stored_buckets_sqlite(
+    conn: Connection, out: dict[int, list[Bucket]], ids: list[int], tier: str, lo: int, hi: int, lean: bool
+) -> None:
+    """The hot read of a 30-day chart (tens of thousands of buckets), on SQLite: one primary-key
+    range scan per series through the driver's cursor, ascending by bucket_ms; ts in seconds
+    computed by SQLite (the same IEEE division as ms / 1000.0); rows made Buckets by C code (map
+    over tuple.__new__, zip with constant zeros for the lean columns), no Python per row. Lean
+    reads fetch two columns: every column fetched costs about as much as the row scan."""
+    table = _TABLES[tier]
+    make = partial(tuple.__new__, Bucket)
+    cur = conn.connection.cursor()
+    try:
+        if lean:
+            sql = (f"SELECT bucket_ms / 1000.0, inc FROM {table} "
+                   "WHERE series_id = ? AND bucket_ms >= ? AND bucket_ms < ? ORDER BY bucket_ms")
+            zi, zf = repeat(0), repeat(0.0)
+            for sid in ids:
+                rows = cur.execute(sql, (sid, lo, hi)).fetchall()
+                if rows:
+                    ts, inc = zip(*rows, strict=True)
+                    out[sid] = list(map(make, zip(ts, zi, zf, zf, zf, zf, inc, strict=False)))  # repeat() is endless
+        else:
+            sql = (f"SELECT bucket_ms / 1000.0, n, vmin, vmax, vsum, vlast, inc FROM {table} "
+                   "WHERE series_id = ? AND bucket_ms >= ? AND bucket_ms < ? ORDER BY bucket_ms")
+            for sid in ids:
+                out[sid] = list(map(make, cur.execute(sql, (sid, lo, hi))))
+    finally:
+        cur.close()
 
 
 def scrape_gap(engine: Engine, instance_id: int, start: float, end: float, limit: int = 400) -> float | None:
