@@ -17,6 +17,7 @@ EVENT_COLORS = {
 }
 DASH = {"line": "solid", "area": "solid", "dash": "dash", "dot": "dot"}
 ROW_GAP = 0.08
+MODEBAR_PX = 30  # top margin kept free for Plotly's modebar
 
 
 def _clean(values: list[float | None]) -> list[float | None]:
@@ -51,9 +52,12 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
     nrows = max(1, len(panel.rows))
     height = (1.0 - ROW_GAP * (nrows - 1)) / nrows
     layout: dict[str, Any] = {
-        "margin": {"l": 64, "r": 16, "t": 8, "b": 8},
+        # the top margin is the modebar's alone (it used to cover the legend and the top of the
+        # plot); the legend sits under the x-axis title, anchored to the figure's bottom edge
+        "margin": {"l": 64, "r": 16, "t": MODEBAR_PX, "b": 8},
         "showlegend": True,
-        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom", "font": {"size": 11}},
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 0, "yref": "container",
+                   "yanchor": "bottom", "font": {"size": 11}},
         "hovermode": "x unified",
         "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
         "xaxis": {"type": "date", "range": [int(g.start * 1000), int(g.end * 1000)],
@@ -136,7 +140,8 @@ def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) ->
         lo_x, hi_x = present[0][0], present[-1][0]
         if hi_x - lo_x < 60:  # one point or a few seconds: a minute around them
             lo_x, hi_x = lo_x - 30, hi_x + 30
-        layout["xaxis"]["range"] = [round(lo_x * 1000), round(hi_x * 1000)]
+        pad_x = (hi_x - lo_x) * 0.03  # the end markers are not cut in half by the plot edge
+        layout["xaxis"]["range"] = [round((lo_x - pad_x) * 1000), round((hi_x + pad_x) * 1000)]
         lo_y = min(y for _, y in present)
         hi_y = max(y for _, y in present)
         pad = (hi_y - lo_y) * 0.1 or max(abs(hi_y) * 0.05, 0.5)
@@ -144,7 +149,7 @@ def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) ->
     mode = "lines+markers" if len(present) < SPARK_MARKERS_BELOW else "lines"
     return {
         "data": [{"type": "scatter", "mode": mode, "x": [round(t * 1000) for t in xs], "y": clean,
-                  "line": {"width": 1.4, "color": color}, "marker": {"size": 4, "color": color},
+                  "line": {"width": 1.4, "color": color}, "marker": {"size": 5, "color": color},
                   "hovertemplate": f"%{{x|%H:%M:%S}} UTC: %{{y:.3g}} {unit}<extra></extra>",
                   "connectgaps": False}],
         "layout": layout,

@@ -100,6 +100,46 @@ def test_instance_page_draws_every_chart_with_data(live: LiveApp, page: Any) -> 
     assert log.errors == []
 
 
+def _overlaps(a: dict[str, float] | None, b: dict[str, float] | None) -> bool:
+    if not a or not b:
+        return False
+    return not (a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"]
+                or b["bottom"] <= a["top"])
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_legends_axis_titles_and_modebar_do_not_overlap(live: LiveApp, page: Any, width: int) -> None:
+    """Every chart: the legend clears the x-axis title and the plot area, and the modebar
+    (shown on hover) clears the legend, the plot area and the panel title."""
+    p, log = page
+    p.set_viewport_size({"width": width, "height": 1000})
+    p.goto(live.url + "/instances/1?range=1h")
+    _wait_charts(p)
+    for key in CHARTS:
+        p.hover(f"#chart-{key} .chart")  # shows the modebar
+        boxes = p.evaluate(
+            """(key) => {
+                const root = document.querySelector(`#chart-${key}`);
+                const box = (sel) => { const e = root.querySelector(sel); if (!e) return null;
+                  const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top,
+                  bottom: r.bottom}; };
+                const plots = [...root.querySelectorAll('.nsewdrag')].map(e => { const r = e.getBoundingClientRect();
+                  return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; });
+                return {legend: box('.legend'), xtitle: box('.g-xtitle'), modebar: box('.modebar'),
+                        title: box('h2'), plots: plots};
+            }""",
+            key,
+        )
+        assert boxes["legend"] and boxes["xtitle"] and boxes["modebar"] and boxes["plots"], (key, boxes)
+        assert not _overlaps(boxes["legend"], boxes["xtitle"]), (key, width, boxes)
+        assert not _overlaps(boxes["modebar"], boxes["legend"]), (key, width, boxes)
+        assert not _overlaps(boxes["modebar"], boxes["title"]), (key, width, boxes)
+        for plot in boxes["plots"]:
+            assert not _overlaps(boxes["legend"], plot), (key, width, boxes)
+            assert not _overlaps(boxes["modebar"], plot), (key, width, boxes)
+    assert log.errors == []
+
+
 def test_range_picker_changes_the_data(live: LiveApp, page: Any) -> None:
     p, log = page
     p.goto(live.url + "/instances/1?range=1h")
