@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     rollup_1m_retention_d: float = Field(30.0, gt=0, description="Keep 1-minute rollups this long.")
     rollup_1h_retention_d: float = Field(400.0, gt=0, description="Keep 1-hour rollups this long.")
     rollup_interval_s: float = Field(60.0, gt=0, description="How often the rollup job runs.")
+    chart_cache_s: float = Field(
+        5.0, ge=0, description="Dashboard fragments share one computation per chart for this long "
+        "(named ranges end at now rounded down to it); 0 disables."
+    )
     # --- alerts
     alert_eval_interval_s: float = Field(15.0, gt=0, description="How often alert rules are evaluated.")
     # --- scheduler

@@ -14,6 +14,7 @@ from app.derived.instance_charts import CHARTS
 from app.derived.overview import describe_offload, state_of
 from app.derived.panels import Scope, make_scope
 from app.derived.worth import compute_worth
+from app.pages.chart_cache import ResultCache, quantise
 from app.pages.overview import figure_json
 from app.pages.ranges import RANGES, TimeRange, resolve
 from app.storage.events import list_events
@@ -67,6 +68,11 @@ def chart_data(ctx: AppContext, inst: dict[str, Any], key: str, tr: TimeRange, p
 
 def router(ctx: AppContext) -> APIRouter:
     r = APIRouter()
+    # Live fragments: every viewer of an instance shares one computation per chart per quantum.
+    cache: ResultCache = ctx.extras.setdefault("chart_cache", ResultCache(ctx.settings.chart_cache_s))
+
+    def shared_now() -> float:
+        return quantise(ctx.now(), ctx.settings.chart_cache_s)
 
     def page_context(instance_id: int, range_: str | None, start: float | None, end: float | None) -> dict[str, Any]:
         inst = _instance(ctx, instance_id)
@@ -101,9 +107,14 @@ def router(ctx: AppContext) -> APIRouter:
     ) -> HTMLResponse:
         def build() -> dict[str, Any]:
             inst = _instance(ctx, instance_id)
-            tr = resolve(ctx.now(), range, start, end)
-            c = chart_data(ctx, inst, key, tr)
-            c["figure_json"] = figure_json(c["figure"]) if c["figure"] else None
+            tr = resolve(shared_now(), range, start, end)
+
+            def compute() -> dict[str, Any]:
+                c = chart_data(ctx, inst, key, tr)
+                c["figure_json"] = figure_json(c["figure"]) if c["figure"] else None
+                return c
+
+            c = cache.get_or_compute(("chart", instance_id, key, tr.name, tr.start, tr.end), compute)
             return {"c": c, "inst": inst, "range": tr}
 
         data = await run_in_threadpool(build)
@@ -116,8 +127,12 @@ def router(ctx: AppContext) -> APIRouter:
     ) -> HTMLResponse:
         def build() -> dict[str, Any]:
             inst = _instance(ctx, instance_id)
-            tr = resolve(ctx.now(), range, start, end)
-            return {"worth": compute_worth(_scope(ctx, inst, tr, DEFAULT_PX)), "inst": inst, "range": tr}
+            tr = resolve(shared_now(), range, start, end)
+            worth = cache.get_or_compute(
+                ("worth", instance_id, tr.name, tr.start, tr.end),
+                lambda: compute_worth(_scope(ctx, inst, tr, DEFAULT_PX)),
+            )
+            return {"worth": worth, "inst": inst, "range": tr}
 
         data = await run_in_threadpool(build)
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/_worth.html", data)  # type: ignore[no-any-return]
