@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from agent import preflight as pf
+from agent.failure_cause import failure_cause
 from agent.launcher.base import Launcher, LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
@@ -298,7 +299,13 @@ class Controller:
         t0: float, *, probe: dict[str, Any] | None = None,
     ) -> str:
         tail = inst.launcher.log_tail(30)
+        # vLLM's root cause sits far above the end of its log: look through the whole recent log.
+        cause = failure_cause(inst.launcher.log_tail(5000))
+        if cause and cause not in reason:
+            reason = f"{reason}; the server said: {cause}"
         data: dict[str, Any] = {"error": reason, "log_tail": tail, "timings": dict(timings)}
+        if cause:
+            data["server_error"] = cause
         if probe is not None:
             data["probe"] = probe
         self._update(cmd.id, "rolling_back", f"{reason}; rolling back to last-known-good {json.dumps(lkg)}", data)

@@ -316,3 +316,22 @@ def test_build_command_sink_from_the_agent_cli(tmp_path: Path) -> None:
         assert [u.state for u in sink.drain_updates()] == ["failed"]
     finally:
         sink.close()
+
+
+def test_rollback_reports_the_servers_own_error_line() -> None:
+    """vLLM's cause is far above the end of its log: the rollout's updates carry it anyway."""
+    real_log = (Path(__file__).parent / "fixtures" / "real_vllm_cpu_offload_failure.log.txt").read_text()
+
+    class LoggingLauncher(FakeLauncher):
+        def log_tail(self, max_lines: int = 40) -> str:
+            return "\n".join(real_log.splitlines()[-max_lines:])
+
+    lkg = ["--kv-cache-dtype", "fp8"]
+    fl = LoggingLauncher(healthy_for={tuple(lkg)})
+    ctl = _ctl(fl)
+    assert ctl.run_rollout(_cmd(11, ["--max-model-len", "8192"], lkg_argv=lkg)) == "rolled_back"
+    ups = ctl.drain_updates()
+    cause = "Exception: CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"
+    rolling = next(u for u in ups if u.state == "rolling_back")
+    assert cause in rolling.message and rolling.data["server_error"] == cause
+    assert cause in next(u for u in ups if u.state == "rolled_back").message

@@ -130,9 +130,6 @@ def test_dtype_switch_then_rejected_profile_rolls_back(stack: Stack, profiles: l
     assert OFFLOAD_ERROR in logs
 
 
-@pytest.mark.xfail(reason="controller gap (reported to the lead): the rolled-back rollout says 'process exited "
-                          "before healthy (ConnectError ...)'; vLLM's cause is above the 30-line log_tail (the API "
-                          "server's traceback fills it) and the event rows carry only the summary", strict=False)
 def test_rollback_names_vllm_error(stack: Stack) -> None:
     """Issue 6 (2): 'vLLM's error line in the rollout's events'."""
     assert ROLLED_BACK, "the rollback test did not get that far"
