@@ -134,12 +134,33 @@ def make_prefix(nonce: str, index: int, words: int) -> str:
 
 
 def first_model(client: httpx.Client, base_url: str, timeout_s: float) -> str | None:
+    return model_info(client, base_url, timeout_s)[0]
+
+
+def model_info(client: httpx.Client, base_url: str, timeout_s: float) -> tuple[str | None, int | None]:
+    """(id, max_model_len) of the first model on /v1/models; None for what is missing."""
     try:
         r = client.get(base_url.rstrip("/") + "/v1/models", timeout=timeout_s)
         data = r.json().get("data") or []
-        return str(data[0]["id"]) if data else None
+        if not data:
+            return None, None
+        mml = data[0].get("max_model_len")
+        return str(data[0]["id"]), int(mml) if isinstance(mml, int | float) and mml > 0 else None
     except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None
+        return None, None
+
+
+# Upper bound of tokens per probe word over the tokenizers seen (real vLLM's tiny BPE: ~1.9).
+TOKENS_PER_WORD_BOUND = 2.0
+
+
+def fit_prefix_words(words: int, max_model_len: int | None, max_tokens: int) -> int:
+    """Shrink the probe's prefix so prompt + answer fit the server's context (a small
+    --max-model-len must not turn a healthy server's probe into HTTP 400 and a rollback)."""
+    if not max_model_len:
+        return words
+    room = 0.9 * max_model_len - max_tokens - 32
+    return max(16, min(words, int(room / TOKENS_PER_WORD_BOUND)))
 
 
 def run_probe(
@@ -165,16 +186,18 @@ def _run(
     c: httpx.Client, base: str, model: str | None, cfg: ProbeConfig,
     alive: Callable[[], bool | None], clock: Callable[[], float],
 ) -> ProbeResult:
-    model = model or first_model(c, base, cfg.request_timeout_s)
+    listed, max_model_len = model_info(c, base, cfg.request_timeout_s)
+    model = model or listed
     if model is None:
         return ProbeResult(False, "error", "no model listed on /v1/models")
+    words = fit_prefix_words(cfg.prefix_words, max_model_len, cfg.max_tokens)
     nonce = cfg.nonce or f"{random.getrandbits(40):010x}"
     plan = [("cold", 0), ("gpu_hit", 0)] + [(f"evict_{i}", i) for i in range(1, cfg.evict_count + 1)] + [("reload", 0)]
     steps: list[ProbeStep] = []
     start_counters = read_counters(c, base)
     before = start_counters
     for name, idx in plan:
-        prompt = make_prefix(nonce, idx, cfg.prefix_words) + "\nQuestion: what is this document about?"
+        prompt = make_prefix(nonce, idx, words) + "\nQuestion: what is this document about?"
         step = _request(c, base, model, prompt, cfg, clock)
         step.name = name
         after = read_counters(c, base) if step.error is None else None
