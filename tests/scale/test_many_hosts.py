@@ -127,10 +127,10 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
     assert others["labhost0"][0] == "up" and others["labhost2"][0] == "up", others
     metrics = httpx.get(f"{app}/metrics", timeout=10).text
     assert re.search(r'kvscope_instance_stale\{[^}]*host="labhost1"[^}]*\} 1\.0', metrics), "exporter: not stale"
-    time.sleep(4)
+    # keep the host cut off well past any hole we accept (a precondition, not a timing assertion)
+    time.sleep(max(1.0, t_cut + 2 * MAX_HOLE_S + 2.0 - time.time()))
     net.set_link(1, up=True)
     t_back = time.time()
-    assert t_back - t_cut > 2 * MAX_HOLE_S  # the outage is far longer than any hole we accept
 
     db = lab["db"]
 
