@@ -205,13 +205,12 @@ def _assign_profiles(engine: Any, ports: dict[str, int], now: float) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
     from app.cli import check_port_free
     from app.main import create_app
     from app.settings import default_data_dir, load_settings
     from app.storage.engine import open_database
     from app.storage.tokens import create_token
+    from kvscope.app_thread import start_app_thread
     from kvscope.traffic import Traffic
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir() / "demo"
@@ -242,25 +241,8 @@ def run_demo(args: argparse.Namespace) -> int:
     token = create_token(engine, f"kvscope-demo-{int(now * 1000)}", now)
     _seed_profiles(engine, offload_gib, now)
     app = create_app(settings, engine=engine)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=args.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=3,
-        )
-    )
-    server_thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
-    server_thread.start()
-    t_end = time.monotonic() + 30
-    while not server.started:
-        if not server_thread.is_alive() or time.monotonic() > t_end:
-            raise UserError(f"the app did not start on {settings.host}:{settings.port}; see the log above")
-        time.sleep(0.05)
-    local = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    url = f"http://{local}:{settings.port}"
+    served = start_app_thread(app, settings.host, settings.port, args.log_level)
+    url = served.url
 
     ports = {srv.key: _free_port() for srv in SERVERS}
     launcher_cfg = data_dir / "launcher.toml"
@@ -334,7 +316,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 break
-            if not server_thread.is_alive():
+            if not served.alive():
                 print("kvscope demo: the app stopped", file=sys.stderr)
                 break
             if t_stop is not None and time.monotonic() >= t_stop:
@@ -353,8 +335,7 @@ def run_demo(args: argparse.Namespace) -> int:
         agent_log.close()
         for t in traffic:
             t.stop(timeout=5)
-        server.should_exit = True
-        server_thread.join(timeout=15)
+        served.stop()
         engine.dispose()
         sent = sum(t.stats.sent for t in traffic)
         errors = sum(t.stats.errors for t in traffic)

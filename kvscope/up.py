@@ -50,12 +50,11 @@ def run_up(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    import uvicorn
-
     from agent.cli import build_agent, parse_interval
     from app.cli import check_port_free, settings_from_args
     from app.main import create_app
     from app.storage.engine import open_database
+    from kvscope.app_thread import start_app_thread
 
     try:
         interval = parse_interval(args.interval)
@@ -69,20 +68,8 @@ def run_up(args: argparse.Namespace) -> int:
     engine = open_database(settings.effective_database_url)
     token = _local_token(engine, time.time())
     app = create_app(settings, engine=engine)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False,
-                       timeout_graceful_shutdown=3)
-    )
-    server_thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
-    server_thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not server_thread.is_alive() or time.monotonic() > deadline:
-            raise UserError(f"the app did not start on {settings.host}:{settings.port}; see the log above")
-        time.sleep(0.05)
-
-    local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    url = f"http://{local_host}:{settings.port}"
+    served = start_app_thread(app, settings.host, settings.port, args.log_level)
+    url = served.url
     agent_args = argparse.Namespace(
         vllm_url=args.vllm_url, interval=interval, state_dir=args.state_dir or str(Path(settings.data_dir) / "agent"),
         no_gpu=args.no_gpu, nvidia_smi=args.nvidia_smi, host_name=None, spool_max_mb=256.0,
@@ -91,8 +78,7 @@ def run_up(args: argparse.Namespace) -> int:
     try:
         agent = build_agent(agent_args, server=url, token=token)
     except BaseException:
-        server.should_exit = True
-        server_thread.join(timeout=10)
+        served.stop(timeout=10)
         raise
     agent_thread = threading.Thread(target=agent.run, args=(stop,), name="kvscope-agent", daemon=True)
     agent_thread.start()
@@ -107,15 +93,14 @@ def run_up(args: argparse.Namespace) -> int:
     print("kvscope up: Ctrl-C stops both", flush=True)
     while not stop.is_set():
         stop.wait(0.5)
-        if not server_thread.is_alive():
+        if not served.alive():
             print("kvscope up: the app stopped; stopping the agent", file=sys.stderr)
             stop.set()
     agent_thread.join(timeout=agent.config.push_timeout_s + 5)
     agent.client.close()
     if agent.push_client is not None:
         agent.push_client.close()
-    server.should_exit = True
-    server_thread.join(timeout=15)
+    served.stop()
     engine.dispose()
     print("kvscope up: stopped", flush=True)
     return 0
