@@ -26,6 +26,10 @@ from typing import Any
 from kvscope.errors import UserError
 
 GIB = 1024**3
+# The dense server's GPU KV pool is capped (a card shared with other work: ~7,300 tokens, with
+# --max-model-len 4096 so one request fits, as vLLM requires) so that the
+# demo's documents overflow it and the CPU tier, larger than the pool, has something to give back.
+DENSE_KV_BYTES = 1 * GIB
 
 
 @dataclass(frozen=True)
@@ -44,16 +48,19 @@ SERVERS = (
 
 def demo_profiles(offload_gib: float) -> dict[str, dict[str, Any]]:
     """The profiles the demo creates, so apply and A/B have something to switch between."""
+    pool = {"kv_cache_memory_bytes": DENSE_KV_BYTES, "max_model_len": 4096}
     return {
         "dense-cpu-offload": {
-            "description": f"Dense model, {offload_gib:g} GiB native CPU offload",
+            "description": f"Dense model, 1 GiB GPU KV pool, {offload_gib:g} GiB native CPU offload",
             "offload_size_gib": offload_gib,
+            **pool,
         },
-        "dense-gpu-only": {"description": "Dense model, no offload (the GPU prefix cache only)"},
+        "dense-gpu-only": {"description": "Dense model, 1 GiB GPU KV pool, no offload", **pool},
         "dense-fp8-cpu-offload": {
-            "description": "FP8 KV cache (about 1.8x the tokens) plus CPU offload",
+            "description": "FP8 KV cache (about 2x the tokens in the same pool) plus CPU offload",
             "offload_size_gib": offload_gib,
             "kv_cache_dtype": "fp8",
+            **pool,
         },
         "hybrid-gpu-only": {"description": "Hybrid (linear-attention) model, no offload"},
         "hybrid-cpu-offload": {
@@ -62,6 +69,14 @@ def demo_profiles(offload_gib: float) -> dict[str, dict[str, Any]]:
             "offload_size_gib": 2.0,
         },
     }
+
+
+def initial_argv(key: str, offload_gib: float) -> list[str]:
+    """The flags a demo server starts with: its initial profile, rendered as the controller would."""
+    from app.profiles import parse_profile
+
+    srv = next(s for s in SERVERS if s.key == key)
+    return parse_profile(srv.initial_profile, demo_profiles(offload_gib)[srv.initial_profile]).to_argv()
 
 
 def register(sub: Any) -> None:
@@ -134,11 +149,7 @@ def write_launcher_config(
             "--sim-gpu-index",
             str(gpu),  # one simulated GPU per server, as on a two-GPU rig
         ]
-        initial = (
-            ["--kv-offloading-size", f"{offload_gib:g}", "--kv-offloading-backend", "native"]
-            if srv.key == "dense"
-            else []
-        )
+        initial = initial_argv(srv.key, offload_gib)
         lines += [
             "[[instance]]",
             f"url = {_toml_str(f'http://127.0.0.1:{port}')}",
@@ -211,7 +222,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from app.storage.engine import open_database
     from app.storage.tokens import create_token
     from kvscope.app_thread import start_app_thread
-    from kvscope.traffic import Traffic
+    from kvscope.traffic import Mix, Traffic
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir() / "demo"
     if args.fresh and data_dir.exists():
@@ -302,7 +313,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 flush=True,
             )
             if not args.no_traffic:
-                t = Traffic(base, srv.model, rate=args.rate, seed=len(traffic))
+                # Dense: 8 documents of ~1,600 tokens, more than its GPU pool, less than pool + CPU tier.
+                mix = Mix(documents=8, document_words=1600) if srv.key == "dense" else Mix()
+                t = Traffic(base, srv.model, mix=mix, rate=args.rate, seed=len(traffic))
                 t.start()
                 traffic.append(t)
         assigned = 0
