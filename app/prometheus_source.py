@@ -245,7 +245,7 @@ def install(app: Any, ctx: Any) -> None:
 
     r = APIRouter()
 
-    @r.get("/api/v1/prometheus/instances/{instance_id}/charts/{key}")
+    @r.get("/api/v1/prometheus/instances/{instance_id}/charts/{key}", response_model=None)
     async def prom_chart(instance_id: int, key: str, range: str | None = None, start: float | None = None,
                          end: float | None = None) -> JSONResponse:
         source = source_from_settings(ctx.settings)
