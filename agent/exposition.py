@@ -130,7 +130,6 @@ def _parse_rows(
 ) -> None:
     """(name, label body, rest) per kept line, as split by the selector regex, in C."""
     samples = out.samples
-    find_pairs = _LABEL_PAIR.findall
     name_ok = _NAME_OK.match
     cache: dict[str, dict[str, str]] = label_cache if label_cache is not None else {}
     good_names: set[str] = set()
@@ -146,15 +145,7 @@ def _parse_rows(
             if body:
                 labels = cache.get(body)
                 if labels is None:
-                    if "\\" in body:
-                        labels = _parse_labels_slow(body)
-                    else:
-                        pairs = find_pairs(body)
-                        if body.count('"') != 2 * len(pairs) or (not pairs and body.strip(" ,")):
-                            raise ValueError("bad label set")
-                        labels = dict(pairs)
-                        if len(labels) != len(pairs):
-                            raise ValueError("repeated label name")
+                    labels = _parse_label_body(body)
                     if len(cache) < LABEL_CACHE_MAX:
                         cache[body] = labels
             else:
@@ -172,7 +163,6 @@ def _parse_sample_lines(
     lines: list[str], out: Exposition, label_cache: dict[str, dict[str, str]] | None
 ) -> None:
     samples = out.samples
-    find_pairs = _LABEL_PAIR.findall
     name_ok = _NAME_OK.match
     cache: dict[str, dict[str, str]] = label_cache if label_cache is not None else {}
     for line in lines:
@@ -188,16 +178,7 @@ def _parse_sample_lines(
                 body = line[brace + 1 : close]
                 labels = cache.get(body)
                 if labels is None:
-                    if "\\" in body:
-                        labels = _parse_labels_slow(body)
-                    else:
-                        pairs = find_pairs(body)
-                        # every quote must belong to a pair read, and nothing else may be there
-                        if body.count('"') != 2 * len(pairs) or (not pairs and body.strip(" ,")):
-                            raise ValueError("bad label set")
-                        labels = dict(pairs)
-                        if len(labels) != len(pairs):
-                            raise ValueError("repeated label name")
+                    labels = _parse_label_body(body)
                     if len(cache) < LABEL_CACHE_MAX:
                         cache[body] = labels
                 rest = line[close + 1 :].split()
@@ -225,6 +206,20 @@ def _bare_name(line: str) -> str:
         if ch == "{" or ch == " " or ch == "\t":
             return line[:i]
     return line
+
+
+def _parse_label_body(body: str) -> dict[str, str]:
+    """The labels between { and } (a label-cache miss). ValueError on a malformed set."""
+    if "\\" in body:
+        return _parse_labels_slow(body)
+    pairs = _LABEL_PAIR.findall(body)
+    # every quote must belong to a pair read, and nothing else may be there
+    if body.count('"') != 2 * len(pairs) or (not pairs and body.strip(" ,")):
+        raise ValueError("bad label set")
+    labels = dict(pairs)
+    if len(labels) != len(pairs):
+        raise ValueError("repeated label name")
+    return labels
 
 
 def _parse_labels_slow(body: str) -> dict[str, str]:
