@@ -65,11 +65,10 @@ def build_payload(
     }
 
 
-def request_rollout(
-    ctx: AppContext, instance_id: int, profile_name: str, *, override_hybrid: bool = False,
-    requested_by: str = "", now: float | None = None, probe: dict[str, Any] | None = None,
-) -> int:
-    now = ctx.now() if now is None else now
+def _instance_and_profile(
+    ctx: AppContext, instance_id: int, profile_name: str
+) -> tuple[dict[str, Any], dict[str, Any], Profile]:
+    """The instance row, the stored profile and its validated model; RolloutError (404/422) if not."""
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
         raise RolloutError(f"no instance {instance_id}", 404)
@@ -80,6 +79,15 @@ def request_rollout(
         profile = parse_profile(profile_name, prof["spec"])
     except ProfileError as exc:
         raise RolloutError(f"profile {profile_name!r} does not validate any more: {exc}", 422) from None
+    return inst, prof, profile
+
+
+def request_rollout(
+    ctx: AppContext, instance_id: int, profile_name: str, *, override_hybrid: bool = False,
+    requested_by: str = "", now: float | None = None, probe: dict[str, Any] | None = None,
+) -> int:
+    now = ctx.now() if now is None else now
+    inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     version = rs.get_version(ctx.engine, int(prof["version_id"]))
     assert version is not None
     lkg = rs.instance_profiles(ctx.engine, instance_id)["lkg"]
@@ -174,16 +182,7 @@ def host_memory(ctx: AppContext, host_id: int, now: float, window_s: float = 600
 def preview(ctx: AppContext, instance_id: int, profile_name: str, *, override_hybrid: bool = False,
             now: float | None = None) -> dict[str, Any]:
     now = ctx.now() if now is None else now
-    inst = get_instance(ctx.engine, instance_id)
-    if inst is None:
-        raise RolloutError(f"no instance {instance_id}", 404)
-    prof = rs.get_profile(ctx.engine, profile_name)
-    if prof is None:
-        raise RolloutError(f"no profile named {profile_name!r}", 404)
-    try:
-        profile = parse_profile(profile_name, prof["spec"])
-    except ProfileError as exc:
-        raise RolloutError(f"profile {profile_name!r} does not validate: {exc}", 422) from None
+    inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     current = rs.instance_profiles(ctx.engine, instance_id)
     cur_profile = version_profile(current["current"])
     before = cur_profile.to_argv() if cur_profile else []
