@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.storage.models import SampleRow, Series
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
+from app.storage.series_store import series_of
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -311,14 +312,7 @@ def tiered_points(
     over [start - lookback, end]. One query for the series, one for the points. `lean`: rollup
     buckets carry only the increase (enough for rates and quantiles; min/max/mean/last are 0),
     and only whole buckets (the one still filling at `end` is left out)."""
-    s = Series.__table__
-    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind).where(s.c.name.in_(list(names)))
-    if instance_id is not None:
-        q = q.where(s.c.instance_id == instance_id)
-    elif host_id is not None:
-        q = q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
-    else:
-        raise ValueError("instance_id or host_id is required")
+    q = series_of(names, instance_id=instance_id, host_id=host_id)
     lo = int((start - lookback) * 1000)
     hi = int(end * 1000)
     with engine.connect() as conn:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, select
+from sqlalchemy import Engine, Select, Table, select
 
 from app.storage.models import Host, Instance, SampleRow, Series
 
@@ -17,6 +18,18 @@ class SeriesPoints:
     labels: dict[str, str]
     kind: str
     points: list[tuple[float, float]]  # (ts seconds, value), ascending
+
+
+def series_of(names: Sequence[str], *, instance_id: int | None, host_id: int | None) -> Select[Any]:
+    """SELECT id, name, labels, kind of every series named in `names` of one instance, or the
+    host-level series (instance_id NULL) of one host."""
+    s = cast(Table, Series.__table__)
+    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind).where(s.c.name.in_(list(names)))
+    if instance_id is not None:
+        return q.where(s.c.instance_id == instance_id)
+    if host_id is not None:
+        return q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
+    raise ValueError("instance_id or host_id is required")
 
 
 def list_hosts(engine: Engine) -> list[dict[str, Any]]:
@@ -61,19 +74,12 @@ def series_points(
 ) -> list[SeriesPoints]:
     """Raw points of every series `name` of an instance (or host-level series of a host),
     from start - lookback to end inclusive."""
-    s = cast(Table, Series.__table__)
-    q = select(s.c.id, s.c.labels, s.c.kind).where(s.c.name == name)
-    if instance_id is not None:
-        q = q.where(s.c.instance_id == instance_id)
-    elif host_id is not None:
-        q = q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
-    else:
-        raise ValueError("instance_id or host_id is required")
+    q = series_of([name], instance_id=instance_id, host_id=host_id)
     lo = int((start - lookback) * 1000)
     hi = int(end * 1000)
     out: list[SeriesPoints] = []
     with engine.connect() as conn:
-        for sid, labels, kind in conn.execute(q).all():
+        for sid, _name, labels, kind in conn.execute(q).all():
             pts = conn.execute(
                 select(SampleRow.ts_ms, SampleRow.value)
                 .where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
