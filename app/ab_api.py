@@ -228,20 +228,8 @@ def page_router(ctx: AppContext) -> APIRouter:
     r = APIRouter(include_in_schema=False)
 
     def render(request: Request, name: str, data: dict[str, Any], status: int = 200) -> Response:
-        templates = ctx.extras.get("templates")
-        if templates is None:
-            from app.pages.templating import make_templates
-
-            templates = ctx.extras["templates"] = make_templates()
-            templates.env.globals["ab_describe"] = describe
-        token, new_cookie = csrf.issue(request, ctx.settings.secret_key)
-        resp = templates.TemplateResponse(
-            request, name, {"active_nav": "experiments", "now": ctx.now(), "csrf": token, **data},
-            status_code=status,
-        )
-        if new_cookie is not None:
-            csrf.set_cookie(resp, new_cookie)
-        return resp  # type: ignore[no-any-return]
+        return csrf.render_page(ctx, request, name, data, active_nav="experiments", status=status,
+                                template_globals={"ab_describe": describe})
 
     def list_page(request: Request, form: dict[str, Any], error: str | None, status: int = 200) -> Response:
         from app.storage import rollouts_store as rs

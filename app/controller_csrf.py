@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request, Response
@@ -52,3 +53,25 @@ def require_json(request: Request) -> None:
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json":
         raise HTTPException(415, "send Content-Type: application/json")
+
+
+def render_page(
+    ctx: Any, request: Request, name: str, data: dict[str, Any], *, active_nav: str, status: int = 200,
+    template_globals: dict[str, Any] | None = None,
+) -> Response:
+    """Render a page that has forms: the template gets `csrf` (and `now`, `active_nav`), and the
+    CSRF cookie is set when the browser had none. Shared by the controller and A/B pages."""
+    templates = ctx.extras.get("templates")
+    if templates is None:  # the dashboard part is not installed: build the environment here
+        from app.pages.templating import make_templates
+
+        templates = ctx.extras["templates"] = make_templates()
+    if template_globals:
+        templates.env.globals.update(template_globals)
+    token, new_cookie = issue(request, ctx.settings.secret_key)
+    resp: Response = templates.TemplateResponse(
+        request, name, {"active_nav": active_nav, "now": ctx.now(), "csrf": token, **data}, status_code=status
+    )
+    if new_cookie is not None:
+        set_cookie(resp, new_cookie)
+    return resp
