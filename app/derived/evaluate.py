@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 
 from app.derived.grid import Grid
+from app.derived.live import LiveRawSeries, grid_values
 from app.rates import gauge_series, increase, rate_series
 from app.storage.rollups import Bucket, TieredSeries
 
@@ -25,8 +26,15 @@ def counter_rate(s: TieredSeries, grid: Grid) -> Values:
     if not grid.times:
         return []
     if s.tier == "raw":
-        return [v for _, v in rate_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step,
-                                          grid.rate_window)][: len(grid.times)]
+        step, window = grid.step, grid.rate_window
+
+        def rates(points: Sequence[tuple[float, float]], t0: float, t1: float) -> Values:
+            n = round((t1 - t0) / step) + 1
+            return [v for _, v in rate_series(points, t0, t1 + 1e-9, step, window)][:n]
+
+        if isinstance(s, LiveRawSeries):
+            return grid_values(s, grid.times, step, window, gauge_window(grid) + 1.0, "rate", rates)
+        return rates(s.points, grid.times[0], grid.times[-1])
     if grid.step == s.res:  # one bucket per instant: the bucket ending at t
         by_end = {b.ts + s.res: b.inc for b in s.buckets}
         res = s.res
@@ -42,10 +50,16 @@ def gauge_values(s: TieredSeries, grid: Grid, use: str = "mean") -> Values:
     """Gauge on the grid. For rollups `use` picks mean, max, min or last of the buckets."""
     if not grid.times:
         return []
-    if s.tier == "raw":
-        return [v for _, v in gauge_series(s.points, grid.times[0], grid.times[-1] + 1e-9, grid.step)][
-            : len(grid.times)
-        ]
+    if s.tier == "raw":  # the last value at or before each instant within the lookback (any `use`)
+        step, window = grid.step, gauge_window(grid)
+
+        def last(points: Sequence[tuple[float, float]], t0: float, t1: float) -> Values:
+            n = round((t1 - t0) / step) + 1
+            return [v for _, v in gauge_series(points, t0, t1 + 1e-9, step, window)][:n]
+
+        if isinstance(s, LiveRawSeries):
+            return grid_values(s, grid.times, step, grid.rate_window, window + 1.0, "gauge", last)
+        return last(s.points, grid.times[0], grid.times[-1])
     out: Values = []
     for sel in _windows(s, grid):
         if not sel:
@@ -60,6 +74,12 @@ def gauge_values(s: TieredSeries, grid: Grid, use: str = "mean") -> Values:
             n = sum(b.n for b in sel)
             out.append(sum(b.vsum for b in sel) / n if n else None)
     return out
+
+
+def gauge_window(grid: Grid) -> float:
+    """How far back a raw gauge looks for its last value: the rate window (two scrape gaps, at
+    least a step), at least 5 s."""
+    return max(grid.rate_window, 5.0)
 
 
 def _windows(s: TieredSeries, grid: Grid) -> list[list[Bucket]]:
@@ -191,6 +211,8 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
 
 def range_increase(s: TieredSeries, start: float, end: float) -> float:
     """Reset-corrected increase of a counter over [start, end] from whichever tier it came."""
+    if isinstance(s, LiveRawSeries) and s.handle is not None:
+        return s.handle.load_increase(start, end)
     if s.tier == "raw":
         return increase([p for p in s.points if start <= p[0] <= end])
     return sum(b.inc or 0.0 for b in s.buckets if b.ts >= start and b.ts + s.res <= end + 1e-9)
@@ -198,7 +220,8 @@ def range_increase(s: TieredSeries, start: float, end: float) -> float:
 
 def last_value(s: TieredSeries, at: float) -> float | None:
     if s.tier == "raw":
-        pts = [p for p in s.points if p[0] <= at]
+        points = s.handle.full_points() if isinstance(s, LiveRawSeries) and s.handle is not None else s.points
+        pts = [p for p in points if p[0] <= at]
         return pts[-1][1] if pts else None
     bs = [b for b in s.buckets if b.ts <= at]
     return bs[-1].vlast if bs else None

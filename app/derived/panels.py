@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine
 
-from app.derived.evaluate import Values
+from app.derived.evaluate import Values, gauge_window, range_increase
 from app.derived.grid import Grid, make_grid
+from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
+from app.storage.raw_store import counter_increases, raw_points_from, series_meta
 from app.storage.rollups import DEFAULT_PX, TieredSeries, pick_tier, scrape_gap, tiered_points
+
+Increase = tuple[dict[str, Any], float]  # (labels, increase) of one series
 
 
 @dataclass
@@ -51,6 +57,7 @@ class Scope:
     now: float
     state: str  # up | down | restarting | stale
     lookback: float
+    live: LiveValues | None = None  # raw tier: reuse final values of earlier refreshes (pages)
     _cache: dict[tuple[bool, str], list[TieredSeries]] = field(default_factory=dict)
     _lean_cache: dict[str, list[TieredSeries]] = field(default_factory=dict)
 
@@ -84,7 +91,22 @@ class Scope:
                 self._lean_cache[n] = by.get(n, [])
         return {n: self._lean_cache[n] for n in names}
 
+    def range_increases(self, names: list[str], start: float, end: float) -> dict[str, list[Increase]]:
+        """Reset-corrected increase over [start, end] of each instance counter named, with its
+        labels. Live raw scopes ask the database (no points shipped); others fold fetched points."""
+        if self.live is not None and self.grid.tier == "raw":
+            metas = series_meta(self.engine, names, instance_id=self.instance_id, host_id=None)
+            incs = counter_increases(self.engine, [m[0] for m in metas], start, end)
+            out: dict[str, list[Increase]] = {n: [] for n in names}
+            for sid, name, labels, _kind in metas:
+                out[name].append((labels, incs.get(sid, 0.0)))
+            return out
+        got = self.fetch(names)
+        return {n: [(s.labels, range_increase(s, start, end)) for s in got[n]] for n in names}
+
     def _read(self, names: list[str], host: bool, lean: bool) -> dict[str, list[TieredSeries]]:
+        if self.live is not None and self.grid.tier == "raw":
+            return self._read_live(names, host)
         found = tiered_points(
             self.engine, names=names, start=self.grid.start, end=self.grid.end, tier=self.grid.tier,
             instance_id=None if host else self.instance_id, host_id=self.host_id if host else None,
@@ -95,17 +117,55 @@ class Scope:
             by[s.name].append(s)
         return by
 
+    def _read_live(self, names: list[str], host: bool) -> dict[str, list[TieredSeries]]:
+        """Raw series with only the points past their memoised final values (see app.derived.live)."""
+        live, g, engine = self.live, self.grid, self.engine
+        assert live is not None
+        metas = series_meta(engine, names, instance_id=None if host else self.instance_id,
+                            host_id=self.host_id if host else None)
+        generation = live.generation(self.host_id)
+        full_lo = g.start - self.lookback
+        finals = {sid: live.final_until(sid, g.step, g.rate_window) for sid, *_ in metas}
+        cold = all(f is None for f in finals.values())
+        # a series without final values is read in full with the others when all are cold (a first
+        # view), else only if something evaluates it (charts fetch series they may not plot)
+        starts = {
+            sid: (full_lo if cold else math.inf) if f is None else max(full_lo, f + g.step - self.lookback)
+            for sid, f in finals.items()
+        }
+        points = raw_points_from(engine, {sid: t for sid, t in starts.items() if t < math.inf}, g.end)
+        by: dict[str, list[TieredSeries]] = defaultdict(list)
+        for sid, name, labels, kind in metas:
+            handle = LiveHandle(
+                live, self.host_id, generation, starts[sid], self.now,
+                load_full=partial(_points_of, engine, sid, full_lo, g.end),
+                load_increase=partial(_increase_of, engine, sid),
+            )
+            if starts[sid] <= full_lo:
+                handle._full = points[sid]
+            by[name].append(LiveRawSeries(sid, name, labels, kind, "raw", 0.0, points.get(sid, []), [],
+                                          handle=handle))
+        return by
+
+
+def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[tuple[float, float]]:
+    return raw_points_from(engine, {sid: start}, end)[sid]
+
+
+def _increase_of(engine: Engine, sid: int, start: float, end: float) -> float:
+    return counter_increases(engine, [sid], start, end).get(sid, 0.0)
+
 
 def make_scope(
     engine: Engine, instance: dict[str, Any], *, start: float, end: float, now: float, state: str,
-    raw_retention_s: float, px: int = DEFAULT_PX, tier: str | None = None,
+    raw_retention_s: float, px: int = DEFAULT_PX, tier: str | None = None, live: LiveValues | None = None,
 ) -> Scope:
     chosen = tier or pick_tier(start, end, now, raw_retention_s, px)
     gap = scrape_gap(engine, int(instance["id"]), start, end) if chosen == "raw" else None
     grid = make_grid(start, end, chosen, px, gap)
-    # raw rates look back one window; rollups one step
-    lookback = grid.rate_window + 1.0 if chosen == "raw" else grid.step
-    return Scope(engine=engine, instance=instance, grid=grid, now=now, state=state, lookback=lookback)
+    # raw: one rate window or gauge lookback (whichever is longer) before the first instant; rollups one step
+    lookback = gauge_window(grid) + 1.0 if chosen == "raw" else grid.step
+    return Scope(engine=engine, instance=instance, grid=grid, now=now, state=state, lookback=lookback, live=live)
 
 
 def offload_size_bytes(instance: dict[str, Any]) -> float | None:

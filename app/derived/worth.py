@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.derived.evaluate import range_increase
 from app.derived.panels import Scope, offload_size_bytes
 
 NAMES = [
@@ -38,12 +37,11 @@ def _div(a: float | None, b: float | None) -> float | None:
 
 def compute_worth(scope: Scope) -> Worth:
     g = scope.grid
-    got = scope.fetch(NAMES)
-    start, end = g.start, g.end
+    got = scope.range_increases(NAMES, g.start, g.end)
 
     def inc(name: str, source: str | None = None) -> float | None:
-        series = [s for s in got[name] if source is None or s.labels.get("source") == source]
-        return sum(range_increase(s, start, end) for s in series) if series else None
+        incs = [v for labels, v in got[name] if source is None or labels.get("source") == source]
+        return sum(incs) if incs else None
 
     reloaded = inc("vllm:prompt_tokens_by_source_total", "external_kv_transfer")
     recomputed = inc("vllm:prompt_tokens_by_source_total", "local_compute")

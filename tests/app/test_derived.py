@@ -88,6 +88,9 @@ class _Scope:
     def fetch(self, names: list[str], host: bool = False) -> dict[str, list[TieredSeries]]:
         return {n: self.series.get(n, []) for n in names}
 
+    def range_increases(self, names: list[str], start: float, end: float) -> dict[str, list[Any]]:
+        return {n: [(s.labels, range_increase(s, start, end)) for s in self.series.get(n, [])] for n in names}
+
 
 def _raw(name: str, v0: float, v1: float, labels: dict[str, str] | None = None) -> TieredSeries:
     return TieredSeries(1, name, labels or {}, "counter", "raw", 0.0, [(0.0, v0), (100.0, v1)], [])

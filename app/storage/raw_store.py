@@ -1,0 +1,66 @@
+"""Raw-sample reads for the live dashboard: series metadata alone, points from a per-series start
+time (only what a refresh has not seen yet), and reset-corrected counter increases computed by the
+database (window functions) instead of shipping every point to Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, bindparam, text
+
+from app.storage.models import SampleRow
+from app.storage.series_store import series_of
+
+SeriesMeta = tuple[int, str, dict[str, Any], str]  # id, name, labels, kind
+
+
+def series_meta(engine: Engine, names: Sequence[str], *, instance_id: int | None,
+                host_id: int | None) -> list[SeriesMeta]:
+    """Every series named in `names` of one instance (or host-level of one host), ascending by id."""
+    with engine.connect() as conn:
+        rows = conn.execute(series_of(names, instance_id=instance_id, host_id=host_id)).all()
+    return sorted((int(r[0]), str(r[1]), dict(r[2] or {}), str(r[3])) for r in rows)
+
+
+def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> dict[int, list[tuple[float, float]]]:
+    """Raw points of each series in `starts` over [its start, end], ascending; one query per
+    distinct start (the series of one chart usually share theirs)."""
+    by_start: dict[int, list[int]] = {}
+    for sid, start in starts.items():
+        by_start.setdefault(int(start * 1000), []).append(sid)
+    hi = int(end * 1000)
+    out: dict[int, list[tuple[float, float]]] = {sid: [] for sid in starts}
+    t = SampleRow.__table__
+    with engine.connect() as conn:
+        for lo, ids in by_start.items():
+            q = (
+                t.select().with_only_columns(t.c.series_id, t.c.ts_ms, t.c.value)
+                .where(t.c.series_id.in_(ids), t.c.ts_ms >= lo, t.c.ts_ms <= hi)
+                .order_by(t.c.series_id, t.c.ts_ms)
+            )
+            for sid, ts, v in conn.execute(q).all():
+                out[int(sid)].append((ts / 1000.0, float(v)))
+    return out
+
+
+_INCREASES = text("""
+SELECT series_id, SUM(CASE WHEN prev IS NULL THEN 0.0 WHEN value >= prev THEN value - prev ELSE value END)
+FROM (
+    SELECT series_id, value, LAG(value) OVER (PARTITION BY series_id ORDER BY ts_ms) AS prev
+    FROM samples WHERE series_id IN :ids AND ts_ms >= :lo AND ts_ms <= :hi
+) AS steps
+GROUP BY series_id
+""").bindparams(bindparam("ids", expanding=True))
+
+
+def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: float) -> dict[int, float]:
+    """Reset-corrected increase of each counter over the raw points in [start, end] (a decrease
+    is a restart: the new value is all increase), as app.rates.increase computes it. Series with
+    no point there are absent; one point gives 0."""
+    if not ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(_INCREASES, {"ids": list(ids), "lo": int(start * 1000), "hi": int(end * 1000)}).all()
+    return {int(sid): float(inc or 0.0) for sid, inc in rows}
