@@ -60,6 +60,10 @@ class Settings(BaseSettings):
         5.0, ge=0, description="Dashboard fragments share one computation per chart for this long "
         "(named ranges end at now rounded down to it); 0 disables."
     )
+    page_threads: int = Field(
+        2, ge=1, le=64, description="Threads that compute dashboard pages and fragments at once; the rest "
+        "wait, so agents' pushes never queue behind chart work."
+    )
     # --- alerts
     alert_eval_interval_s: float = Field(15.0, gt=0, description="How often alert rules are evaluated.")
     # --- scheduler

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.context import AppContext
+from app.derived.live import LiveValues
 from app.pages.templating import make_templates
 from app.paths import static_dir
 
@@ -30,6 +32,8 @@ def plotly_js_path() -> Path | None:
 
 def install(app: FastAPI, ctx: AppContext) -> None:
     ctx.extras["templates"] = make_templates()
+    live = live_values(ctx)
+    ctx.push_hooks.append(lambda batch, host_id, now: live.note_push(host_id, oldest_sample_ts(batch), now))
 
     @app.get("/static/vendor/plotly.min.js", include_in_schema=False)
     def plotly_js() -> Response:
@@ -48,6 +52,20 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
     register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
     _freeze_once()
+
+
+def live_values(ctx: AppContext) -> LiveValues:
+    """The process's memo of final chart values (app.derived.live), shared by every page."""
+    live: LiveValues = ctx.extras.setdefault("live_values", LiveValues())
+    return live
+
+
+def oldest_sample_ts(batch: Any) -> float | None:
+    """The earliest timestamp a push carries (scrapes and host readings)."""
+    ts = [float(s.ts) for s in batch.scrapes]
+    if batch.host_samples and batch.host_ts is not None:
+        ts.append(float(batch.host_ts))
+    return min(ts) if ts else None
 
 
 _FROZEN: list[bool] = []

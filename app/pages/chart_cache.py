@@ -13,7 +13,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 T = TypeVar("T")
 
@@ -75,3 +78,9 @@ class ResultCache:
             return None
         self._entries.move_to_end(key)
         return hit
+
+
+def shared_cache(ctx: AppContext) -> ResultCache:
+    """The process's fragment cache (one per app, `chart_cache_s` seconds per result)."""
+    cache: ResultCache = ctx.extras.setdefault("chart_cache", ResultCache(ctx.settings.chart_cache_s))
+    return cache

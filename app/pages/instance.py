@@ -6,7 +6,6 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from app.charts.figures import build_figure
 from app.context import AppContext
@@ -14,9 +13,11 @@ from app.derived.instance_charts import CHARTS
 from app.derived.overview import describe_offload, state_of
 from app.derived.panels import Scope, make_scope
 from app.derived.worth import compute_worth
-from app.pages.chart_cache import ResultCache, quantise
+from app.pages import live_values
+from app.pages.chart_cache import quantise, shared_cache
 from app.pages.overview import figure_json
 from app.pages.ranges import RANGES, TimeRange, resolve
+from app.pages.workers import run_page_work
 from app.storage.events import list_events
 from app.storage.rollups import DEFAULT_PX
 from app.storage.series_store import get_instance
@@ -32,11 +33,14 @@ def _instance(ctx: AppContext, instance_id: int) -> dict[str, Any]:
     return inst
 
 
-def _scope(ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int, tier: str | None = None) -> Scope:
+def _scope(ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int, tier: str | None = None,
+           live: bool = True) -> Scope:
+    """live: named ranges reuse the final values of earlier refreshes (app.derived.live)."""
     now = ctx.now()
     state = state_of(ctx.engine, inst, now, ctx.settings.stale_after_s)
     return make_scope(ctx.engine, inst, start=tr.start, end=tr.end, now=now, state=state,
-                      raw_retention_s=ctx.settings.raw_retention_h * 3600, px=px, tier=tier)
+                      raw_retention_s=ctx.settings.raw_retention_h * 3600, px=px, tier=tier,
+                      live=live_values(ctx) if live and tr.name != "custom" else None)
 
 
 def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[str, Any]]:
@@ -69,10 +73,18 @@ def chart_data(ctx: AppContext, inst: dict[str, Any], key: str, tr: TimeRange, p
 def router(ctx: AppContext) -> APIRouter:
     r = APIRouter()
     # Live fragments: every viewer of an instance shares one computation per chart per quantum.
-    cache: ResultCache = ctx.extras.setdefault("chart_cache", ResultCache(ctx.settings.chart_cache_s))
+    cache = shared_cache(ctx)
 
     def shared_now() -> float:
         return quantise(ctx.now(), ctx.settings.chart_cache_s)
+
+    def frame(inst: dict[str, Any], tr: TimeRange) -> tuple[Scope, list[dict[str, Any]]]:
+        """What the eight fragments of one refresh share: the scope (state, grid, fetched series)
+        and the events, computed once per quantum."""
+        key = (int(inst["id"]), tr.name, tr.start, tr.end)
+        sc = cache.get_or_compute(("scope", *key), lambda: _scope(ctx, inst, tr, DEFAULT_PX))
+        events = cache.get_or_compute(("events", *key), lambda: _events(ctx, inst, tr))
+        return sc, events
 
     def page_context(instance_id: int, range_: str | None, start: float | None, end: float | None) -> dict[str, Any]:
         inst = _instance(ctx, instance_id)
@@ -97,7 +109,7 @@ def router(ctx: AppContext) -> APIRouter:
         request: Request, instance_id: int, range: str | None = None, start: float | None = None,
         end: float | None = None,
     ) -> HTMLResponse:
-        data = await run_in_threadpool(page_context, instance_id, range, start, end)
+        data = await run_page_work(ctx, lambda: page_context(instance_id, range, start, end))
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/instance.html", data)  # type: ignore[no-any-return]
 
     @r.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse, include_in_schema=False)
@@ -110,14 +122,15 @@ def router(ctx: AppContext) -> APIRouter:
             tr = resolve(shared_now(), range, start, end)
 
             def compute() -> dict[str, Any]:
-                c = chart_data(ctx, inst, key, tr)
+                sc, events = frame(inst, tr)
+                c = chart_data(ctx, inst, key, tr, scope=sc, events=events)
                 c["figure_json"] = figure_json(c["figure"]) if c["figure"] else None
                 return c
 
             c = cache.get_or_compute(("chart", instance_id, key, tr.name, tr.start, tr.end), compute)
             return {"c": c, "inst": inst, "range": tr}
 
-        data = await run_in_threadpool(build)
+        data = await run_page_work(ctx, build)
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/_chart.html", data)  # type: ignore[no-any-return]
 
     @r.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse, include_in_schema=False)
@@ -130,11 +143,11 @@ def router(ctx: AppContext) -> APIRouter:
             tr = resolve(shared_now(), range, start, end)
             worth = cache.get_or_compute(
                 ("worth", instance_id, tr.name, tr.start, tr.end),
-                lambda: compute_worth(_scope(ctx, inst, tr, DEFAULT_PX)),
+                lambda: compute_worth(frame(inst, tr)[0]),
             )
             return {"worth": worth, "inst": inst, "range": tr}
 
-        data = await run_in_threadpool(build)
+        data = await run_page_work(ctx, build)
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/_worth.html", data)  # type: ignore[no-any-return]
 
     @r.get("/api/v1/instances/{instance_id}/charts/{key}")
@@ -148,6 +161,6 @@ def router(ctx: AppContext) -> APIRouter:
             tr = resolve(ctx.now(), range, start, end)
             return {**chart_data(ctx, inst, key, tr, px, tier=tier), "start": tr.start, "end": tr.end}
 
-        return JSONResponse(await run_in_threadpool(build))
+        return JSONResponse(await run_page_work(ctx, build))
 
     return r

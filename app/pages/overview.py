@@ -7,10 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
-from starlette.concurrency import run_in_threadpool
 
 from app.charts.figures import sparkline
 from app.context import AppContext
+from app.pages.chart_cache import quantise, shared_cache
+from app.pages.workers import run_page_work
 
 
 def figure_json(fig: dict[str, Any]) -> str:
@@ -20,9 +21,11 @@ def figure_json(fig: dict[str, Any]) -> str:
 
 def _context(ctx: AppContext) -> dict[str, Any]:
     from app.derived.overview import overview
+    from app.pages import live_values
 
     now = ctx.now()
-    hosts = overview(ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600)
+    hosts = overview(ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600,
+                     live=live_values(ctx))
     for h in hosts:
         for inst in h["instances"]:
             figs = {}
@@ -42,12 +45,15 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/", response_class=HTMLResponse)
     async def overview_page(request: Request) -> HTMLResponse:
-        data = await run_in_threadpool(_context, ctx)
+        data = await run_page_work(ctx, lambda: _context(ctx))
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/overview.html", data)  # type: ignore[no-any-return]
 
     @r.get("/fragments/overview", response_class=HTMLResponse)
     async def overview_fragment(request: Request) -> HTMLResponse:
-        data = await run_in_threadpool(_context, ctx)
+        # the live refresh: every open overview shares one computation per quantum
+        cache = shared_cache(ctx)
+        key = ("overview", quantise(ctx.now(), ctx.settings.chart_cache_s))
+        data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx)))
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/_instances.html", data)  # type: ignore[no-any-return]
 
     return r
