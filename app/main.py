@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -95,17 +94,35 @@ def _install_errors(app: FastAPI) -> None:
         return JSONResponse({"error": "internal error; see the kvscope log"}, status_code=500)
 
 
-def _install_timing(app: FastAPI, ctx: AppContext) -> None:
-    @app.middleware("http")
-    async def _timing(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+class _Timing:
+    """Request duration per route into /metrics; plain ASGI (no BaseHTTPMiddleware stream wrapping)."""
+
+    def __init__(self, app: Any, ctx: AppContext) -> None:
+        self.app = app
+        self.ctx = ctx
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        ctx.metrics.request_seconds.labels(path, f"{response.status_code // 100}xx").observe(
-            time.perf_counter() - t0
-        )
-        return response
+        status = 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.ctx.metrics.request_seconds.labels(path, f"{status // 100}xx").observe(time.perf_counter() - t0)
+
+
+def _install_timing(app: FastAPI, ctx: AppContext) -> None:
+    app.add_middleware(_Timing, ctx=ctx)
 
 
 __all__ = ["HTTPException", "create_app"]

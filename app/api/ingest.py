@@ -12,8 +12,35 @@ from starlette.concurrency import run_in_threadpool
 from app.auth import TokenChecker
 from app.context import AppContext
 from app.ingest import BadBatch, parse_batch
+from app.storage.ingest_store import WriteResult
 
 log = logging.getLogger("kvscope.ingest")
+
+
+def _store(ctx: AppContext, body: bytes, now: float) -> tuple[WriteResult, list[dict[str, Any]]]:
+    """Validate and store a push, run the push hooks, collect the host's pending commands."""
+    batch = parse_batch(body, now, max_future_skew_s=ctx.settings.max_future_skew_s,
+                        max_past_age_s=ctx.settings.max_past_age_s)
+    result = ctx.writer.write(batch, now)
+    if result.duplicate:
+        ctx.metrics.ingest_batches.labels("duplicate").inc()
+    else:
+        ctx.metrics.ingest_batches.labels("stored").inc()
+        ctx.metrics.ingest_samples.inc(result.stored)
+    host_id = result.host_id or 0
+    for hook in ctx.push_hooks:
+        try:
+            hook(batch, host_id, now)
+        except Exception:  # a hook must never lose the push
+            log.exception("push hook failed")
+    commands: list[dict[str, Any]] = []
+    if host_id:
+        for provider in ctx.command_providers:
+            try:
+                commands.extend(provider(host_id, batch.agent_id, now))
+            except Exception:
+                log.exception("command provider failed")
+    return result, commands
 
 
 def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
@@ -38,34 +65,11 @@ def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
                 ctx.metrics.ingest_batches.labels("too_large").inc()
                 return _error(413, f"batch over the {cap}-byte cap: push more often")
         now = ctx.now()
-        try:
-            batch = await run_in_threadpool(
-                parse_batch, bytes(body), now,
-                max_future_skew_s=ctx.settings.max_future_skew_s,
-                max_past_age_s=ctx.settings.max_past_age_s,
-            )
+        try:  # one trip to a worker thread for the whole push: under load every hop waits its turn
+            result, commands = await run_in_threadpool(_store, ctx, bytes(body), now)
         except BadBatch as exc:
             ctx.metrics.ingest_batches.labels("rejected").inc()
             return _error(422, str(exc))
-        result = await run_in_threadpool(ctx.writer.write, batch, now)
-        if result.duplicate:
-            ctx.metrics.ingest_batches.labels("duplicate").inc()
-        else:
-            ctx.metrics.ingest_batches.labels("stored").inc()
-            ctx.metrics.ingest_samples.inc(result.stored)
-        host_id = result.host_id or 0
-        for hook in ctx.push_hooks:
-            try:
-                await run_in_threadpool(hook, batch, host_id, now)
-            except Exception:  # a hook must never lose the push
-                log.exception("push hook failed")
-        commands: list[dict[str, Any]] = []
-        if host_id:
-            for provider in ctx.command_providers:
-                try:
-                    commands.extend(await run_in_threadpool(provider, host_id, batch.agent_id, now))
-                except Exception:
-                    log.exception("command provider failed")
         return JSONResponse(
             {
                 "accepted": True,
