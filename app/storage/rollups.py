@@ -24,7 +24,8 @@ from app.storage.series_store import series_of
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 GRACE_MS = 120_000  # a minute is rolled up once it is this far in the past (late pushes)
-CHUNK_MS = 6 * HOUR_MS  # raw samples read per transaction
+CHUNK_MS = 15 * MINUTE_MS  # raw samples read per transaction (catching up after a pause)
+RETENTION_CHUNK = 500  # series per retention delete transaction
 TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}
 DEFAULT_PX = 1600
 # A tier is used when it still gives at least this many points per pixel column.
@@ -208,18 +209,34 @@ def run_rollups(
             end = min(h_target, start + 24 * HOUR_MS)
             rep.hours_written += _roll_hours(conn, dialect, start, end)
             _set_watermark(conn, "1h", end, wm is not None)
-    with engine.begin() as conn:
+    with engine.connect() as conn:
         m_wm = _watermark(conn, "1m") or 0
-        # never drop raw samples that are not rolled up yet
-        raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
-        rep.raw_deleted = conn.execute(delete(SampleRow).where(SampleRow.ts_ms < raw_cut)).rowcount or 0
-        rep.minutes_deleted = conn.execute(
-            delete(Rollup1m).where(Rollup1m.bucket_ms < now_ms - int(m1_retention_s * 1000))
-        ).rowcount or 0
-        rep.hours_deleted = conn.execute(
-            delete(Rollup1h).where(Rollup1h.bucket_ms < now_ms - int(h1_retention_s * 1000))
-        ).rowcount or 0
+        ids = _all_series(conn)
+    # never drop raw samples that are not rolled up yet
+    raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
+    for chunk in id_chunks(ids, RETENTION_CHUNK):  # short write transactions: pushes go in between
+        with engine.begin() as conn:
+            rep.raw_deleted += conn.execute(
+                delete(SampleRow).where(SampleRow.series_id.in_(chunk), SampleRow.ts_ms < raw_cut)
+            ).rowcount or 0
+            rep.minutes_deleted += conn.execute(delete(Rollup1m).where(
+                Rollup1m.series_id.in_(chunk), Rollup1m.bucket_ms < now_ms - int(m1_retention_s * 1000))
+            ).rowcount or 0
+            rep.hours_deleted += conn.execute(delete(Rollup1h).where(
+                Rollup1h.series_id.in_(chunk), Rollup1h.bucket_ms < now_ms - int(h1_retention_s * 1000))
+            ).rowcount or 0
     return rep
+
+
+def _all_series(conn: Connection) -> list[int]:
+    return sorted(int(sid) for (sid,) in conn.execute(select(Series.id)))
+
+
+def id_chunks(ids: Sequence[int], size: int = 5000) -> Iterable[list[int]]:
+    """Series ids in slices: an IN list lets the database seek each series' primary-key range
+    (samples and rollups are keyed by series, then time); a slice keeps under bind limits."""
+    for i in range(0, len(ids), size):
+        yield list(ids[i:i + size])
 
 
 def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
@@ -228,18 +245,19 @@ def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
         int(sid): (int(ts), float(v))
         for sid, ts, v in conn.execute(select(RollupCarry.series_id, RollupCarry.ts_ms, RollupCarry.value))
     }
-    q = (
-        select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-        .where(SampleRow.ts_ms >= start, SampleRow.ts_ms < end)
-        .order_by(SampleRow.series_id, SampleRow.ts_ms)
-    )
     rows: list[dict[str, Any]] = []
     new_carry: dict[int, tuple[int, float]] = {}
-    for sid, samples in _group_by_series(conn.execute(q).all()):
-        buckets, carry = fold_minutes(samples, carries.get(sid), kinds.get(sid) == "counter")
-        rows.extend(_bucket_row(sid, ms, b) for ms, b in buckets)
-        if carry is not None:
-            new_carry[sid] = carry
+    for ids in id_chunks(sorted(kinds)):  # per-series primary-key range scans, never a table scan
+        q = (
+            select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
+            .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= start, SampleRow.ts_ms < end)
+            .order_by(SampleRow.series_id, SampleRow.ts_ms)
+        )
+        for sid, samples in _group_by_series(conn.execute(q).all()):
+            buckets, carry = fold_minutes(samples, carries.get(sid), kinds.get(sid) == "counter")
+            rows.extend(_bucket_row(sid, ms, b) for ms, b in buckets)
+            if carry is not None:
+                new_carry[sid] = carry
     if rows:
         conn.execute(_upsert(dialect, Rollup1m.__table__), rows)
     if new_carry:
@@ -252,15 +270,17 @@ def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
 
 def _roll_hours(conn: Connection, dialect: str, start: int, end: int) -> int:
     t = Rollup1m.__table__
-    q = (
-        select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
-        .where(t.c.bucket_ms >= start, t.c.bucket_ms < end)
-        .order_by(t.c.series_id, t.c.bucket_ms)
-    )
     rows: list[dict[str, Any]] = []
     cur_sid: int | None = None
     acc: list[tuple[int, Bucket]] = []
-    for sid, ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(q).all():
+    found: list[Any] = []
+    for ids in id_chunks(_all_series(conn)):
+        found.extend(conn.execute(
+            select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
+            .where(t.c.series_id.in_(ids), t.c.bucket_ms >= start, t.c.bucket_ms < end)
+            .order_by(t.c.series_id, t.c.bucket_ms)
+        ).all())
+    for sid, ms, n, vmin, vmax, vsum, vlast, inc in found:
         if sid != cur_sid:
             if cur_sid is not None:
                 rows.extend(_bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
