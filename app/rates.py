@@ -15,10 +15,7 @@ Point = tuple[float, float]
 
 def increase(points: Sequence[Point]) -> float:
     """Reset-corrected increase from the first to the last point."""
-    total = 0.0
-    for (_, prev), (_, cur) in itertools.pairwise(points):
-        total += cur - prev if cur >= prev else cur
-    return total
+    return sum((cur - prev if cur >= prev else cur for (_, prev), (_, cur) in itertools.pairwise(points)), 0.0)
 
 
 def reset_times(points: Sequence[Point]) -> list[float]:
@@ -49,17 +46,27 @@ def rate_series(points: Sequence[Point], start: float, end: float, step: float, 
 ]:
     """rate_at evaluated on the query grid. The window defaults to max(step, 2 x scrape gap)."""
     w = window if window is not None else max(step, 2.0 * _median_gap(points))
-    # Walk with two indices so a long range stays O(n + grid).
+    # Walk with two indices so a long range stays O(n + grid); the reset-corrected step between
+    # consecutive samples is computed once, and a window's increase is the in-order sum of its
+    # steps (the same additions as increase(), so the same bits as rate_at).
+    n = len(points)
+    ts = [p[0] for p in points]
+    steps = [0.0] * n
+    for i in range(1, n):
+        prev, cur = points[i - 1][1], points[i][1]
+        steps[i] = cur - prev if cur >= prev else cur
     out: list[tuple[float, float | None]] = []
     lo = 0
     hi = 0
-    n = len(points)
     for t in step_grid(start, end, step):
-        while hi < n and points[hi][0] <= t:
+        while hi < n and ts[hi] <= t:
             hi += 1
-        while lo < hi and points[lo][0] <= t - w:
+        while lo < hi and ts[lo] <= t - w:
             lo += 1
-        out.append((t, rate_at(points[lo:hi], t, w)))
+        if hi - lo < 2 or (dt := ts[hi - 1] - ts[lo]) <= 0:
+            out.append((t, None))
+        else:
+            out.append((t, sum(steps[lo + 1:hi], 0.0) / dt))
     return out
 
 

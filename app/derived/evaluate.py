@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 
 from app.derived.grid import Grid
-from app.derived.live import LiveRawSeries, grid_values
+from app.derived.live import LiveRawSeries, derived_memo, grid_values, memo_head, memo_store
 from app.rates import gauge_series, increase, rate_series
 from app.storage.rollups import Bucket, TieredSeries
 
@@ -185,7 +185,12 @@ def _quantiles_cum(qs: Sequence[float], les: Sequence[float], vals: Sequence[flo
 
 def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: Grid) -> dict[float, Values]:
     """TTFT/ITL quantiles from the `_bucket{le}` counters: rate per bucket (summed over other
-    labels), then histogram_quantile at each instant."""
+    labels), then histogram_quantile at each instant. Live series: the quantiles of final
+    instants are memoised too (only the new instants are computed)."""
+    memo = derived_memo(series, "quantile") if grid.tier == "raw" else None
+    fns = [f"q{q!r}" for q in qs]
+    heads = memo_head(memo[1], memo[0], grid.times, grid.step, grid.rate_window, fns) if memo else []
+    skip = len(heads[0]) if heads else 0
     per_le: list[tuple[float, Values]] = []
     for le_s, vals in sum_by(series, "le", grid, counter_rate).items():
         try:
@@ -193,10 +198,11 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
         except ValueError:
             continue
     per_le.sort(key=lambda p: p[0])
-    out: dict[float, Values] = {q: [] for q in qs}
+    out: dict[float, Values] = {q: list(h) for q, h in zip(qs, heads, strict=True)} if heads else {q: [] for q in qs}
     les = [le for le, _ in per_le]
-    cols = [vals for _, vals in per_le]
-    rows: Iterable[Sequence[float | None]] = zip(*cols, strict=True) if cols else ([] for _ in grid.times)
+    cols = [vals[skip:] for _, vals in per_le]
+    rows: Iterable[Sequence[float | None]] = zip(*cols, strict=True) if cols else (
+        [] for _ in grid.times[skip:])
     sinks = [out[q].append for q in qs]
     for row in rows:
         if None in row:  # some buckets have no rate at this instant: the others still count
@@ -206,6 +212,9 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
             got = _quantiles_cum(qs, les, row)  # type: ignore[arg-type]  # no None in row
         for sink, val in zip(sinks, got, strict=True):
             sink(val)
+    if memo is not None:
+        memo_store(memo[1], memo[0], grid.times, grid.step, grid.rate_window,
+                   {fn: out[q] for fn, q in zip(fns, qs, strict=True)}, renew=not skip)
     return out
 
 

@@ -17,6 +17,7 @@ so they do not all expire together): a replay through another process shows with
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import threading
@@ -198,3 +199,38 @@ def grid_values(s: LiveRawSeries, times: Sequence[float], step: float, window: f
         h.cache.store(s.series_id, step, window, fn, times[0], out[:n_final], h.host_id, h.generation,
                       renew=not head)
     return out
+
+
+def derived_memo(series: Sequence[TieredSeries], tag: str) -> tuple[int, LiveHandle] | None:
+    """For a value derived pointwise from several live series (a histogram's quantiles from its
+    bucket rates): a memo key of its own (a negative id, apart from real series) and a handle
+    to store with. None unless every series is live."""
+    handles = [s.handle for s in series if isinstance(s, LiveRawSeries) and s.handle is not None]
+    if not series or len(handles) != len(series):
+        return None
+    ids = ",".join(str(s.series_id) for s in sorted(series, key=lambda x: x.series_id))
+    digest = hashlib.blake2b(f"{tag}:{ids}".encode(), digest_size=7).digest()
+    return -1 - int.from_bytes(digest, "big"), handles[0]
+
+
+def memo_head(handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float,
+              fns: Sequence[str]) -> list[Values]:
+    """The final values memoised for each of `fns` from times[0] on, cut to a common length."""
+    heads: list[Values] = []
+    for fn in fns:
+        memo = handle.cache.lookup(key, step, window, fn)
+        if memo is None or memo.first_t > times[0]:
+            return [[] for _ in fns]
+        k0 = round((times[0] - memo.first_t) / step)
+        heads.append([None if v != v else v for v in memo.values[k0:k0 + len(times)]])
+    n = min(len(h) for h in heads)
+    return [h[:n] for h in heads]
+
+
+def memo_store(handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float,
+               values: dict[str, Values], renew: bool) -> None:
+    n_final = bisect_right(times, handle.now - handle.cache.freeze_lag_s)
+    if n_final:
+        for fn, vals in values.items():
+            handle.cache.store(key, step, window, fn, times[0], vals[:n_final], handle.host_id, handle.generation,
+                               renew=renew)

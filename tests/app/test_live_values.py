@@ -142,3 +142,22 @@ def test_memo_generation_expiry_and_bound() -> None:
         live.store(sid, 1.0, 2.0, "rate", 0.0, [1.0, 2.0, 3.0], host_id=1, generation=0, renew=True)
     assert live.size <= 10
     assert live.lookup(7, 1.0, 2.0, "rate") is not None and live.lookup(2, 1.0, 2.0, "rate") is None
+
+
+def test_rate_series_equals_rate_at_at_every_instant() -> None:
+    """The walking rate_series (steps summed per window) gives rate_at's value at every instant."""
+    import random
+
+    from app.rates import rate_at, rate_series
+
+    rng = random.Random(3)
+    for _ in range(50):
+        t, v, pts = 0.0, 0.0, []
+        for _ in range(rng.randint(0, 300)):
+            t += round(rng.uniform(0.2, 3.0), 3)
+            v = rng.uniform(0, 50) if rng.random() < 0.03 else v + rng.choice([0.0, rng.uniform(0, 1e9)])
+            pts.append((t, v))
+        step, window = rng.choice([1.0, 3.0, 30.0]), rng.choice([2.0, 5.0, 60.0])
+        got = rate_series(pts, 0.0, t + 5, step, window)
+        want = [(g, rate_at(pts, g, window)) for g, _ in got]
+        assert got == want
