@@ -151,13 +151,121 @@ class Agent:
         }).encode()
 
 
+class HttpError(Exception):
+    pass
+
+
+class Stale(Exception):
+    """The connection was closed before any byte of the response."""
+
+
+class Conn:
+    """A minimal HTTP/1.1 keep-alive connection (asyncio streams). The load generator shares the
+    app's 2 cores: httpx cost it more CPU than the app's own request handling, so the measured
+    latencies were partly the client's own queueing."""
+
+    def __init__(self, base: str) -> None:
+        hostport = base.split("://", 1)[1]
+        self.host, port = hostport.rsplit(":", 1)
+        self.port = int(port)
+        self.r: asyncio.StreamReader | None = None
+        self.w: asyncio.StreamWriter | None = None
+
+    def close(self) -> None:
+        if self.w is not None:
+            self.w.close()
+        self.r = self.w = None
+
+    async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+                      timeout: float = 60.0) -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            reused = self.w is not None
+            try:
+                return await asyncio.wait_for(self._request(method, path, body, headers or {}), timeout)
+            except Stale:
+                self.close()  # the server closed an idle keep-alive connection: reconnect, as browsers do
+                if attempt == 2 or not reused:
+                    raise HttpError("connection closed before a response") from None
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, HttpError) as exc:
+                self.close()
+                raise HttpError(f"{type(exc).__name__} {exc}".strip()) from exc
+        raise AssertionError("unreachable")
+
+    async def _request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self.w is None:
+            self.r, self.w = await asyncio.open_connection(self.host, self.port)
+        assert self.r is not None
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        self.w.write(head.encode() + body)
+        await self.w.drain()
+        try:
+            status_line = await self.r.readline()
+        except ConnectionError:
+            raise Stale() from None
+        if not status_line:
+            raise Stale()
+        status = int(status_line.split()[1])
+        length, chunked, close = 0, False, False
+        while True:
+            line = await self.r.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            k, v = k.strip().lower(), v.strip().lower()
+            if k == "content-length":
+                length = int(v)
+            elif k == "transfer-encoding" and "chunked" in v:
+                chunked = True
+            elif k == "connection" and v == "close":
+                close = True
+        if chunked:
+            parts = []
+            while (size := int((await self.r.readline()).split(b";")[0], 16)) > 0:
+                parts.append(await self.r.readexactly(size))
+                await self.r.readline()
+            await self.r.readline()
+            data = b"".join(parts)
+        else:
+            data = await self.r.readexactly(length)
+        if close:
+            self.close()
+        return status, data
+
+
+class Pool:
+    """Up to `size` connections, like a browser's six per host."""
+
+    def __init__(self, base: str, size: int) -> None:
+        self.free: asyncio.Queue[Conn] = asyncio.Queue()
+        for _ in range(size):
+            self.free.put_nowait(Conn(base))
+
+    async def request(self, method: str, path: str, body: bytes = b"",
+                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        conn = await self.free.get()
+        try:
+            return await conn.request(method, path, body, headers)
+        finally:
+            self.free.put_nowait(conn)
+
+    def close(self) -> None:
+        while not self.free.empty():
+            self.free.get_nowait().close()
+
+
 class Stats:
     def __init__(self) -> None:
         self.lat: dict[str, list[float]] = defaultdict(list)
+        self.late: dict[str, list[float]] = defaultdict(list)  # requests started in the second half
         self.errors: list[str] = []
+        self.server: dict[tuple[str, str], float] = {}
+        self.half = math.inf  # time.perf_counter() of the run's middle
 
     def add(self, kind: str, seconds: float) -> None:
         self.lat[kind].append(seconds)
+        if time.perf_counter() - seconds >= self.half:
+            self.late[kind].append(seconds)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -167,27 +275,30 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-async def run_agent(c: httpx.AsyncClient, a: Agent, headers: dict[str, str], t_end: float, st: Stats) -> None:
+async def run_agent(base: str, a: Agent, headers: dict[str, str], t_end: float, st: Stats) -> None:
+    conn = Conn(base)
     nxt = math.floor(time.time()) + 1.0 + (a.idx % 10) / 10
     while nxt < t_end:
         await asyncio.sleep(max(0.0, nxt - time.time()))
         body = a.batch([nxt])
         t0 = time.perf_counter()
         try:
-            r = await c.post("/api/v1/ingest", content=body, headers=headers)
-            if r.status_code != 200:
-                st.errors.append(f"push {r.status_code}: {r.text[:120]}")
-        except httpx.HTTPError as exc:
-            st.errors.append(f"push {type(exc).__name__}")
+            status, data = await conn.request("POST", "/api/v1/ingest", body, headers)
+            if status != 200:
+                st.errors.append(f"push {status}: {data[:120]!r}")
+        except HttpError as exc:
+            st.errors.append(f"push {exc}")
         st.add("push", time.perf_counter() - t0)
         nxt += 1.0
+    conn.close()
 
 
-async def run_client(c: httpx.AsyncClient, idx: int, n_inst: int, refresh: float, t_end: float, st: Stats) -> None:
+async def run_client(base: str, idx: int, n_inst: int, refresh: float, t_end: float, st: Stats) -> None:
     rnd = random.Random(1000 + idx)
     await asyncio.sleep(rnd.uniform(0, refresh))
     overview = idx % 5 == 0
     inst = 1 + rnd.randrange(n_inst)
+    pool = Pool(base, 6)
     while time.time() < t_end:
         t_round = time.time()
         urls = [("overview", "/fragments/overview")] if overview else (
@@ -197,30 +308,33 @@ async def run_client(c: httpx.AsyncClient, idx: int, n_inst: int, refresh: float
         async def one(kind: str, url: str) -> None:
             t0 = time.perf_counter()
             try:
-                r = await c.get(url)
-                if r.status_code != 200:
-                    st.errors.append(f"{kind} {r.status_code}: {url} {r.text[:120]}")
-            except httpx.HTTPError as exc:
-                st.errors.append(f"{kind} {type(exc).__name__}: {url}")
+                status, data = await pool.request("GET", url)
+                if status != 200:
+                    st.errors.append(f"{kind} {status}: {url} {data[:120]!r}")
+            except HttpError as exc:
+                st.errors.append(f"{kind} {exc}: {url}")
             st.add(kind, time.perf_counter() - t0)
 
         await asyncio.gather(*(one(k, u) for k, u in urls))  # htmx fires them together
         await asyncio.sleep(max(0.0, t_round + refresh - time.time()))
+    pool.close()
 
 
-async def run_scraper(c: httpx.AsyncClient, every: float, t_end: float, st: Stats) -> None:
+async def run_scraper(base: str, every: float, t_end: float, st: Stats) -> None:
     """A Prometheus scraping the app's /metrics (the exporter computes derived series for all instances)."""
+    conn = Conn(base)
     while time.time() < t_end:
         t_round = time.time()
         t0 = time.perf_counter()
         try:
-            r = await c.get("/metrics")
-            if r.status_code != 200 or "kvscope_instance_up" not in r.text:
-                st.errors.append(f"metrics {r.status_code}: {r.text[:120]}")
-        except httpx.HTTPError as exc:
-            st.errors.append(f"metrics {type(exc).__name__}")
+            status, data = await conn.request("GET", "/metrics")
+            if status != 200 or b"kvscope_instance_up" not in data:
+                st.errors.append(f"metrics {status}: {data[:120]!r}")
+        except HttpError as exc:
+            st.errors.append(f"metrics {exc}")
         st.add("metrics", time.perf_counter() - t0)
         await asyncio.sleep(max(0.0, t_round + every - time.time()))
+    conn.close()
 
 
 async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], minutes: float) -> None:
@@ -288,22 +402,73 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
     print(f"seeded {args.history_min:g} min of history for {args.agents} agents in {time.perf_counter() - t0:.0f} s",
           flush=True)
     st = Stats()
-    n = len(bases)
-    limits = httpx.Limits(max_connections=args.agents + args.clients * 8, max_keepalive_connections=args.clients * 8)
     cpu0, w0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
+    own0 = cpu_seconds(os.getpid())
+    server0 = [server_histograms(b) for b in bases]
     t_end = time.time() + args.duration
-    cs = [httpx.AsyncClient(base_url=b, timeout=60, limits=limits) for b in bases]
-    try:  # agents and clients spread round-robin over the app processes (a load balancer's job)
-        await asyncio.gather(
-            *(run_agent(cs[a.idx % n], a, headers, t_end, st) for a in agents),
-            *(run_client(cs[i % n], i, args.agents, args.refresh, t_end, st) for i in range(args.clients)),
-            run_scraper(cs[0], 15.0, t_end, st),
-        )
-    finally:
-        for c in cs:
-            await c.aclose()
-    st.lat["_cpu"] = [(sum(cpu_seconds(p) for p in pids) - cpu0) / (time.monotonic() - w0)]
+    st.half = time.perf_counter() + args.duration / 2
+    # agents and clients spread round-robin over the app processes (a load balancer's job), or with
+    # --split the agents push to the first process and the dashboards read from the others
+    push_to = bases[:1] if args.split else bases
+    read_from = bases[1:] if args.split else bases
+    await asyncio.gather(
+        *(run_agent(push_to[a.idx % len(push_to)], a, headers, t_end, st) for a in agents),
+        *(run_client(read_from[i % len(read_from)], i, args.agents, args.refresh, t_end, st)
+          for i in range(args.clients)),
+        run_scraper(read_from[0], 15.0, t_end, st),
+    )
+    wall = time.monotonic() - w0
+    st.lat["_cpu"] = [(sum(cpu_seconds(p) for p in pids) - cpu0) / wall]
+    st.lat["_own_cpu"] = [(cpu_seconds(os.getpid()) - own0) / wall]
+    after = [server_histograms(b) for b in bases]
+    st.server = merge_histograms([diff_histograms(a, b) for a, b in zip(after, server0, strict=True)])
     return st
+
+
+HIST_LINE = re.compile(r'^kvscope_http_request_duration_seconds_bucket\{(?P<labels>.*)\} (?P<v>\S+)$')
+
+
+def server_histograms(base: str) -> dict[tuple[str, str], float]:
+    """The app's own request-duration histogram (its /metrics): (route, le) -> cumulative count."""
+    text = httpx.get(base + "/metrics", timeout=60).text
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        m = HIST_LINE.match(line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
+            key = (labels.get("route", ""), labels.get("le", ""))
+            out[key] = out.get(key, 0.0) + float(m.group("v"))
+    return out
+
+
+def diff_histograms(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]) -> dict[
+    tuple[str, str], float
+]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def merge_histograms(hs: list[dict[tuple[str, str], float]]) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for h in hs:
+        for k, v in h.items():
+            out[k] += v
+    return dict(out)
+
+
+def server_quantile(hist: dict[tuple[str, str], float], routes: Any, q: float) -> tuple[float, float]:
+    """(count, upper bucket bound holding the q-quantile) over the routes selected by `routes`."""
+    cum: dict[float, float] = defaultdict(float)
+    for (route, le), v in hist.items():
+        if routes(route):
+            cum[math.inf if le == "+Inf" else float(le)] += v
+    if not cum:
+        return 0.0, math.nan
+    bounds = sorted(cum)
+    total = cum[bounds[-1]]
+    for b in bounds:
+        if total and cum[b] >= q * total:
+            return total, b
+    return total, math.inf
 
 
 def main() -> int:
@@ -316,7 +481,11 @@ def main() -> int:
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--no-jobs", action="store_true", help="do not run the rollup/alert jobs in the app")
     ap.add_argument("--apps", type=int, default=1, help="app processes on the same database (scale-out)")
+    ap.add_argument("--split", action="store_true",
+                    help="agents push to the first app process, dashboards read from the others (needs --apps >= 2)")
     args = ap.parse_args()
+    if args.split and args.apps < 2:
+        ap.error("--split needs --apps 2 or more")
     work = Path(tempfile.mkdtemp(prefix="kvscope-load-"))
     procs, bases, token, cluster = start_apps(args, work)
     try:
@@ -333,15 +502,27 @@ def main() -> int:
         if cluster is not None:
             cluster.stop()
     cpu = st.lat.pop("_cpu")[0]
+    own = st.lat.pop("_own_cpu")[0]
     print(f"\nkvscope load: {args.agents} agents at 1 Hz, {args.clients} dashboard clients every {args.refresh:g} s, "
-          f"{args.duration:g} s, {args.db}, {args.apps} app process(es), {os.cpu_count()} cores; "
-          f"app CPU {cpu:.2f} cores")
+          f"{args.duration:g} s, {args.db}, {args.apps} app process(es){' (ingest | dashboards)' * args.split}, "
+          f"{os.cpu_count()} cores; "
+          f"app CPU {cpu:.2f} cores, load generator {own:.2f} cores")
     print(f"{'kind':<10}{'requests':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for kind in ("push", "chart", "worth", "overview", "metrics"):
         xs = st.lat.get(kind, [])
         print(f"{kind:<10}{len(xs):>10}" + "".join(f"{pct(xs, q) * 1000:>10.0f}" for q in (0.5, 0.95, 0.99, 1.0)))
     frag = st.lat.get("chart", []) + st.lat.get("worth", []) + st.lat.get("overview", [])
-    print(f"page fragments (all): {len(frag)} requests, p99 {pct(frag, 0.99) * 1000:.0f} ms")
+    print(f"page fragments (all): {len(frag)} requests, p99 {pct(frag, 0.99) * 1000:.0f} ms (as the clients saw them)")
+    late = st.late.get("chart", []) + st.late.get("worth", []) + st.late.get("overview", [])
+    pushes = st.late.get("push", [])
+    print(f"second half only (first views of every instance done): fragments {len(late)} requests, "
+          f"p50 {pct(late, 0.5) * 1000:.0f} ms, p99 {pct(late, 0.99) * 1000:.0f} ms; "
+          f"pushes p50 {pct(pushes, 0.5) * 1000:.0f} ms, p99 {pct(pushes, 0.99) * 1000:.0f} ms")
+    for label, sel in (("push", lambda r: r == "/api/v1/ingest"), ("fragments", lambda r: "/fragments/" in r)):
+        n, p50 = server_quantile(st.server, sel, 0.5)
+        _, p99 = server_quantile(st.server, sel, 0.99)
+        print(f"server side ({label}, app's own histogram): {n:.0f} requests, p50 <= {p50 * 1000:g} ms, "
+              f"p99 <= {p99 * 1000:g} ms")
     print(f"errors: {len(st.errors)}" + (f"  first: {st.errors[:3]}" if st.errors else ""))
     return 1 if st.errors else 0
 

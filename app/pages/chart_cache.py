@@ -41,18 +41,21 @@ class ResultCache:
         self.hits = 0
         self.misses = 0
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
-        if self.ttl_s <= 0:
+    def get_or_compute(self, key: Hashable, compute: Callable[[], T], ttl_s: float | None = None) -> T:
+        """The cached value of `key`, computed once when missing or older than `ttl_s` (default the
+        cache's own)."""
+        ttl = self.ttl_s if ttl_s is None else ttl_s
+        if ttl <= 0:
             return compute()
         with self._lock:
-            hit = self._fresh(key)
+            hit = self._fresh(key, ttl)
             if hit is not None:
                 self.hits += 1
                 return hit[1]  # type: ignore[no-any-return]
             flight = self._inflight.setdefault(key, threading.Lock())
         with flight:  # the first caller computes; the others wait here, then find the result
             with self._lock:
-                hit = self._fresh(key)
+                hit = self._fresh(key, ttl)
                 if hit is not None:
                     self.hits += 1
                     return hit[1]  # type: ignore[no-any-return]
@@ -69,11 +72,11 @@ class ResultCache:
                     self._entries.popitem(last=False)
             return value
 
-    def _fresh(self, key: Hashable) -> tuple[float, Any] | None:
+    def _fresh(self, key: Hashable, ttl: float) -> tuple[float, Any] | None:
         hit = self._entries.get(key)
         if hit is None:
             return None
-        if self.clock() - hit[0] > self.ttl_s:
+        if self.clock() - hit[0] > ttl:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)

@@ -13,6 +13,8 @@ from app.context import AppContext
 from app.pages.chart_cache import quantise, shared_cache
 from app.pages.workers import run_page_work
 
+LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
+
 
 def figure_json(fig: dict[str, Any]) -> str:
     """JSON safe to embed in a <script type="application/json"> element."""
@@ -50,10 +52,11 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/fragments/overview", response_class=HTMLResponse)
     async def overview_fragment(request: Request) -> HTMLResponse:
-        # the live refresh: every open overview shares one computation per quantum
+        # the live refresh: every open overview shares one computation per refresh interval
         cache = shared_cache(ctx)
-        key = ("overview", quantise(ctx.now(), ctx.settings.chart_cache_s))
-        data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx)))
+        quantum = max(ctx.settings.chart_cache_s, LIVE_REFRESH_S) if ctx.settings.chart_cache_s > 0 else 0.0
+        key = ("overview", quantise(ctx.now(), quantum))
+        data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx), quantum))
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/_instances.html", data)  # type: ignore[no-any-return]
 
     return r
