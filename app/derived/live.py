@@ -60,7 +60,6 @@ class LiveValues:
         self._size = 0
         self._gen: dict[int, int] = defaultdict(int)
         self._by_host: dict[int, set[tuple[int, float, float]]] = defaultdict(set)
-        self._tags: set[tuple[str, int]] = set()
         self.incremental = 0  # evaluations that reused final values
         self.full = 0  # evaluations computed from every point of the range
 
@@ -139,15 +138,6 @@ class LiveValues:
                 if not memos:
                     del self._entries[key]
                     self._by_host[host_id].discard(key)
-
-    def has_tag(self, tag: tuple[str, int]) -> bool:
-        """Tags: what a caller has already moved onto the memo (e.g. an overview sparkline)."""
-        with self._lock:
-            return tag in self._tags
-
-    def add_tag(self, tag: tuple[str, int]) -> None:
-        with self._lock:
-            self._tags.add(tag)
 
     @property
     def size(self) -> int:

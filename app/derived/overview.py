@@ -7,7 +7,6 @@ from typing import Any
 from sqlalchemy import Engine
 
 from app.derived.evaluate import add, counter_rate, quantile_series, ratio, scale, sum_by, total
-from app.derived.live import LiveValues
 from app.derived.panels import Scope, make_scope, offload_size_bytes
 from app.storage.events import list_events
 from app.storage.series_store import list_hosts, list_instances
@@ -76,32 +75,17 @@ def sparklines(scope: Scope) -> dict[str, list[float | None]]:
     return out
 
 
-COLD_PER_REFRESH = 5  # instances moved to raw + memo per overview computation
-
-
-def overview(engine: Engine, now: float, stale_after: float, raw_retention_s: float,
-             live: LiveValues | None = None) -> list[dict[str, Any]]:
+def overview(engine: Engine, now: float, stale_after: float, raw_retention_s: float) -> list[dict[str, Any]]:
     """Hosts with their instances (state, config, sparkline values), for the overview page.
-
-    Sparklines: with the live memo, raw points at 30 s (a refresh computes only the new instants);
-    an instance seen for the first time costs a read of its hour of raw samples, so at most
-    COLD_PER_REFRESH instances a computation take that path, the others are drawn from the
-    1-minute tier meanwhile (cheap when cold, dearer than the memo when warm: the tail past the
-    rollup job is folded from raw on every request). A first overview of 50 instances after a
-    restart thus costs ~0.2 s, not seconds."""
+    Sparklines come from the 1-minute tier (60 points an hour, the tail past the rollup job folded
+    from raw): a first overview of many instances after a restart costs ~0.2 s, where raw points
+    with the live memo cost seconds (and about the same afterwards)."""
     hosts = {int(h["id"]): {**h, "instances": []} for h in list_hosts(engine)}
-    cold_budget = COLD_PER_REFRESH
     for inst in list_instances(engine):
         state = state_of(engine, inst, now, stale_after)
         cfg = inst.get("cache_config") or {}
-        tag = ("overview-spark", int(inst["id"]))
-        use_live = live is not None and (live.has_tag(tag) or cold_budget > 0)
-        if live is not None and use_live and not live.has_tag(tag):
-            cold_budget -= 1
-            live.add_tag(tag)
         scope = make_scope(engine, inst, start=now - SPARK_RANGE_S, end=now, now=now, state=state,
-                           raw_retention_s=raw_retention_s, px=SPARK_PX,
-                           live=live if use_live else None, tier="raw" if use_live else None)
+                           raw_retention_s=raw_retention_s, px=SPARK_PX)
         inst_out = {
             **inst, "state": state, "kv_dtype": cfg.get("cache_dtype") or "n/a",
             "block_size": cfg.get("block_size"), "offload": describe_offload(inst),

@@ -163,27 +163,3 @@ def test_rate_series_equals_rate_at_at_every_instant() -> None:
         got = rate_series(pts, 0.0, t + 5, step, window)
         want = [(g, rate_at(pts, g, window)) for g, _ in got]
         assert got == want
-
-
-def test_overview_moves_a_few_cold_instances_onto_the_memo_per_computation(
-    client: Any, token: str, engine: Any, clock: Any
-) -> None:
-    from app.derived.overview import COLD_PER_REFRESH, overview
-
-    n = COLD_PER_REFRESH + 2
-    for k in range(n):
-        batches = recorded_batches(T0, 60, interval=3.0, instance=f"http://10.0.0.{k}:8000", host=f"rig{k}",
-                                   agent_id=f"agent-{k}", seed=k)
-        push_all(client, token, batches, clock)
-    live = LiveValues()
-    now = clock.t + 1
-    first = overview(engine, now, 30.0, 86400.0, live=live)
-    tiers = [i["spark_times"] for h in first for i in h["instances"]]
-    assert len(tiers) == n
-    assert sum(live.has_tag(("overview-spark", i)) for i in range(1, n + 1)) == COLD_PER_REFRESH
-    second = overview(engine, now + 15, 30.0, 86400.0, live=live)
-    assert all(live.has_tag(("overview-spark", i)) for i in range(1, n + 1))
-    # raw (30 s) and 1-minute sparklines both carry the hit rate of the same workload
-    for h in second:
-        for inst in h["instances"]:
-            assert any(v is not None for v in inst["sparks"].get("hit", [])), inst["url"]
