@@ -4,7 +4,7 @@ against a real `kvscope serve` on a loopback port (SQLite file, or a throwaway P
 Bounded: loopback only, fixed duration, everything started here is stopped here.
 
 - agents: asyncio tasks in this process, one host + one vLLM instance each, a realistic batch
-  per tick (~110 samples: prefix-cache, by-source, offload counters, gauges, TTFT/ITL histograms),
+  per tick (~80 samples: prefix-cache, by-source, offload counters, gauges, TTFT/ITL histograms),
   counters consistent with each other, pushed at 1 Hz on the tick;
 - clients: asyncio tasks polling like an open browser tab: every `--refresh` seconds (the
   dashboard's live refresh, 15 s) an instance page's 7 chart fragments + the worth fragment,

@@ -23,9 +23,11 @@ def figure_json(fig: dict[str, Any]) -> str:
 
 def _context(ctx: AppContext) -> dict[str, Any]:
     from app.derived.overview import overview
+    from app.pages import live_values
 
     now = ctx.now()
-    hosts = overview(ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600)
+    hosts = overview(ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600,
+                     live=live_values(ctx))
     for h in hosts:
         for inst in h["instances"]:
             figs = {}
