@@ -220,17 +220,19 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
 
 def range_increase(s: TieredSeries, start: float, end: float) -> float:
     """Reset-corrected increase of a counter over [start, end] from whichever tier it came."""
-    if isinstance(s, LiveRawSeries) and s.handle is not None:
-        return s.handle.load_increase(start, end)
     if s.tier == "raw":
-        return increase([p for p in s.points if start <= p[0] <= end])
+        return increase([p for p in _all_points(s) if start <= p[0] <= end])
     return sum(b.inc or 0.0 for b in s.buckets if b.ts >= start and b.ts + s.res <= end + 1e-9)
 
 
 def last_value(s: TieredSeries, at: float) -> float | None:
     if s.tier == "raw":
-        points = s.handle.full_points() if isinstance(s, LiveRawSeries) and s.handle is not None else s.points
-        pts = [p for p in points if p[0] <= at]
+        pts = [p for p in _all_points(s) if p[0] <= at]
         return pts[-1][1] if pts else None
     bs = [b for b in s.buckets if b.ts <= at]
     return bs[-1].vlast if bs else None
+
+
+def _all_points(s: TieredSeries) -> Sequence[tuple[float, float]]:
+    """Every raw point of the range (a live series holds only its tail: load the rest)."""
+    return s.handle.full_points() if isinstance(s, LiveRawSeries) and s.handle is not None else s.points

@@ -146,8 +146,7 @@ class LiveValues:
 
 @dataclass
 class LiveHandle:
-    """What a live series needs beyond its tail of points: the memo, the full points on demand,
-    and the database's reset-corrected increases."""
+    """What a live series needs beyond its tail of points: the memo and the full points on demand."""
 
     cache: LiveValues
     host_id: int
@@ -155,7 +154,6 @@ class LiveHandle:
     tail_lo: float  # the series' points start here (seconds)
     now: float
     load_full: Callable[[], list[Point]]
-    load_increase: Callable[[float, float], float]
     _full: list[Point] | None = field(default=None, repr=False)
 
     def full_points(self) -> list[Point]:
@@ -179,11 +177,8 @@ def grid_values(s: LiveRawSeries, times: Sequence[float], step: float, window: f
         return []
     h = s.handle
     assert h is not None
-    head: Values = []
     memo = h.cache.lookup(s.series_id, step, window, fn)
-    if memo is not None and memo.first_t <= times[0]:
-        k0 = round((times[0] - memo.first_t) / step)
-        head = [None if v != v else v for v in memo.values[k0:k0 + len(times)]]
+    head = _head(memo, times, step)
     rest = times[len(head):]
     if head:
         h.cache.incremental += 1
@@ -194,7 +189,7 @@ def grid_values(s: LiveRawSeries, times: Sequence[float], step: float, window: f
         out = head + compute(pts, rest[0], rest[-1])
     else:
         out = head
-    n_final = bisect_right(times, h.now - h.cache.freeze_lag_s)
+    n_final = _n_final(h, times)
     if n_final > len(head) or (memo is not None and memo.first_t < times[0] and n_final):
         h.cache.store(s.series_id, step, window, fn, times[0], out[:n_final], h.host_id, h.generation,
                       renew=not head)
@@ -221,16 +216,28 @@ def memo_head(handle: LiveHandle, key: int, times: Sequence[float], step: float,
         memo = handle.cache.lookup(key, step, window, fn)
         if memo is None or memo.first_t > times[0]:
             return [[] for _ in fns]
-        k0 = round((times[0] - memo.first_t) / step)
-        heads.append([None if v != v else v for v in memo.values[k0:k0 + len(times)]])
+        heads.append(_head(memo, times, step))
     n = min(len(h) for h in heads)
     return [h[:n] for h in heads]
 
 
 def memo_store(handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float,
                values: dict[str, Values], renew: bool) -> None:
-    n_final = bisect_right(times, handle.now - handle.cache.freeze_lag_s)
+    n_final = _n_final(handle, times)
     if n_final:
         for fn, vals in values.items():
             handle.cache.store(key, step, window, fn, times[0], vals[:n_final], handle.host_id, handle.generation,
                                renew=renew)
+
+
+def _head(memo: _Memo | None, times: Sequence[float], step: float) -> Values:
+    """The memo's final values at times[0], times[1], ... (as many as it holds; NaN -> None)."""
+    if memo is None or memo.first_t > times[0]:
+        return []
+    k0 = round((times[0] - memo.first_t) / step)
+    return [None if v != v else v for v in memo.values[k0:k0 + len(times)]]
+
+
+def _n_final(handle: LiveHandle, times: Sequence[float]) -> int:
+    """How many of `times` are final (older than the freeze lag at the handle's `now`)."""
+    return bisect_right(times, handle.now - handle.cache.freeze_lag_s)

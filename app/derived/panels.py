@@ -139,7 +139,6 @@ class Scope:
             handle = LiveHandle(
                 live, self.host_id, generation, starts[sid], self.now,
                 load_full=partial(_points_of, engine, sid, full_lo, g.end),
-                load_increase=partial(_increase_of, engine, sid),
             )
             if starts[sid] <= full_lo:
                 handle._full = points[sid]
@@ -150,10 +149,6 @@ class Scope:
 
 def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[tuple[float, float]]:
     return raw_points_from(engine, {sid: start}, end)[sid]
-
-
-def _increase_of(engine: Engine, sid: int, start: float, end: float) -> float:
-    return counter_increases(engine, [sid], start, end).get(sid, 0.0)
 
 
 def make_scope(

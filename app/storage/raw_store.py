@@ -29,9 +29,6 @@ def series_meta(engine: Engine, names: Sequence[str], *, instance_id: int | None
 def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> dict[int, list[tuple[float, float]]]:
     """Raw points of each series in `starts` over [its start, end], ascending; one query per
     distinct start (the series of one chart usually share theirs)."""
-    by_start: dict[int, list[int]] = {}
-    for sid, start in starts.items():
-        by_start.setdefault(int(start * 1000), []).append(sid)
     hi = int(end * 1000)
     out: dict[int, list[tuple[float, float]]] = {sid: [] for sid in starts}
     t = SampleRow.__table__
@@ -48,6 +45,9 @@ def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> 
             finally:
                 cur.close()
             return out
+        by_start: dict[int, list[int]] = {}
+        for sid, start in starts.items():
+            by_start.setdefault(int(start * 1000), []).append(sid)
         for lo, ids in by_start.items():
             q = (
                 t.select().with_only_columns(t.c.series_id, t.c.ts_ms, t.c.value)

@@ -107,16 +107,8 @@ def test_worth_and_sparkline_grids_match_with_the_memo(client: Any, app: Any, to
     assert live.incremental > 0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_memo_generation_expiry_and_bound() -> None:
-    clock = _Clock()
+def test_memo_generation_expiry_and_bound(clock: Any) -> None:
+    clock.t = 0.0
     live = LiveValues(freeze_lag_s=10.0, ttl_s=100.0, max_values=10, clock=clock)
     live.store(1, 1.0, 2.0, "rate", 100.0, [1.0, None, 3.0], host_id=7, generation=0, renew=True)
     memo = live.lookup(1, 1.0, 2.0, "rate")
