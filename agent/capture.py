@@ -49,8 +49,12 @@ class Masker:
 
     def mask(self, text: str) -> str:
         text = _UUID.sub(lambda m: self._sub("uuid", m.group(0).lower()), text)
-        text = _SERIAL.sub(lambda m: m.group(1) + (m.group(2) if m.group(2) in ("N/A", "")
-                                                   else self._sub("serial", m.group(2))) + m.group(3), text)
+        text = _SERIAL.sub(
+            lambda m: (
+                m.group(1) + (m.group(2) if m.group(2) in ("N/A", "") else self._sub("serial", m.group(2))) + m.group(3)
+            ),
+            text,
+        )
         text = _HEXID.sub(lambda m: m.group(1) + self._sub("hexid", m.group(2)), text)
         text = _HOME.sub(lambda m: "/home/" + self._sub("user", m.group(1)), text)
         text = _MAC.sub(lambda m: self._sub("mac", m.group(0).lower()), text)
@@ -70,8 +74,13 @@ def _own_hostnames() -> list[str]:
 
 
 def capture(
-    out_dir: Path, urls: list[str], *, mask: bool = True, timeout_s: float = 5.0,
-    nvidia_smi: str | None = "nvidia-smi", client: httpx.Client | None = None,
+    out_dir: Path,
+    urls: list[str],
+    *,
+    mask: bool = True,
+    timeout_s: float = 5.0,
+    nvidia_smi: str | None = "nvidia-smi",
+    client: httpx.Client | None = None,
 ) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     masker = Masker()

@@ -38,16 +38,25 @@ def parse_interval(text: str) -> float:
 def _common(p: argparse.ArgumentParser, sub: bool) -> None:
     """Options accepted both before and after the action (`agent --vllm-url X once`)."""
     d: Any = argparse.SUPPRESS if sub else None
-    p.add_argument("--vllm-url", action="append", default=d, metavar="URL",
-                   help="vLLM base URL (repeat for several servers; default http://127.0.0.1:8000)")
+    p.add_argument(
+        "--vllm-url",
+        action="append",
+        default=d,
+        metavar="URL",
+        help="vLLM base URL (repeat for several servers; default http://127.0.0.1:8000)",
+    )
     p.add_argument("--state-dir", default=d, help=f"spool and agent id (default {DEFAULT_STATE}; $KVSCOPE_AGENT_STATE)")
     p.add_argument("--proc-root", default=d, help="procfs root (default /proc)")
     p.add_argument("--cgroup-root", default=d, help="cgroup root (default /sys/fs/cgroup)")
     p.add_argument("--shm-root", default=d, help="shared memory folder (default /dev/shm)")
     p.add_argument("--no-gpu", action="store_true", default=d if sub else False, help="skip GPU readings")
     p.add_argument("--nvidia-smi", default=d, help="nvidia-smi executable for the fallback (default: on PATH)")
-    p.add_argument("--gpu-source", choices=["auto", "nvml", "nvidia-smi"], default=d,
-                   help="GPU reader (default auto: NVML, else nvidia-smi)")
+    p.add_argument(
+        "--gpu-source",
+        choices=["auto", "nvml", "nvidia-smi"],
+        default=d,
+        help="GPU reader (default auto: NVML, else nvidia-smi)",
+    )
     p.add_argument("--vllm-timeout", type=float, default=d, help="seconds per vLLM request (default 2)")
 
 
@@ -60,8 +69,11 @@ def register(sub: Any) -> None:
     p.add_argument("--host-name", help="name of this host in the app (default: hostname)")
     p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool bound in MB (default 256)")
     p.add_argument("--launcher-config", help="TOML file: let the agent start/restart vLLM (controller)")
-    p.add_argument("--no-command-poll", action="store_true",
-                   help="with --launcher-config: take commands from push replies only (no long-poll)")
+    p.add_argument(
+        "--no-command-poll",
+        action="store_true",
+        help="with --launcher-config: take commands from push replies only (no long-poll)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_agent)
     acts = p.add_subparsers(dest="agent_cmd", metavar="ACTION")
@@ -125,8 +137,12 @@ def build_agent(args: argparse.Namespace, *, server: str | None, token: str | No
     except OSError as exc:
         raise UserError(f"cannot create the state folder {state}: {exc.strerror}; pass --state-dir") from None
     cfg = AgentConfig(
-        vllm_urls=_urls(args), server=server, token=token, interval_s=_opt(args, "interval", 1.0),
-        state_dir=state, host_name=_opt(args, "host_name"),
+        vllm_urls=_urls(args),
+        server=server,
+        token=token,
+        interval_s=_opt(args, "interval", 1.0),
+        state_dir=state,
+        host_name=_opt(args, "host_name"),
         spool_max_bytes=int(_opt(args, "spool_max_mb", 256.0) * 1024 * 1024),
         vllm_timeout_s=_opt(args, "vllm_timeout", 2.0),
         command_poll=not _opt(args, "no_command_poll", False),
@@ -163,8 +179,11 @@ def run_agent(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    print(f"kvscope agent: {', '.join(r.base_url for r in agent.readers)} -> {server} "
-          f"every {agent.config.interval_s:g}s (spool: {agent.spool.dir})", file=sys.stderr)
+    print(
+        f"kvscope agent: {', '.join(r.base_url for r in agent.readers)} -> {server} "
+        f"every {agent.config.interval_s:g}s (spool: {agent.spool.dir})",
+        file=sys.stderr,
+    )
     agent.run(stop)
     return 0
 
@@ -177,8 +196,9 @@ def _launcher_sink(path: Path) -> Any:
         controller: Any = importlib.import_module("agent.controller")
     except ModuleNotFoundError as exc:
         if exc.name == "agent.controller":
-            raise UserError("--launcher-config needs the controller (agent/controller.py), "
-                            "which this install lacks") from None
+            raise UserError(
+                "--launcher-config needs the controller (agent/controller.py), which this install lacks"
+            ) from None
         raise
     if not path.is_file():
         raise UserError(f"launcher config {path} not found")
@@ -246,7 +266,10 @@ def run_capture(args: argparse.Namespace) -> int:
     from agent.capture import capture
 
     written = capture(
-        Path(args.dir), _urls(args), mask=not args.no_mask, timeout_s=_opt(args, "vllm_timeout", 5.0),
+        Path(args.dir),
+        _urls(args),
+        mask=not args.no_mask,
+        timeout_s=_opt(args, "vllm_timeout", 5.0),
         nvidia_smi=None if _opt(args, "no_gpu", False) else _opt(args, "nvidia_smi", "nvidia-smi"),
     )
     for p in written:

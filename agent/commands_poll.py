@@ -71,8 +71,9 @@ class PollConnection:
             if self._conn is None or self._key != key:
                 self._drop_locked()
                 if scheme == "https":
-                    self._conn = http.client.HTTPSConnection(host, port, timeout=timeout,
-                                                             context=ssl.create_default_context())
+                    self._conn = http.client.HTTPSConnection(
+                        host, port, timeout=timeout, context=ssl.create_default_context()
+                    )
                 else:
                     self._conn = http.client.HTTPConnection(host, port, timeout=timeout)
                 self._key = key
@@ -202,8 +203,9 @@ class CommandPoller:
             return PollResult("unsupported", error=f"app answered {r.status_code}")
         if r.status_code != 200:
             # 409: the host is not known until the agent's first push, which nudges this thread
-            return self._failed(f"command poll: app answered {r.status_code}: {r.text[:200]}",
-                                quiet=r.status_code == 409)
+            return self._failed(
+                f"command poll: app answered {r.status_code}: {r.text[:200]}", quiet=r.status_code == 409
+            )
         try:
             data: Any = json.loads(r.content)
         except ValueError:

@@ -143,16 +143,25 @@ class Controller:
             self.workloads.submit(command, now)
             return
         if command.kind != "rollout":
-            self._event(now, "note", f"command {command.id} of kind {command.kind!r} ignored by the controller",
-                        command.instance or None)
+            self._event(
+                now,
+                "note",
+                f"command {command.id} of kind {command.kind!r} ignored by the controller",
+                command.instance or None,
+            )
             return
         if self._instance(command.instance) is None:
-            self._update(command.id, "failed",
-                         f"{command.instance} is not in this agent's launcher config: nothing restarted", {})
+            self._update(
+                command.id,
+                "failed",
+                f"{command.instance} is not in this agent's launcher config: nothing restarted",
+                {},
+            )
             return
         ahead = self._queue.qsize() + (1 if self._busy else 0)
-        self._update(command.id, "accepted",
-                     "accepted by the agent" + (f"; {ahead} rollout(s) ahead" if ahead > 0 else ""), {})
+        self._update(
+            command.id, "accepted", "accepted by the agent" + (f"; {ahead} rollout(s) ahead" if ahead > 0 else ""), {}
+        )
         self._queue.put(command)
 
     def drain_updates(self) -> list[RolloutUpdate]:
@@ -224,9 +233,13 @@ class Controller:
             if now < next_try:
                 continue
             argv = inst.launcher.current_argv or []
-            self._event(self.clock(), "note",
-                        f"{url} {inst.launcher.exit_info() or 'exited'}; restarting it (next back-off {delay:.0f} s)",
-                        url, {"log_tail": inst.launcher.log_tail(20)})
+            self._event(
+                self.clock(),
+                "note",
+                f"{url} {inst.launcher.exit_info() or 'exited'}; restarting it (next back-off {delay:.0f} s)",
+                url,
+                {"log_tail": inst.launcher.log_tail(20)},
+            )
             try:
                 inst.launcher.start(argv)
             except LauncherError as exc:
@@ -295,8 +308,15 @@ class Controller:
         return self._update(cmd.id, "healthy", msg, data)
 
     def _rollback(
-        self, cmd: Command, inst: ManagedInstance, lkg: list[str], reason: str, timings: dict[str, float],
-        t0: float, *, probe: dict[str, Any] | None = None,
+        self,
+        cmd: Command,
+        inst: ManagedInstance,
+        lkg: list[str],
+        reason: str,
+        timings: dict[str, float],
+        t0: float,
+        *,
+        probe: dict[str, Any] | None = None,
     ) -> str:
         tail = inst.launcher.log_tail(30)
         # vLLM's root cause sits far above the end of its log: look through the whole recent log.
@@ -314,16 +334,25 @@ class Controller:
             inst.launcher.restart(lkg)
         except LauncherError as exc:
             timings["total_s"] = self.monotonic() - t0
-            return self._update(cmd.id, "failed", f"{reason}; rollback failed to start: {exc}",
-                                {"timings": timings, "error": reason})
+            return self._update(
+                cmd.id, "failed", f"{reason}; rollback failed to start: {exc}", {"timings": timings, "error": reason}
+            )
         health = self._wait(inst, float(cmd.payload.get("health_deadline_s") or inst.health_deadline_s))
         timings["rollback_s"] = self.monotonic() - t
         timings["total_s"] = self.monotonic() - t0
         if not health.ok:
-            return self._update(cmd.id, "failed", f"{reason}; last-known-good not healthy either: {health.reason}",
-                                {"timings": timings, "error": reason, "log_tail": inst.launcher.log_tail(30)})
-        return self._update(cmd.id, "rolled_back", f"{reason}; back on last-known-good",
-                            {"timings": timings, "error": reason, "argv": lkg})
+            return self._update(
+                cmd.id,
+                "failed",
+                f"{reason}; last-known-good not healthy either: {health.reason}",
+                {"timings": timings, "error": reason, "log_tail": inst.launcher.log_tail(30)},
+            )
+        return self._update(
+            cmd.id,
+            "rolled_back",
+            f"{reason}; back on last-known-good",
+            {"timings": timings, "error": reason, "argv": lkg},
+        )
 
     def _wait(self, inst: ManagedInstance, deadline: float) -> HealthResult:
         waiter = getattr(inst.launcher, "wait_healthy", None)
@@ -336,8 +365,9 @@ class Controller:
     # ------------------------------------------------------------------ preflight
     def preflight(self, inst: ManagedInstance, payload: dict[str, Any], argv: list[str]) -> list[pf.Check]:
         plan = pf.OffloadPlan.from_payload(payload.get("offload"))
-        mem = pf.read_host_memory(inst.proc_root, inst.cgroup_root, inst.shm_dir,
-                                  cgroup_dir=inst.cgroup_dir, shm_free=self.shm_free)
+        mem = pf.read_host_memory(
+            inst.proc_root, inst.cgroup_root, inst.shm_dir, cgroup_dir=inst.cgroup_dir, shm_free=self.shm_free
+        )
         running = inst.launcher.current_argv
         reclaim = pf.pinned_bytes_from_argv(running if running is not None else inst.last_good())
         checks = pf.check_memory(plan, mem, headroom_bytes=inst.headroom_bytes, reclaim_bytes=reclaim)
@@ -394,10 +424,16 @@ class Controller:
             self.updates_ready.set()
         return state
 
-    def _event(self, ts: float, kind: str, message: str, instance: str | None,
-               data: dict[str, Any] | None = None) -> None:
-        ev = AgentEvent(ts=ts, kind=kind, message=message[:4000], instance=instance,  # type: ignore[arg-type]
-                        data=_jsonable(data or {}))
+    def _event(
+        self, ts: float, kind: str, message: str, instance: str | None, data: dict[str, Any] | None = None
+    ) -> None:
+        ev = AgentEvent(
+            ts=ts,
+            kind=kind,
+            message=message[:4000],
+            instance=instance,  # type: ignore[arg-type]
+            data=_jsonable(data or {}),
+        )
         with self._lock:
             self._events.append(ev)
 
@@ -405,7 +441,7 @@ class Controller:
 def _labels_of(line: str) -> dict[str, str]:
     import re
 
-    body = line[line.index("{") + 1: line.rindex("}")]
+    body = line[line.index("{") + 1 : line.rindex("}")]
     return {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', body)}
 
 
@@ -438,8 +474,11 @@ def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher
             raise UserError(f"launcher config: instance {spec.get('url')} needs command = [...]")
         env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
         return SubprocessLauncher(
-            command, log_dir=Path(os.path.expanduser(str(spec.get("log_dir") or state_dir / "logs"))),
-            env=env, name=name, stop_timeout_s=float(spec.get("stop_timeout_s", 30)),
+            command,
+            log_dir=Path(os.path.expanduser(str(spec.get("log_dir") or state_dir / "logs"))),
+            env=env,
+            name=name,
+            stop_timeout_s=float(spec.get("stop_timeout_s", 30)),
             cwd=Path(spec["cwd"]) if spec.get("cwd") else None,
         )
     if kind == "systemd":
@@ -447,7 +486,9 @@ def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher
 
         sd = spec.get("systemd") or {}
         return SystemdLauncher(
-            str(sd.get("unit", "")), base_argv=command, mode=str(sd.get("mode", "dropin")),
+            str(sd.get("unit", "")),
+            base_argv=command,
+            mode=str(sd.get("mode", "dropin")),
             dropin_dir=Path(str(sd.get("dropin_dir", "/etc/systemd/system"))),
             env_file=Path(str(sd["env_file"])) if sd.get("env_file") else None,
         )
@@ -456,7 +497,8 @@ def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher
 
         dk = spec.get("docker") or {}
         return DockerLauncher(
-            str(dk.get("container", "")), base_cmd=command,
+            str(dk.get("container", "")),
+            base_cmd=command,
             socket_path=str(dk.get("socket", "/var/run/docker.sock")),
             stop_timeout_s=int(dk.get("stop_timeout_s", 30)),
         )
@@ -470,10 +512,14 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
         raise UserError(f"cannot read launcher config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"launcher config {path} is not valid TOML: {exc}") from None
-    state_dir = Path(os.path.expanduser(str(
-        data.get("state_dir") or Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-        / "kvscope" / "controller"
-    )))
+    state_dir = Path(
+        os.path.expanduser(
+            str(
+                data.get("state_dir")
+                or Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "kvscope" / "controller"
+            )
+        )
+    )
     specs = data.get("instance") or []
     if not isinstance(specs, list) or not specs:
         raise UserError(f"launcher config {path}: add at least one [[instance]] with url and command")
@@ -487,7 +533,9 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
         name = "server-" + hashlib.sha1(url.encode()).hexdigest()[:8]
         launcher = build_launcher(spec, state_dir, name)
         inst = ManagedInstance(
-            url=url, launcher=launcher, initial_args=_strs(spec.get("initial_args"), "initial_args"),
+            url=url,
+            launcher=launcher,
+            initial_args=_strs(spec.get("initial_args"), "initial_args"),
             start=bool(spec.get("start", own_process)),
             health_deadline_s=float(spec.get("health_deadline_s", 300)),
             help_command=_strs(spec.get("help_command"), "help_command") or None,
@@ -520,12 +568,20 @@ def render_launcher_config(
     def q(v: Any) -> str:
         return json.dumps(v)  # TOML basic strings and arrays of them are JSON-compatible
 
-    lines = [f"state_dir = {q(str(state_dir))}", f"stop_on_exit = {'true' if stop_on_exit else 'false'}",
-             f"headroom_gib = {float(headroom_gib)}"]
+    lines = [
+        f"state_dir = {q(str(state_dir))}",
+        f"stop_on_exit = {'true' if stop_on_exit else 'false'}",
+        f"headroom_gib = {float(headroom_gib)}",
+    ]
     for inst in instances:
-        lines += ["", "[[instance]]", f"url = {q(str(inst['url']))}", 'launcher = "subprocess"',
-                  f"command = {q([str(a) for a in inst['command']])}",
-                  f"initial_args = {q([str(a) for a in inst.get('initial_args') or []])}"]
+        lines += [
+            "",
+            "[[instance]]",
+            f"url = {q(str(inst['url']))}",
+            'launcher = "subprocess"',
+            f"command = {q([str(a) for a in inst['command']])}",
+            f"initial_args = {q([str(a) for a in inst.get('initial_args') or []])}",
+        ]
         for key in ("health_deadline_s",):
             if key in inst:
                 lines.append(f"{key} = {float(inst[key])}")

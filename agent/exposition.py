@@ -159,9 +159,7 @@ def _parse_rows(
         samples.append((name, labels, value))
 
 
-def _parse_sample_lines(
-    lines: list[str], out: Exposition, label_cache: dict[str, dict[str, str]] | None
-) -> None:
+def _parse_sample_lines(lines: list[str], out: Exposition, label_cache: dict[str, dict[str, str]] | None) -> None:
     samples = out.samples
     name_ok = _NAME_OK.match
     cache: dict[str, dict[str, str]] = label_cache if label_cache is not None else {}

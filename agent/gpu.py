@@ -24,13 +24,24 @@ class AutoGpuSource:
         # smi reports "no GPU" once itself; say once why NVML was not used when smi is
         if self.smi.available and not self._noted:
             self._noted = True
-            r.events.append(AgentEvent(ts=now, kind="note", data={"source": "gpu"},
-                                       message=f"NVML not usable ({self.nvml.reason}): reading nvidia-smi"))
+            r.events.append(
+                AgentEvent(
+                    ts=now,
+                    kind="note",
+                    data={"source": "gpu"},
+                    message=f"NVML not usable ({self.nvml.reason}): reading nvidia-smi",
+                )
+            )
         elif not self.smi.available and not self._noted and r.events:
             self._noted = True
-            r.events = [AgentEvent(ts=now, kind="note", data={"source": "gpu"},
-                                   message=f"no GPU readings: NVML: {self.nvml.reason}; "
-                                           f"nvidia-smi: {self.smi.reason}")]
+            r.events = [
+                AgentEvent(
+                    ts=now,
+                    kind="note",
+                    data={"source": "gpu"},
+                    message=f"no GPU readings: NVML: {self.nvml.reason}; nvidia-smi: {self.smi.reason}",
+                )
+            ]
         return r
 
     def close(self) -> None:

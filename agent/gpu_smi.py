@@ -25,8 +25,16 @@ log = logging.getLogger("kvscope.agent.smi")
 
 MIB = 1024 * 1024
 GEN_CURRENT_NAMES = ("pcie.link.gen.gpucurrent", "pcie.link.gen.current")
-BASE_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "temperature.gpu",
-               "power.draw")
+BASE_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+    "temperature.gpu",
+    "power.draw",
+)
 TAIL_FIELDS = ("pcie.link.width.current", "pcie.link.gen.max", "pcie.link.width.max")
 
 
@@ -98,8 +106,10 @@ def rows_to_reading(rows: list[dict[str, str]], gen_field: str, r: HostReading) 
         r.gauge("kvscope:gpu_utilization_ratio", None if util is None else util / 100.0, lab)
         r.gauge("kvscope:gpu_temperature_celsius", number(row.get("temperature.gpu", "")), lab)
         r.gauge("kvscope:gpu_power_watts", number(row.get("power.draw", "")), lab)
-        for kind, gen_f, width_f in (("current", gen_field, "pcie.link.width.current"),
-                                     ("max", "pcie.link.gen.max", "pcie.link.width.max")):
+        for kind, gen_f, width_f in (
+            ("current", gen_field, "pcie.link.width.current"),
+            ("max", "pcie.link.gen.max", "pcie.link.width.max"),
+        ):
             klab = {**lab, "kind": kind}
             r.gauge("kvscope:gpu_pcie_link_gen", number(row.get(gen_f, "")), klab)
             r.gauge("kvscope:gpu_pcie_link_width", number(row.get(width_f, "")), klab)
@@ -135,15 +145,18 @@ class LineProcess:
     def start(self) -> bool:
         try:
             self.proc = subprocess.Popen(
-                self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                text=True, bufsize=1,
+                self.args,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
             )
         except OSError as exc:
             self.error = f"{self.args[0]}: {exc.strerror}"
             return False
         assert self.proc.stdout is not None
-        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True,
-                         name="kvscope-smi-reader").start()
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True, name="kvscope-smi-reader").start()
         return True
 
     def _pump(self, stream: IO[str]) -> None:
@@ -239,8 +252,9 @@ class SmiSource:
             r.gauge("kvscope:gpu_source_info", 1, {"source": "none"})
             if not self._reported:
                 self._reported = True
-                r.events.append(AgentEvent(ts=now, kind="note", message=f"no GPU readings: {self.reason}",
-                                           data={"source": "gpu"}))
+                r.events.append(
+                    AgentEvent(ts=now, kind="note", message=f"no GPU readings: {self.reason}", data={"source": "gpu"})
+                )
             return r
         assert self._query is not None and self._dmon is not None and self.gen_field is not None
         errors = []

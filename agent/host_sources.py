@@ -60,14 +60,12 @@ class HostCollector:
             if r.error and r.error != prev:
                 self._errors[src.name] = r.error
                 total.events.append(
-                    AgentEvent(ts=now, kind="scrape_error", message=f"{src.name}: {r.error}",
-                               data={"source": src.name})
+                    AgentEvent(ts=now, kind="scrape_error", message=f"{src.name}: {r.error}", data={"source": src.name})
                 )
             elif not r.error and prev:
                 del self._errors[src.name]
                 total.events.append(
-                    AgentEvent(ts=now, kind="note", message=f"{src.name}: reading again",
-                               data={"source": src.name})
+                    AgentEvent(ts=now, kind="note", message=f"{src.name}: reading again", data={"source": src.name})
                 )
         return total
 

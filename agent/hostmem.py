@@ -111,8 +111,11 @@ def read_cgroup(cgroup_root: Path, proc_root: Path, pid: str = "self") -> Cgroup
             d = cgroup_root  # a container sees its own cgroup at the mount root
         stat = _read_stat(d / "memory.stat")
         return CgroupMemory(
-            version=2, path="/" + str(d.relative_to(cgroup_root)).strip("."),
-            limit=_read_int(d / "memory.max"), current=_read_int(d / "memory.current"), shmem=stat.get("shmem"),
+            version=2,
+            path="/" + str(d.relative_to(cgroup_root)).strip("."),
+            limit=_read_int(d / "memory.max"),
+            current=_read_int(d / "memory.current"),
+            shmem=stat.get("shmem"),
         )
     mem_root = cgroup_root / "memory"
     if mem_root.is_dir():
@@ -126,8 +129,11 @@ def read_cgroup(cgroup_root: Path, proc_root: Path, pid: str = "self") -> Cgroup
         stat = _read_stat(d / "memory.stat")
         shmem = stat.get("total_shmem", stat.get("shmem"))
         return CgroupMemory(
-            version=1, path="/" + str(d.relative_to(mem_root)).strip("."),
-            limit=limit, current=_read_int(d / "memory.usage_in_bytes"), shmem=shmem,
+            version=1,
+            path="/" + str(d.relative_to(mem_root)).strip("."),
+            limit=limit,
+            current=_read_int(d / "memory.usage_in_bytes"),
+            shmem=shmem,
         )
     return None
 
@@ -228,8 +234,7 @@ class _Mincore:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         self.mmap = libc.mmap
         self.mmap.restype = ctypes.c_void_p
-        self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
+        self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         self.munmap = libc.munmap
         self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         self.mincore = libc.mincore
@@ -333,8 +338,9 @@ class HostMemorySource:
             files = sorted(self.shm_root.glob("vllm_offload_*"))
         except OSError:
             return
-        refresh = self._resident_at is None or now - self._resident_at >= self.resident_every_s \
-            or now < self._resident_at
+        refresh = (
+            self._resident_at is None or now - self._resident_at >= self.resident_every_s or now < self._resident_at
+        )
         smaps: dict[str, int] | None = None
         for p in files:
             try:

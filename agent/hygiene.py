@@ -45,7 +45,9 @@ class CounterHygiene:
         if restart_reason:
             events.append(
                 AgentEvent(
-                    ts=now, kind="restart", instance=self.instance,
+                    ts=now,
+                    kind="restart",
+                    instance=self.instance,
                     message=f"vLLM restarted ({restart_reason}); counters start over",
                     data={"reason": restart_reason, "process_start": norm.process_start},
                 )
@@ -76,7 +78,9 @@ class CounterHygiene:
             # Counters went down across the board: a restart we had no signal for, or a reset.
             events.append(
                 AgentEvent(
-                    ts=now, kind="counter_reset", instance=self.instance,
+                    ts=now,
+                    kind="counter_reset",
+                    instance=self.instance,
                     message=f"{len(decreased_other)} counter(s) went down without a restart signal",
                     data={"series": sorted(set(decreased_other))[:20]},
                 )
@@ -96,7 +100,9 @@ class CounterHygiene:
                 samples[i] = (name, labels, held)
             events.append(
                 AgentEvent(
-                    ts=now, kind="counter_clamped", instance=self.instance,
+                    ts=now,
+                    kind="counter_clamped",
+                    instance=self.instance,
                     message=(
                         f"{len(decreased_by_source)} by-source counter(s) went down (known vLLM bug): "
                         "held at the previous value, no negative increment sent"

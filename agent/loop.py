@@ -80,8 +80,9 @@ def _scrape_one(reader: VllmReader, now: float) -> tuple[Scrape, list[AgentEvent
         return reader.scrape(now)
     except Exception as exc:  # a reader bug: report it, keep the loop alive
         log.exception("scrape of %s failed", reader.base_url)
-        return Scrape(instance=reader.base_url, ts=now, ok=False,
-                      error=f"agent error: {type(exc).__name__}: {exc}"[:500]), []
+        return Scrape(
+            instance=reader.base_url, ts=now, ok=False, error=f"agent error: {type(exc).__name__}: {exc}"[:500]
+        ), []
 
 
 @dataclass
@@ -105,7 +106,10 @@ class Agent:
         self.pusher: Pusher | None = None
         if cfg.server:
             self.pusher = Pusher(
-                cfg.server, cfg.token or "", self._push_client(), self.spool,
+                cfg.server,
+                cfg.token or "",
+                self._push_client(),
+                self.spool,
                 timeout_s=cfg.push_timeout_s,
             )
         self._last_seq = max(self.spool.max_seq or 0, _read_int(self.state_dir / "last_seq"))
@@ -141,7 +145,8 @@ class Agent:
             self._started = True
             events.append(
                 AgentEvent(
-                    ts=now, kind="agent_start",
+                    ts=now,
+                    kind="agent_start",
                     message=f"kvscope agent {AGENT_VERSION} started, watching {len(self.readers)} vLLM server(s)",
                     data={"instances": [r.base_url for r in self.readers], "spooled": len(self.spool)},
                 )
@@ -151,8 +156,9 @@ class Agent:
             # Several servers are read at once, so a hung one delays the tick by its own timeout,
             # not by the sum; the batch still waits for every reader (each is bounded by timeouts).
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.readers)),
-                                                thread_name_prefix="kvscope-scrape")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=min(8, len(self.readers)), thread_name_prefix="kvscope-scrape"
+                )
             results = list(self._pool.map(lambda r: _scrape_one(r, now), self.readers))
         else:
             results = [_scrape_one(r, now) for r in self.readers]
@@ -165,18 +171,22 @@ class Agent:
         if batches:
             events.append(
                 AgentEvent(
-                    ts=now, kind="spool_dropped",
-                    message=(f"spool over its {self.spool.max_bytes} byte bound: dropped the {batches} "
-                             "oldest batch(es); their readings are lost"),
+                    ts=now,
+                    kind="spool_dropped",
+                    message=(
+                        f"spool over its {self.spool.max_bytes} byte bound: dropped the {batches} "
+                        "oldest batch(es); their readings are lost"
+                    ),
                     data={"batches": batches, "bytes": nbytes, "dropped_total": self.spool.dropped_total},
                 )
             )
         if self._unwritten:
             events.append(
                 AgentEvent(
-                    ts=now, kind="spool_dropped",
+                    ts=now,
+                    kind="spool_dropped",
                     message=f"{self._unwritten} batch(es) of readings lost: the spool could not be written "
-                            f"({self._unwritten_error})",
+                    f"({self._unwritten_error})",
                     data={"batches": self._unwritten, "reason": "write_failed"},
                 )
             )
@@ -191,10 +201,17 @@ class Agent:
             except Exception:
                 log.exception("command sink failed to drain")
         return PushBatch(
-            agent_id=self.agent_id, host=self.host_name, seq=self.next_seq(now), sent_at=now,
-            agent_version=AGENT_VERSION, scrapes=scrapes,
-            host_ts=now if host.samples else None, host_samples=host.samples, host_types=host.types,
-            events=events, rollout_updates=updates,
+            agent_id=self.agent_id,
+            host=self.host_name,
+            seq=self.next_seq(now),
+            sent_at=now,
+            agent_version=AGENT_VERSION,
+            scrapes=scrapes,
+            host_ts=now if host.samples else None,
+            host_samples=host.samples,
+            host_types=host.types,
+            events=events,
+            rollout_updates=updates,
         )
 
     def tick(self, now: float) -> PushBatch:
@@ -205,8 +222,11 @@ class Agent:
             self._unwritten -= self._unwritten_reported
         except OSError as exc:  # disk full, state folder gone: the readings are lost, and said so later
             if not self._unwritten:
-                log.error("cannot write the spool in %s: %s; readings are lost until it works",
-                          self.spool.dir, exc.strerror or exc)
+                log.error(
+                    "cannot write the spool in %s: %s; readings are lost until it works",
+                    self.spool.dir,
+                    exc.strerror or exc,
+                )
             self._unwritten += 1
             self._unwritten_error = str(exc.strerror or exc)
             # events and rollout updates are not readings: they ride on the next batch instead
@@ -273,7 +293,11 @@ class Agent:
             return self.poller
         push = self._push_client()
         self.poller = CommandPoller(
-            cfg.server or "", cfg.token or "", self.sink, self.agent_id, self.host_name,
+            cfg.server or "",
+            cfg.token or "",
+            self.sink,
+            self.agent_id,
+            self.host_name,
             # httpx clients (tests: TestClient, MockTransport) are shared; else a connection of its own
             client=HttpxFetcher(push) if isinstance(push, httpx.Client) else None,
             wait_s=cfg.command_poll_wait_s,

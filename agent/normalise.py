@@ -56,9 +56,7 @@ SAMPLE_RENAMES: dict[str, str] = {
 _TRANSFER_DIRECTION = {"CPU_to_GPU": "load", "GPU_to_CPU": "store"}
 _SPLIT_OLD = ("vllm:kv_offload_total_bytes", "vllm:kv_offload_total_time")
 
-BY_SOURCE_COUNTERS = frozenset(
-    {"vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_cached_by_source_total"}
-)
+BY_SOURCE_COUNTERS = frozenset({"vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_cached_by_source_total"})
 
 
 @dataclass(slots=True)

@@ -59,8 +59,11 @@ class OffloadPlan:
         except (TypeError, ValueError):
             pinned = 0
         return cls(
-            enabled=bool(data.get("enabled")), backend=_opt_str(data.get("backend")),
-            spec=_opt_str(data.get("spec")), pinned_bytes=max(0, pinned), fs_root=_opt_str(data.get("fs_root")),
+            enabled=bool(data.get("enabled")),
+            backend=_opt_str(data.get("backend")),
+            spec=_opt_str(data.get("spec")),
+            pinned_bytes=max(0, pinned),
+            fs_root=_opt_str(data.get("fs_root")),
         )
 
 
@@ -161,8 +164,11 @@ def read_host_memory(
     cg = cgroup_dir if cgroup_dir is not None else cgroup_dir_for(proc_root, cgroup_root)
     limit, current = read_cgroup(cg)
     return HostMemory(
-        mem_total=info.get("MemTotal"), mem_available=info.get("MemAvailable"),
-        cgroup_limit=limit, cgroup_current=current, shm_free=shm_free(shm_dir),
+        mem_total=info.get("MemTotal"),
+        mem_available=info.get("MemAvailable"),
+        cgroup_limit=limit,
+        cgroup_current=current,
+        shm_free=shm_free(shm_dir),
     )
 
 
@@ -181,31 +187,47 @@ def check_memory(
         return [Check("pinned_memory", "pass", "no pinned CPU buffer in this profile", {"pinned_bytes": 0})]
     checks: list[Check] = []
     if pinned >= CUDA_HOST_REGISTER_LIMIT:
-        checks.append(Check(
-            "pinned_register_limit", "refuse",
-            f"pinned buffer {gib(pinned)} >= 512 GiB: one cudaHostRegister of that size fails",
-            {"pinned_bytes": pinned, "limit_bytes": CUDA_HOST_REGISTER_LIMIT},
-        ))
+        checks.append(
+            Check(
+                "pinned_register_limit",
+                "refuse",
+                f"pinned buffer {gib(pinned)} >= 512 GiB: one cudaHostRegister of that size fails",
+                {"pinned_bytes": pinned, "limit_bytes": CUDA_HOST_REGISTER_LIMIT},
+            )
+        )
     nums: dict[str, Any] = {
-        "pinned_bytes": pinned, "mem_available_bytes": mem.mem_available, "reclaim_bytes": reclaim_bytes,
-        "headroom_bytes": headroom_bytes, "mem_total_bytes": mem.mem_total,
+        "pinned_bytes": pinned,
+        "mem_available_bytes": mem.mem_available,
+        "reclaim_bytes": reclaim_bytes,
+        "headroom_bytes": headroom_bytes,
+        "mem_total_bytes": mem.mem_total,
     }
     if mem.mem_available is None:
         checks.append(Check("pinned_vs_memavailable", "warn", "MemAvailable unreadable: cannot size the buffer", nums))
     else:
         room = mem.mem_available + reclaim_bytes - headroom_bytes
         nums["room_bytes"] = room
-        text = (f"pinned buffer {gib(pinned)} vs MemAvailable {gib(mem.mem_available)} + {gib(reclaim_bytes)} "
-                f"freed by the restart - {gib(headroom_bytes)} headroom = {gib(room)}")
+        text = (
+            f"pinned buffer {gib(pinned)} vs MemAvailable {gib(mem.mem_available)} + {gib(reclaim_bytes)} "
+            f"freed by the restart - {gib(headroom_bytes)} headroom = {gib(room)}"
+        )
         checks.append(Check("pinned_vs_memavailable", "refuse" if pinned > room else "pass", text, nums))
     if mem.cgroup_limit is not None:
         current = mem.cgroup_current or 0
         room_cg = mem.cgroup_limit - current + reclaim_bytes - headroom_bytes
-        cg_nums = {"pinned_bytes": pinned, "cgroup_limit_bytes": mem.cgroup_limit, "cgroup_current_bytes": current,
-                   "reclaim_bytes": reclaim_bytes, "headroom_bytes": headroom_bytes, "room_bytes": room_cg}
-        text = (f"pinned buffer {gib(pinned)} vs cgroup limit {gib(mem.cgroup_limit)} - {gib(current)} in use "
-                f"+ {gib(reclaim_bytes)} freed - {gib(headroom_bytes)} headroom = {gib(room_cg)} "
-                "(pinned memory counts as shmem against the limit: over it the engine is OOM-killed)")
+        cg_nums = {
+            "pinned_bytes": pinned,
+            "cgroup_limit_bytes": mem.cgroup_limit,
+            "cgroup_current_bytes": current,
+            "reclaim_bytes": reclaim_bytes,
+            "headroom_bytes": headroom_bytes,
+            "room_bytes": room_cg,
+        }
+        text = (
+            f"pinned buffer {gib(pinned)} vs cgroup limit {gib(mem.cgroup_limit)} - {gib(current)} in use "
+            f"+ {gib(reclaim_bytes)} freed - {gib(headroom_bytes)} headroom = {gib(room_cg)} "
+            "(pinned memory counts as shmem against the limit: over it the engine is OOM-killed)"
+        )
         checks.append(Check("pinned_vs_cgroup", "refuse" if pinned > room_cg else "pass", text, cg_nums))
     else:
         checks.append(Check("pinned_vs_cgroup", "pass", "no cgroup memory limit", {"cgroup_limit_bytes": None}))
@@ -214,12 +236,18 @@ def check_memory(
             checks.append(Check("pinned_vs_dev_shm", "warn", "/dev/shm free space unknown", {"pinned_bytes": pinned}))
         else:
             room_shm = mem.shm_free + reclaim_bytes
-            text = (f"pinned buffer {gib(pinned)} vs /dev/shm free {gib(mem.shm_free)} + {gib(reclaim_bytes)} "
-                    f"freed = {gib(room_shm)}")
-            checks.append(Check(
-                "pinned_vs_dev_shm", "refuse" if pinned > room_shm else "pass", text,
-                {"pinned_bytes": pinned, "shm_free_bytes": mem.shm_free, "room_bytes": room_shm},
-            ))
+            text = (
+                f"pinned buffer {gib(pinned)} vs /dev/shm free {gib(mem.shm_free)} + {gib(reclaim_bytes)} "
+                f"freed = {gib(room_shm)}"
+            )
+            checks.append(
+                Check(
+                    "pinned_vs_dev_shm",
+                    "refuse" if pinned > room_shm else "pass",
+                    text,
+                    {"pinned_bytes": pinned, "shm_free_bytes": mem.shm_free, "room_bytes": room_shm},
+                )
+            )
     checks.append(check_power_of_two(pinned, mem, headroom_bytes=headroom_bytes, reclaim_bytes=reclaim_bytes))
     return checks
 
@@ -235,8 +263,10 @@ def check_power_of_two(
         return Check("power_of_two_overallocation", "pass", f"{gib(pinned)} is a power of two: no rounding", nums)
     room = None if mem.mem_available is None else mem.mem_available + reclaim_bytes - headroom_bytes
     nums["room_bytes"] = room
-    text = (f"{gib(pinned)} may be rounded up to {gib(worst)} ({worst / pinned:.2f}x) by PyTorch's pinned "
-            "host allocator in some vLLM versions")
+    text = (
+        f"{gib(pinned)} may be rounded up to {gib(worst)} ({worst / pinned:.2f}x) by PyTorch's pinned "
+        "host allocator in some vLLM versions"
+    )
     if room is not None and worst > room:
         text += f"; that would not fit the {gib(room)} of room"
     return Check("power_of_two_overallocation", "warn", text, nums)
@@ -311,9 +341,7 @@ def hybrid_from_cache_config(labels: dict[str, str]) -> tuple[bool | None, str]:
     return False, "cache_config_info shows no mamba state"
 
 
-def check_hybrid(
-    plan: OffloadPlan, config_path: Path | None, cache_labels: dict[str, str], *, override: bool
-) -> Check:
+def check_hybrid(plan: OffloadPlan, config_path: Path | None, cache_labels: dict[str, str], *, override: bool) -> Check:
     hybrid: bool | None = None
     reasons: list[str] = []
     if config_path is not None:
@@ -328,8 +356,12 @@ def check_hybrid(
     if h2 is not None:
         hybrid = bool(hybrid) or h2
         reasons.append(why2)
-    nums: dict[str, Any] = {"hybrid": hybrid, "config": str(config_path) if config_path else None,
-                            "override": override, "offload_backend": plan.backend if plan.enabled else None}
+    nums: dict[str, Any] = {
+        "hybrid": hybrid,
+        "config": str(config_path) if config_path else None,
+        "override": override,
+        "offload_backend": plan.backend if plan.enabled else None,
+    }
     why = "; ".join(reasons) or "model config not found and no cache_config_info"
     if not plan.enabled:
         return Check("hybrid_model", "pass", f"no offload in this profile ({why})", nums)
@@ -337,8 +369,11 @@ def check_hybrid(
         return Check("hybrid_model", "warn", f"cannot tell whether the model is hybrid: {why}", nums)
     if not hybrid:
         return Check("hybrid_model", "pass", f"dense model: {why}", nums)
-    what = "LMCache does not start on hybrid models" if plan.backend == "lmcache" else (
-        "CPU offload of a hybrid model: the reload crashes (HTTP 500) or hangs the engine")
+    what = (
+        "LMCache does not start on hybrid models"
+        if plan.backend == "lmcache"
+        else ("CPU offload of a hybrid model: the reload crashes (HTTP 500) or hangs the engine")
+    )
     if override:
         return Check("hybrid_model", "warn", f"{what}; overridden by the operator ({why})", nums)
     return Check("hybrid_model", "refuse", f"{what}; refused unless overridden ({why})", nums)
@@ -362,8 +397,13 @@ def default_help_command(base_argv: Sequence[str]) -> list[str]:
 def read_help(command: Sequence[str], *, timeout_s: float = 180.0, env: dict[str, str] | None = None) -> str | None:
     try:
         cp = subprocess.run(
-            list(command), capture_output=True, text=True, timeout=timeout_s, check=False,
-            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+            list(command),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -374,13 +414,17 @@ def read_help(command: Sequence[str], *, timeout_s: float = 180.0, env: dict[str
 def check_flags(argv: Sequence[str], accepted: set[str] | None, *, source: str = "--help") -> Check:
     wanted = sorted({a.split("=", 1)[0] for a in argv if a.startswith("--")})
     if accepted is None:
-        return Check("accepted_flags", "warn", f"could not read the server's {source}: flags unchecked",
-                     {"flags": wanted})
+        return Check(
+            "accepted_flags", "warn", f"could not read the server's {source}: flags unchecked", {"flags": wanted}
+        )
     unknown = [f for f in wanted if f not in accepted]
     if unknown:
-        return Check("accepted_flags", "refuse",
-                     f"the installed server does not accept {', '.join(unknown)} (per its {source})",
-                     {"unknown": unknown, "flags": wanted})
+        return Check(
+            "accepted_flags",
+            "refuse",
+            f"the installed server does not accept {', '.join(unknown)} (per its {source})",
+            {"unknown": unknown, "flags": wanted},
+        )
     return Check("accepted_flags", "pass", f"all {len(wanted)} flags accepted", {"flags": wanted})
 
 

@@ -183,8 +183,12 @@ def run_probe(
 
 
 def _run(
-    c: httpx.Client, base: str, model: str | None, cfg: ProbeConfig,
-    alive: Callable[[], bool | None], clock: Callable[[], float],
+    c: httpx.Client,
+    base: str,
+    model: str | None,
+    cfg: ProbeConfig,
+    alive: Callable[[], bool | None],
+    clock: Callable[[], float],
 ) -> ProbeResult:
     listed, max_model_len = model_info(c, base, cfg.request_timeout_s)
     model = model or listed
@@ -214,11 +218,14 @@ def _run(
             if alive() is False:
                 failure = "crash"
             return ProbeResult(
-                False, failure, f"{name} request: {step.error}", model=model, steps=steps,
+                False,
+                failure,
+                f"{name} request: {step.error}",
+                model=model,
+                steps=steps,
                 deltas=_delta(start_counters, read_counters(c, base)),
             )
-    result = ProbeResult(True, None, "probe passed", model=model, steps=steps,
-                         deltas=_delta(start_counters, before))
+    result = ProbeResult(True, None, "probe passed", model=model, steps=steps, deltas=_delta(start_counters, before))
     reload = steps[-1].deltas
     if reload:
         result.reload_source = max(

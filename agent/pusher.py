@@ -70,7 +70,8 @@ class Pusher:
             entry, body = item
             try:
                 r = self.http.post(
-                    self.url, body,
+                    self.url,
+                    body,
                     {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
                     self.timeout_s,
                 )
@@ -104,10 +105,15 @@ class Pusher:
             log.warning("batch seq %s rejected by the app (%s): dropped: %s", entry.seq, r.status_code, message)
             self._rejected_pending.append(
                 AgentEvent(
-                    ts=now, kind="note",
+                    ts=now,
+                    kind="note",
                     message=f"batch seq {entry.seq} rejected by the app ({r.status_code}): dropped",
-                    data={"seq": entry.seq, "status": r.status_code, "error": message[:500],
-                          "rejected_total": self.rejected_total},
+                    data={
+                        "seq": entry.seq,
+                        "status": r.status_code,
+                        "error": message[:500],
+                        "rejected_total": self.rejected_total,
+                    },
                 )
             )
         return res

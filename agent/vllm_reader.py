@@ -106,7 +106,9 @@ class VllmReader:
                     if norm.dropped_nonfinite:
                         events.append(
                             AgentEvent(
-                                ts=now, kind="values_dropped", instance=self.base_url,
+                                ts=now,
+                                kind="values_dropped",
+                                instance=self.base_url,
                                 message=f"{norm.dropped_nonfinite} NaN/Inf sample value(s) dropped",
                                 data={"count": norm.dropped_nonfinite},
                             )
@@ -173,8 +175,12 @@ class VllmReader:
     def fetch_raw(self) -> dict[str, bytes | str]:
         """The raw answers of every endpoint (or the error text), for `kvscope agent capture`."""
         out: dict[str, bytes | str] = {}
-        for path, name in (("/metrics", "metrics.prom"), ("/v1/models", "v1_models.json"),
-                           ("/version", "version.json"), ("/health", "health.txt")):
+        for path, name in (
+            ("/metrics", "metrics.prom"),
+            ("/v1/models", "v1_models.json"),
+            ("/version", "version.json"),
+            ("/health", "health.txt"),
+        ):
             try:
                 r = self._get(path, accept="text/plain" if path == "/metrics" else "*/*")
                 out[name] = r.content if r.status_code == 200 else f"HTTP {r.status_code}\n{r.text[:2000]}"

@@ -19,26 +19,47 @@ def _samples(samples: list[Sample]) -> list[dict[str, Any]]:
 
 def _scrape(s: Scrape) -> dict[str, Any]:
     return {
-        "instance": s.instance, "ts": s.ts, "ok": s.ok, "error": s.error, "healthy": s.healthy,
-        "model": s.model, "model_root": s.model_root, "max_model_len": s.max_model_len, "version": s.version,
-        "simulated": s.simulated, "types": dict(s.types), "samples": _samples(s.samples),
+        "instance": s.instance,
+        "ts": s.ts,
+        "ok": s.ok,
+        "error": s.error,
+        "healthy": s.healthy,
+        "model": s.model,
+        "model_root": s.model_root,
+        "max_model_len": s.max_model_len,
+        "version": s.version,
+        "simulated": s.simulated,
+        "types": dict(s.types),
+        "samples": _samples(s.samples),
     }
 
 
 def _event(e: AgentEvent) -> dict[str, Any]:
-    return {"ts": e.ts, "kind": e.kind, "message": e.message, "instance": e.instance,
-            "data": copy.deepcopy(e.data)}
+    return {"ts": e.ts, "kind": e.kind, "message": e.message, "instance": e.instance, "data": copy.deepcopy(e.data)}
 
 
 def _update(u: RolloutUpdate) -> dict[str, Any]:
-    return {"rollout_id": u.rollout_id, "ts": u.ts, "state": u.state, "message": u.message,
-            "data": copy.deepcopy(u.data)}
+    return {
+        "rollout_id": u.rollout_id,
+        "ts": u.ts,
+        "state": u.state,
+        "message": u.message,
+        "data": copy.deepcopy(u.data),
+    }
 
 
 def batch_to_wire(b: PushBatch) -> dict[str, Any]:
     return {
-        "agent_id": b.agent_id, "host": b.host, "seq": b.seq, "sent_at": b.sent_at, "protocol": b.protocol,
-        "agent_version": b.agent_version, "scrapes": [_scrape(s) for s in b.scrapes], "host_ts": b.host_ts,
-        "host_samples": _samples(b.host_samples), "host_types": dict(b.host_types),
-        "events": [_event(e) for e in b.events], "rollout_updates": [_update(u) for u in b.rollout_updates],
+        "agent_id": b.agent_id,
+        "host": b.host,
+        "seq": b.seq,
+        "sent_at": b.sent_at,
+        "protocol": b.protocol,
+        "agent_version": b.agent_version,
+        "scrapes": [_scrape(s) for s in b.scrapes],
+        "host_ts": b.host_ts,
+        "host_samples": _samples(b.host_samples),
+        "host_types": dict(b.host_types),
+        "events": [_event(e) for e in b.events],
+        "rollout_updates": [_update(u) for u in b.rollout_updates],
     }

@@ -30,18 +30,36 @@ from app.storage.series_store import get_instance, list_instances
 
 TICK_JOB = "ab_tick"
 WORKLOAD_FIELDS = {
-    "prefix_tokens": int, "evict_prefixes": int, "repetitions": int, "max_tokens": int, "num_prefixes": int,
-    "suffix_tokens": int, "requests": int, "concurrency": int, "zipf_s": float, "window_s": float, "speed": float,
+    "prefix_tokens": int,
+    "evict_prefixes": int,
+    "repetitions": int,
+    "max_tokens": int,
+    "num_prefixes": int,
+    "suffix_tokens": int,
+    "requests": int,
+    "concurrency": int,
+    "zipf_s": float,
+    "window_s": float,
+    "speed": float,
     "request_timeout_s": float,
 }
 
 
 def build_orchestrator(ctx: AppContext) -> Orchestrator:
     s = ctx.settings
-    limits = Limits(switch_timeout_s=s.ab_switch_timeout_s, run_timeout_s=s.ab_run_timeout_s,
-                    max_error_rate=s.ab_max_error_rate, n_boot=s.ab_bootstrap_resamples)
-    return Orchestrator(ctx.engine, RolloutsPort(ctx), ThreadExecutor(max_workers=s.ab_workers), limits,
-                        agent_executor=AgentExecutor(ctx.engine))
+    limits = Limits(
+        switch_timeout_s=s.ab_switch_timeout_s,
+        run_timeout_s=s.ab_run_timeout_s,
+        max_error_rate=s.ab_max_error_rate,
+        n_boot=s.ab_bootstrap_resamples,
+    )
+    return Orchestrator(
+        ctx.engine,
+        RolloutsPort(ctx),
+        ThreadExecutor(max_workers=s.ab_workers),
+        limits,
+        agent_executor=AgentExecutor(ctx.engine),
+    )
 
 
 def orchestrator(ctx: AppContext) -> Orchestrator:
@@ -97,10 +115,15 @@ def _int(v: Any, what: str) -> int:
 def _start_from(ctx: AppContext, body: dict[str, Any], who: str) -> int:
     try:
         return service.start_experiment(
-            ctx, instance_id=_int(body.get("instance"), "instance"), profile_b=str(body.get("b") or ""),
-            profile_a=str(body.get("a") or "") or None, workload=body.get("workload") or {"kind": "probe"},
-            runs_per_arm=_int(body.get("runs", 3), "runs"), seed=_int(body.get("seed", 0), "seed"),
-            override_hybrid=bool(body.get("override_hybrid")), requested_by=str(body.get("requested_by") or who),
+            ctx,
+            instance_id=_int(body.get("instance"), "instance"),
+            profile_b=str(body.get("b") or ""),
+            profile_a=str(body.get("a") or "") or None,
+            workload=body.get("workload") or {"kind": "probe"},
+            runs_per_arm=_int(body.get("runs", 3), "runs"),
+            seed=_int(body.get("seed", 0), "seed"),
+            override_hybrid=bool(body.get("override_hybrid")),
+            requested_by=str(body.get("requested_by") or who),
             executor=str(body.get("executor") or "auto"),
         )
     except service.ExperimentError as exc:
@@ -119,9 +142,13 @@ def _keep(ctx: AppContext, experiment_id: int, arm: str, who: str) -> int:
         raise HTTPException(422, "arm must be A or B")
     name = str(exp["profile_a"] if arm == "A" else exp["profile_b"])
     try:
-        return request_rollout(ctx, int(exp["instance_id"]), name, requested_by=f"{who} (keep {arm} of A/B "
-                               f"#{experiment_id})", override_hybrid=bool((exp.get("options") or {}).get(
-                                   "override_hybrid")) and arm == "B")
+        return request_rollout(
+            ctx,
+            int(exp["instance_id"]),
+            name,
+            requested_by=f"{who} (keep {arm} of A/B #{experiment_id})",
+            override_hybrid=bool((exp.get("options") or {}).get("override_hybrid")) and arm == "B",
+        )
     except RolloutError as exc:
         raise HTTPException(exc.status, str(exc)) from None
 
@@ -154,8 +181,9 @@ def api_router(ctx: AppContext) -> APIRouter:
             exp, runs = service.load(ctx, experiment_id)
         except service.ExperimentError as exc:
             raise _http(exc) from None
-        return JSONResponse(json.loads(json.dumps(service.experiment_view(exp, runs, with_records=records),
-                                                  default=str)))
+        return JSONResponse(
+            json.loads(json.dumps(service.experiment_view(exp, runs, with_records=records), default=str))
+        )
 
     @r.get("/experiments/{experiment_id}/export.json")
     def export_json(experiment_id: int) -> Response:
@@ -163,8 +191,11 @@ def api_router(ctx: AppContext) -> APIRouter:
             exp, runs = service.load(ctx, experiment_id)
         except service.ExperimentError as exc:
             raise _http(exc) from None
-        return Response(service.export_json(exp, runs), media_type="application/json", headers={
-            "Content-Disposition": f'attachment; filename="kvscope-ab-{experiment_id}.json"'})
+        return Response(
+            service.export_json(exp, runs),
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="kvscope-ab-{experiment_id}.json"'},
+        )
 
     @r.get("/experiments/{experiment_id}/export.csv")
     def export_csv(experiment_id: int) -> Response:
@@ -172,8 +203,11 @@ def api_router(ctx: AppContext) -> APIRouter:
             exp, runs = service.load(ctx, experiment_id)
         except service.ExperimentError as exc:
             raise _http(exc) from None
-        return Response(service.export_csv(exp, runs), media_type="text/csv", headers={
-            "Content-Disposition": f'attachment; filename="kvscope-ab-{experiment_id}.csv"'})
+        return Response(
+            service.export_csv(exp, runs),
+            media_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="kvscope-ab-{experiment_id}.csv"'},
+        )
 
     @r.post("/experiments/{experiment_id}/cancel")
     def cancel(experiment_id: int, request: Request) -> JSONResponse:
@@ -228,8 +262,15 @@ def page_router(ctx: AppContext) -> APIRouter:
     r = APIRouter(include_in_schema=False)
 
     def render(request: Request, name: str, data: dict[str, Any], status: int = 200) -> Response:
-        return csrf.render_page(ctx, request, name, data, active_nav="experiments", status=status,
-                                template_globals={"ab_describe": describe})
+        return csrf.render_page(
+            ctx,
+            request,
+            name,
+            data,
+            active_nav="experiments",
+            status=status,
+            template_globals={"ab_describe": describe},
+        )
 
     def list_page(request: Request, form: dict[str, Any], error: str | None, status: int = 200) -> Response:
         from app.storage import rollouts_store as rs
@@ -237,9 +278,19 @@ def page_router(ctx: AppContext) -> APIRouter:
         instances = list_instances(ctx.engine)
         profiles = [p["name"] for p in rs.list_profiles(ctx.engine)]
         items = [service.experiment_view(e) for e in st.list_experiments(ctx.engine, limit=200)]
-        return render(request, "ab/list.html", {
-            "experiments": items, "instances": instances, "profiles": profiles, "form": form, "error": error,
-            "simulated": any(i.get("simulated") for i in instances)}, status)
+        return render(
+            request,
+            "ab/list.html",
+            {
+                "experiments": items,
+                "instances": instances,
+                "profiles": profiles,
+                "form": form,
+                "error": error,
+                "simulated": any(i.get("simulated") for i in instances),
+            },
+            status,
+        )
 
     @r.get("/experiments", response_class=HTMLResponse)
     def experiments_page(request: Request) -> Response:
@@ -262,9 +313,13 @@ def page_router(ctx: AppContext) -> APIRouter:
         data = {k: str(v) for k, v in form.items() if k != csrf.FIELD}
         try:
             body = {
-                "instance": data.get("instance"), "a": data.get("a") or None, "b": data.get("b"),
-                "runs": data.get("runs") or 3, "seed": data.get("seed") or 0,
-                "override_hybrid": data.get("override_hybrid") == "on", "workload": _workload_from_form(form),
+                "instance": data.get("instance"),
+                "a": data.get("a") or None,
+                "b": data.get("b"),
+                "runs": data.get("runs") or 3,
+                "seed": data.get("seed") or 0,
+                "override_hybrid": data.get("override_hybrid") == "on",
+                "workload": _workload_from_form(form),
                 "executor": data.get("executor") or "auto",
             }
             eid = await run_in_threadpool(_start_from, ctx, body, "web")

@@ -36,8 +36,12 @@ WORKLOAD_OPTS = (
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("ab", help="A/B test two serving profiles on one instance, with a verdict",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "ab",
+        help="A/B test two serving profiles on one instance, with a verdict",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--url", default=os.environ.get("KVSCOPE_URL", DEFAULT_URL), help="the kvscope app")
     p.add_argument("--instance", type=int, help="instance id (see /api/v1/instances)")
     p.add_argument("--a", dest="profile_a", help="profile A (default: the instance's current profile)")
@@ -49,9 +53,13 @@ def register(sub: Any) -> None:
     p.add_argument("--runs", type=int, default=3, help="runs per arm (A B A B ...)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the prompts")
     p.add_argument("--override-hybrid", action="store_true", help="let B run offload on a hybrid model")
-    p.add_argument("--executor", choices=["auto", "app", "agent"], default="auto",
-                   help="who sends the workload: the app over HTTP, or the instance's agent next to vLLM "
-                   "(auto: the agent when the instance URL is loopback on another machine)")
+    p.add_argument(
+        "--executor",
+        choices=["auto", "app", "agent"],
+        default="auto",
+        help="who sends the workload: the app over HTTP, or the instance's agent next to vLLM "
+        "(auto: the agent when the instance URL is loopback on another machine)",
+    )
     p.add_argument("--no-wait", action="store_true", help="start it and print its id")
     p.add_argument("--json", action="store_true", help="print the final experiment as JSON")
     p.add_argument("--show", type=int, metavar="ID", help="print an experiment's state and verdict")
@@ -72,8 +80,10 @@ def _call(c: Any, method: str, path: str, body: Any = None) -> dict[str, Any]:
     try:
         r = c.request(method, path, content=json.dumps(body) if body is not None else None)
     except httpx.HTTPError as exc:
-        raise UserError(f"cannot reach the kvscope app at {c.base_url}: {type(exc).__name__} "
-                        "(start it with `kvscope serve`, or pass --url)") from None
+        raise UserError(
+            f"cannot reach the kvscope app at {c.base_url}: {type(exc).__name__} "
+            "(start it with `kvscope serve`, or pass --url)"
+        ) from None
     try:
         data = r.json()
     except ValueError:
@@ -118,14 +128,24 @@ def run(args: argparse.Namespace) -> int:
             return 0 if exp.get("state") == "completed" else 1
         if args.instance is None or not args.profile_b:
             raise UserError("give --instance ID and --b PROFILE (and optionally --a PROFILE)")
-        body = {"instance": args.instance, "a": args.profile_a, "b": args.profile_b, "runs": args.runs,
-                "seed": args.seed, "override_hybrid": args.override_hybrid, "workload": workload_from_args(args),
-                "executor": args.executor,
-                "requested_by": "cli"}
+        body = {
+            "instance": args.instance,
+            "a": args.profile_a,
+            "b": args.profile_b,
+            "runs": args.runs,
+            "seed": args.seed,
+            "override_hybrid": args.override_hybrid,
+            "workload": workload_from_args(args),
+            "executor": args.executor,
+            "requested_by": "cli",
+        }
         exp = _call(c, "POST", "/api/v1/experiments", body)
         eid = exp["id"]
-        print(f"experiment {eid}: {exp['profile_a']} (A) vs {exp['profile_b']} (B) on {exp.get('instance_url')}"
-              f"  ->  {args.url.rstrip('/')}/experiments/{eid}", file=sys.stderr)
+        print(
+            f"experiment {eid}: {exp['profile_a']} (A) vs {exp['profile_b']} (B) on {exp.get('instance_url')}"
+            f"  ->  {args.url.rstrip('/')}/experiments/{eid}",
+            file=sys.stderr,
+        )
         if args.no_wait:
             print(eid)
             return 0
@@ -133,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
             exp = follow(c, eid, args.poll)
         except KeyboardInterrupt:
             _call(c, "POST", f"/api/v1/experiments/{eid}/cancel", {})
-            print(f"\ncancel requested: experiment {eid} stops and the instance goes back to its previous profile",
-                  file=sys.stderr)
+            print(
+                f"\ncancel requested: experiment {eid} stops and the instance goes back to its previous profile",
+                file=sys.stderr,
+            )
             return 130
         print(json.dumps(exp, indent=1) if args.json else report(exp))
         return 0 if exp.get("state") == "completed" else 1
@@ -146,8 +168,10 @@ def follow(c: Any, eid: int, poll: float) -> dict[str, Any]:
     while True:
         exp = _call(c, "GET", f"/api/v1/experiments/{eid}")
         p = exp.get("progress") or {}
-        line = f"{bar(int(p.get('runs_done', 0)), int(p.get('runs_total', 0)))}  {exp.get('state')}: " \
-               f"{str(exp.get('message') or '')[:90]}"
+        line = (
+            f"{bar(int(p.get('runs_done', 0)), int(p.get('runs_total', 0)))}  {exp.get('state')}: "
+            f"{str(exp.get('message') or '')[:90]}"
+        )
         if line != last:
             print(("\r\x1b[2K" if tty else "") + line, end="" if tty else "\n", file=sys.stderr, flush=True)
             last = line
@@ -170,7 +194,8 @@ def report(exp: dict[str, Any]) -> str:
         lines.append(
             f"  run {r['idx'] + 1} {r['arm']} {r['state']:<9} TTFT p50 "
             + (f"{ttft:7.1f} ms" if isinstance(ttft, int | float) else "    n/a   ")
-            + "  reloaded " + (f"{ext * 100:3.0f}%" if isinstance(ext, int | float) else " n/a")
+            + "  reloaded "
+            + (f"{ext * 100:3.0f}%" if isinstance(ext, int | float) else " n/a")
             + (f"  vLLM {r['vllm_version']}" if r.get("vllm_version") else "")
             + ("  (simulated)" if r.get("simulated") else "")
         )

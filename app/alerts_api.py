@@ -44,8 +44,11 @@ def evaluator(ctx: AppContext) -> Evaluator:
 def delivery_config(ctx: AppContext) -> DeliveryConfig:
     s = ctx.settings
     return DeliveryConfig(
-        retry_base_s=s.alert_retry_base_s, retry_max_s=s.alert_retry_max_s, max_attempts=s.alert_max_attempts,
-        resend_s=s.alert_resend_s, base_url=s.alert_public_url,
+        retry_base_s=s.alert_retry_base_s,
+        retry_max_s=s.alert_retry_max_s,
+        max_attempts=s.alert_max_attempts,
+        resend_s=s.alert_resend_s,
+        base_url=s.alert_public_url,
         run_budget_s=max(5.0, s.alert_delivery_interval_s * 6),
     )
 
@@ -87,19 +90,31 @@ def banner(ctx: AppContext) -> dict[str, Any]:
         silences = store.active_silences(ctx.engine, now)
     except Exception:  # the banner must never break a page
         return {"count": 0, "alerts": [], "quiet": 0}
-    loud = [a for a in firing if a["acked_at"] is None
-            and not is_silenced(silences, a["rule"], a["instance_id"], a["host_id"], now)]
-    return {"count": len(loud), "alerts": [alert_json(a, silences, now) for a in loud[:5]],
-            "quiet": len(firing) - len(loud)}
+    loud = [
+        a
+        for a in firing
+        if a["acked_at"] is None and not is_silenced(silences, a["rule"], a["instance_id"], a["host_id"], now)
+    ]
+    return {
+        "count": len(loud),
+        "alerts": [alert_json(a, silences, now) for a in loud[:5]],
+        "quiet": len(firing) - len(loud),
+    }
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
     s = ctx.settings
     ev = Evaluator(
-        ctx.engine, rule_settings=s.alert_rules, channels=s.alert_channels,
-        config=EvalConfig(interval_s=s.alert_eval_interval_s, nodata_resolve_s=s.alert_nodata_resolve_s,
-                          base_url=s.alert_public_url, resend_s=s.alert_resend_s,
-                          history_s=s.alert_history_days * 86400),
+        ctx.engine,
+        rule_settings=s.alert_rules,
+        channels=s.alert_channels,
+        config=EvalConfig(
+            interval_s=s.alert_eval_interval_s,
+            nodata_resolve_s=s.alert_nodata_resolve_s,
+            base_url=s.alert_public_url,
+            resend_s=s.alert_resend_s,
+            history_s=s.alert_history_days * 86400,
+        ),
     )
     ctx.extras["alerts.evaluator"] = ev
     ctx.extras["alerts.last_report"] = None
@@ -145,8 +160,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         if rule is not None and rule not in BY_NAME:
             raise HTTPException(400, f"unknown rule {rule!r}; known: {', '.join(sorted(BY_NAME))}")
         now = ctx.now()
-        rows = store.list_alerts(ctx.engine, states=STATE_FILTERS[state], instance_id=instance, rule=rule,
-                                 limit=limit)
+        rows = store.list_alerts(ctx.engine, states=STATE_FILTERS[state], instance_id=instance, rule=rule, limit=limit)
         silences = store.active_silences(ctx.engine, now)
         return JSONResponse({"now": now, "alerts": [alert_json(a, silences, now) for a in rows]})
 
@@ -162,8 +176,20 @@ def api_router(ctx: AppContext) -> APIRouter:
             for t in store.list_transitions(ctx.engine, alert_id=alert_id)
         ]
         out["deliveries"] = [
-            {k: d[k] for k in ("id", "channel", "event", "status", "attempts", "created_at", "sent_at",
-                               "next_attempt_at", "last_error")}
+            {
+                k: d[k]
+                for k in (
+                    "id",
+                    "channel",
+                    "event",
+                    "status",
+                    "attempts",
+                    "created_at",
+                    "sent_at",
+                    "next_attempt_at",
+                    "last_error",
+                )
+            }
             for d in store.list_deliveries(ctx.engine, alert_id=alert_id)
         ]
         return JSONResponse(out)
@@ -177,7 +203,7 @@ def api_router(ctx: AppContext) -> APIRouter:
             try:
                 data = await request.json()
             except ValueError:
-                raise HTTPException(400, "body must be JSON, e.g. {\"note\": \"looking\"}") from None
+                raise HTTPException(400, 'body must be JSON, e.g. {"note": "looking"}') from None
             note = str(data.get("note", "")) if isinstance(data, dict) else ""
         if store.get_alert(ctx.engine, alert_id) is None:
             raise HTTPException(404, f"no alert {alert_id}")
@@ -190,11 +216,17 @@ def api_router(ctx: AppContext) -> APIRouter:
         try:
             data = await request.json()
         except ValueError:
-            raise HTTPException(400, "body must be JSON: {\"minutes\": 60, \"rule\": ..., \"instance\": id}") from None
+            raise HTTPException(400, 'body must be JSON: {"minutes": 60, "rule": ..., "instance": id}') from None
         if not isinstance(data, dict):
             raise HTTPException(400, "body must be a JSON object")
-        sid = create_silence(ctx, minutes=data.get("minutes"), rule=data.get("rule"),
-                             instance=data.get("instance"), host=data.get("host"), reason=data.get("reason"))
+        sid = create_silence(
+            ctx,
+            minutes=data.get("minutes"),
+            rule=data.get("rule"),
+            instance=data.get("instance"),
+            host=data.get("host"),
+            reason=data.get("reason"),
+        )
         return JSONResponse({"id": sid}, status_code=201)
 
     return r
@@ -231,5 +263,12 @@ def create_silence(
     if host_v is not None and host_v not in {h["id"] for h in list_hosts(ctx.engine)}:
         raise HTTPException(404, f"no host {host_v}")
     now = ctx.now()
-    return store.add_silence(ctx.engine, now=now, until=now + mins * 60, rule=rule_v, instance_id=inst,
-                             host_id=host_v, reason=str(reason or "")[:1000])
+    return store.add_silence(
+        ctx.engine,
+        now=now,
+        until=now + mins * 60,
+        rule=rule_v,
+        instance_id=inst,
+        host_id=host_v,
+        reason=str(reason or "")[:1000],
+    )

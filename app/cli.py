@@ -80,8 +80,14 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     print(f"kvscope: serving on http://{settings.host}:{settings.port}  (data: {settings.effective_database_url})")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=3)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )
     return 0
 
 

@@ -19,11 +19,24 @@ from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, list_instances
 
 PROFILE_FIELDS = (
-    "description", "offload_size_gib", "offload_backend", "offload_spec", "eviction_policy", "store_threshold",
-    "kv_cache_dtype", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len",
+    "description",
+    "offload_size_gib",
+    "offload_backend",
+    "offload_spec",
+    "eviction_policy",
+    "store_threshold",
+    "kv_cache_dtype",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "max_model_len",
 )
-NUMERIC = {"offload_size_gib": float, "store_threshold": int, "gpu_memory_utilization": float,
-           "kv_cache_memory_bytes": int, "max_model_len": int}
+NUMERIC = {
+    "offload_size_gib": float,
+    "store_threshold": int,
+    "gpu_memory_utilization": float,
+    "kv_cache_memory_bytes": int,
+    "max_model_len": int,
+}
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
@@ -41,17 +54,47 @@ def profile_view(p: dict[str, Any]) -> dict[str, Any]:
         argv, error = prof.to_argv(), None
     except ProfileError as exc:
         argv, error = [], str(exc)
-    return {"name": p["name"], "version": p["current_version"], "spec": p["spec"], "argv": argv, "error": error,
-            "updated_at": p.get("updated_at"),
-            "versions": [{"version": v["version"], "spec": v["spec"], "created_at": v["created_at"],
-                          "author": v["author"], "note": v["note"]} for v in p.get("versions", [])]}
+    return {
+        "name": p["name"],
+        "version": p["current_version"],
+        "spec": p["spec"],
+        "argv": argv,
+        "error": error,
+        "updated_at": p.get("updated_at"),
+        "versions": [
+            {
+                "version": v["version"],
+                "spec": v["spec"],
+                "created_at": v["created_at"],
+                "author": v["author"],
+                "note": v["note"],
+            }
+            for v in p.get("versions", [])
+        ],
+    }
 
 
 def rollout_view(r: dict[str, Any], inst: dict[str, Any] | None = None) -> dict[str, Any]:
-    out = {k: r.get(k) for k in (
-        "id", "instance_id", "instance_url", "host", "profile", "profile_version", "state", "message",
-        "requested_by", "override_hybrid", "created_at", "updated_at", "claimed_at", "claimed_by", "finished_at",
-    )}
+    out = {
+        k: r.get(k)
+        for k in (
+            "id",
+            "instance_id",
+            "instance_url",
+            "host",
+            "profile",
+            "profile_version",
+            "state",
+            "message",
+            "requested_by",
+            "override_hybrid",
+            "created_at",
+            "updated_at",
+            "claimed_at",
+            "claimed_by",
+            "finished_at",
+        )
+    }
     out["terminal"] = r.get("state") in rs.TERMINAL_STATES
     payload: dict[str, Any] = r.get("payload") or {}
     out["payload"] = payload
@@ -148,17 +191,23 @@ def api_router(ctx: AppContext) -> APIRouter:
         if get_instance(ctx.engine, instance_id) is None:
             raise HTTPException(404, f"no instance {instance_id}")
         ip = rs.instance_profiles(ctx.engine, instance_id)
-        return JSONResponse({k: ({"name": v["name"], "version": v["version"], "spec": v["spec"]} if v else None)
-                             for k, v in ip.items()})
+        return JSONResponse(
+            {k: ({"name": v["name"], "version": v["version"], "spec": v["spec"]} if v else None) for k, v in ip.items()}
+        )
 
     @r.post("/instances/{instance_id}/preview")
     async def preview(instance_id: int, request: Request) -> JSONResponse:
         body = await _json(request)
         if not isinstance(body, dict) or not body.get("profile"):
-            raise HTTPException(422, "give {\"profile\": NAME}")
+            raise HTTPException(422, 'give {"profile": NAME}')
         try:
-            out = await run_in_threadpool(rollouts.preview, ctx, instance_id, str(body["profile"]),
-                                          override_hybrid=bool(body.get("override_hybrid")))
+            out = await run_in_threadpool(
+                rollouts.preview,
+                ctx,
+                instance_id,
+                str(body["profile"]),
+                override_hybrid=bool(body.get("override_hybrid")),
+            )
         except rollouts.RolloutError as exc:
             raise HTTPException(exc.status, str(exc)) from None
         return JSONResponse(out)
@@ -172,15 +221,22 @@ def api_router(ctx: AppContext) -> APIRouter:
             instance_id = int(body.get("instance"))  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise HTTPException(422, "instance must be an instance id (see /api/v1/instances)") from None
-        rid = _request(ctx, instance_id, str(body.get("profile") or ""), bool(body.get("override_hybrid")),
-                       str(body.get("requested_by") or "api"), body.get("probe"))
+        rid = _request(
+            ctx,
+            instance_id,
+            str(body.get("profile") or ""),
+            bool(body.get("override_hybrid")),
+            str(body.get("requested_by") or "api"),
+            body.get("probe"),
+        )
         r_ = rs.get_rollout(ctx.engine, rid)
         return JSONResponse(rollout_view(r_ or {}), status_code=201)
 
     @r.get("/rollouts")
     def list_(instance: int | None = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
-        return JSONResponse({"rollouts": [rollout_view(x) for x in rs.list_rollouts(
-            ctx.engine, instance_id=instance, limit=limit)]})
+        return JSONResponse(
+            {"rollouts": [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance, limit=limit)]}
+        )
 
     @r.get("/rollouts/{rollout_id}")
     def get(rollout_id: int) -> JSONResponse:
@@ -192,16 +248,23 @@ def api_router(ctx: AppContext) -> APIRouter:
     @r.post("/rollouts/{rollout_id}/cancel")
     async def cancel(rollout_id: int, request: Request) -> JSONResponse:
         csrf.require_json(request)
-        if not rs.finish_rollout(ctx.engine, rollout_id, "cancelled", "cancelled before an agent picked it up",
-                                 ctx.now(), only_from=("requested",)):
+        if not rs.finish_rollout(
+            ctx.engine,
+            rollout_id,
+            "cancelled",
+            "cancelled before an agent picked it up",
+            ctx.now(),
+            only_from=("requested",),
+        ):
             raise HTTPException(409, "only a rollout still 'requested' can be cancelled (the agent owns it now)")
         return JSONResponse(rollout_view(rs.get_rollout(ctx.engine, rollout_id) or {}))
 
     return r
 
 
-def _save(ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create: bool,
-          author: str = "api") -> JSONResponse:
+def _save(
+    ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create: bool, author: str = "api"
+) -> JSONResponse:
     try:
         prof = parse_profile(name, spec)
     except ProfileError as exc:
@@ -220,8 +283,14 @@ def _save(ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create
 
 def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, who: str, probe: Any) -> int:
     try:
-        return rollouts.request_rollout(ctx, instance_id, profile, override_hybrid=override, requested_by=who,
-                                        probe=probe if isinstance(probe, dict) else None)
+        return rollouts.request_rollout(
+            ctx,
+            instance_id,
+            profile,
+            override_hybrid=override,
+            requested_by=who,
+            probe=probe if isinstance(probe, dict) else None,
+        )
     except rollouts.RolloutError as exc:
         raise HTTPException(exc.status, str(exc)) from None
 
@@ -249,8 +318,9 @@ def page_router(ctx: AppContext) -> APIRouter:
         except (ProfileError, HTTPException) as exc:
             msg = exc.detail if isinstance(exc, HTTPException) else str(exc)
             items = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
-            return render(request, "controller/profiles.html",
-                          {"profiles": items, "form": dict(form), "error": msg}, status=422)
+            return render(
+                request, "controller/profiles.html", {"profiles": items, "form": dict(form), "error": msg}, status=422
+            )
         return RedirectResponse(f"/profiles/{name}", status_code=303)
 
     @r.get("/profiles/{name}", response_class=HTMLResponse)
@@ -258,8 +328,11 @@ def page_router(ctx: AppContext) -> APIRouter:
         p = rs.get_profile(ctx.engine, name)
         if p is None:
             raise HTTPException(404, f"no profile named {name!r}")
-        return render(request, "controller/profile.html",
-                      {"p": profile_view(p), "error": None, "instances": list_instances(ctx.engine)})
+        return render(
+            request,
+            "controller/profile.html",
+            {"p": profile_view(p), "error": None, "instances": list_instances(ctx.engine)},
+        )
 
     @r.post("/profiles/{name}")
     async def profile_edit(name: str, request: Request) -> Response:
@@ -272,21 +345,30 @@ def page_router(ctx: AppContext) -> APIRouter:
             if p is None:
                 raise HTTPException(404, f"no profile named {name!r}") from None
             msg = exc.detail if isinstance(exc, HTTPException) else str(exc)
-            return render(request, "controller/profile.html",
-                          {"p": profile_view(p), "error": msg, "instances": list_instances(ctx.engine)}, status=422)
+            return render(
+                request,
+                "controller/profile.html",
+                {"p": profile_view(p), "error": msg, "instances": list_instances(ctx.engine)},
+                status=422,
+            )
         return RedirectResponse(f"/profiles/{name}", status_code=303)
 
     @r.get("/instances/{instance_id}/apply", response_class=HTMLResponse)
-    def apply_page(instance_id: int, request: Request, profile: str | None = None,
-                   override_hybrid: bool = False) -> Response:
+    def apply_page(
+        instance_id: int, request: Request, profile: str | None = None, override_hybrid: bool = False
+    ) -> Response:
         inst = get_instance(ctx.engine, instance_id)
         if inst is None:
             raise HTTPException(404, f"no instance {instance_id}")
         data: dict[str, Any] = {
-            "inst": inst, "simulated": bool(inst.get("simulated")),
-            "profiles": rs.list_profiles(ctx.engine), "ip": rs.instance_profiles(ctx.engine, instance_id),
+            "inst": inst,
+            "simulated": bool(inst.get("simulated")),
+            "profiles": rs.list_profiles(ctx.engine),
+            "ip": rs.instance_profiles(ctx.engine, instance_id),
             "rollouts": [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance_id, limit=50)],
-            "active_rollout": rs.active_rollout(ctx.engine, instance_id), "preview": None, "error": None,
+            "active_rollout": rs.active_rollout(ctx.engine, instance_id),
+            "preview": None,
+            "error": None,
             "override_hybrid": override_hybrid,
         }
         if profile:
@@ -300,8 +382,9 @@ def page_router(ctx: AppContext) -> APIRouter:
     async def apply(instance_id: int, request: Request) -> Response:
         form = await request.form()
         csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
-        rid = _request(ctx, instance_id, str(form.get("profile") or ""), form.get("override_hybrid") == "on",
-                       "web", None)
+        rid = _request(
+            ctx, instance_id, str(form.get("profile") or ""), form.get("override_hybrid") == "on", "web", None
+        )
         return RedirectResponse(f"/rollouts/{rid}", status_code=303)
 
     @r.get("/instances/{instance_id}/rollouts", response_class=HTMLResponse)
@@ -312,8 +395,11 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.get("/rollouts/{rollout_id}", response_class=HTMLResponse)
     def rollout_page(rollout_id: int, request: Request) -> Response:
         ro, inst = _rollout(ctx, rollout_id)
-        return render(request, "controller/rollout.html",
-                      {"r": rollout_view(ro, inst), "inst": inst, "simulated": bool(inst and inst.get("simulated"))})
+        return render(
+            request,
+            "controller/rollout.html",
+            {"r": rollout_view(ro, inst), "inst": inst, "simulated": bool(inst and inst.get("simulated"))},
+        )
 
     @r.get("/rollouts/{rollout_id}/progress", response_class=HTMLResponse)
     def rollout_progress(rollout_id: int, request: Request) -> Response:

@@ -62,8 +62,11 @@ def register(sub: Any) -> None:
     add_settings_args(a)
     a.add_argument("--instance", required=True, help="instance id (see the overview / API) or its URL")
     a.add_argument("--profile", required=True)
-    a.add_argument("--override-hybrid", action="store_true",
-                   help="apply CPU offload / LMCache to a hybrid model despite the preflight refusal")
+    a.add_argument(
+        "--override-hybrid",
+        action="store_true",
+        help="apply CPU offload / LMCache to a hybrid model despite the preflight refusal",
+    )
     a.add_argument("--wait", action="store_true", help="follow the rollout; exit 0 only when healthy")
     a.add_argument("--timeout", type=float, default=1800.0, help="give up waiting after this many seconds")
     a.set_defaults(func=run_apply)
@@ -109,8 +112,10 @@ def run_show(args: argparse.Namespace) -> int:
     print("flags: " + (" ".join(view["argv"]) or "(vLLM defaults)"))
     print("settings: " + json.dumps(view["spec"], sort_keys=True))
     for v in view["versions"]:
-        print(f"  v{v['version']}  {time.strftime('%Y-%m-%d %H:%M', time.gmtime(v['created_at']))}  "
-              f"{v['author']}  {v['note']}")
+        print(
+            f"  v{v['version']}  {time.strftime('%Y-%m-%d %H:%M', time.gmtime(v['created_at']))}  "
+            f"{v['author']}  {v['note']}"
+        )
     return 0
 
 
@@ -198,8 +203,9 @@ def run_apply(args: argparse.Namespace) -> int:
     ctx = _ctx(args)
     iid = _instance_id(ctx, args.instance)
     try:
-        rid = rollouts.request_rollout(ctx, iid, args.profile, override_hybrid=args.override_hybrid,
-                                       requested_by="cli", now=time.time())
+        rid = rollouts.request_rollout(
+            ctx, iid, args.profile, override_hybrid=args.override_hybrid, requested_by="cli", now=time.time()
+        )
     except rollouts.RolloutError as exc:
         raise UserError(str(exc)) from None
     print(f"rollout #{rid} requested: {args.profile} on instance {iid}")
@@ -220,6 +226,8 @@ def run_apply(args: argparse.Namespace) -> int:
                 return 0
             raise UserError(f"rollout #{rid} ended {r['state']}", exit_code=1)
         if time.monotonic() > t_end:
-            raise UserError(f"rollout #{rid} still {r['state']} after {args.timeout:.0f} s; "
-                            f"follow it at /rollouts/{rid}", exit_code=3)
+            raise UserError(
+                f"rollout #{rid} still {r['state']} after {args.timeout:.0f} s; follow it at /rollouts/{rid}",
+                exit_code=3,
+            )
         time.sleep(0.5)

@@ -56,7 +56,13 @@ def require_json(request: Request) -> None:
 
 
 def render_page(
-    ctx: Any, request: Request, name: str, data: dict[str, Any], *, active_nav: str, status: int = 200,
+    ctx: Any,
+    request: Request,
+    name: str,
+    data: dict[str, Any],
+    *,
+    active_nav: str,
+    status: int = 200,
     template_globals: dict[str, Any] | None = None,
 ) -> Response:
     """Render a page that has forms: the template gets `csrf` (and `now`, `active_nav`), and the

@@ -28,18 +28,30 @@ HOST_LABELS = ("host",)
 
 # The stored names the exporter reads (vLLM's current names; the agent maps older ones).
 INSTANCE_INPUTS = (
-    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-    "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
-    "vllm:prompt_tokens_total", "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_by_source_total",
-    "vllm:kv_offload_load_bytes_total", "vllm:kv_offload_load_time_total",
-    "vllm:kv_offload_store_bytes_total", "vllm:kv_offload_store_time_total",
-    "vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:external_prefix_cache_queries_total",
+    "vllm:prompt_tokens_total",
+    "vllm:prompt_tokens_cached_total",
+    "vllm:prompt_tokens_by_source_total",
+    "vllm:kv_offload_load_bytes_total",
+    "vllm:kv_offload_load_time_total",
+    "vllm:kv_offload_store_bytes_total",
+    "vllm:kv_offload_store_time_total",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
 )
 HOST_INPUTS = (
-    "kvscope:pinned_offload_file_bytes", "kvscope:pinned_offload_resident_bytes",
-    "kvscope:pinned_vllm_rss_shmem_bytes", "kvscope:cgroup_memory_limit_bytes",
-    "kvscope:cgroup_memory_current_bytes", "kvscope:host_memory_total_bytes",
-    "kvscope:host_memory_available_bytes", "kvscope:dev_shm_free_bytes",
+    "kvscope:pinned_offload_file_bytes",
+    "kvscope:pinned_offload_resident_bytes",
+    "kvscope:pinned_vllm_rss_shmem_bytes",
+    "kvscope:cgroup_memory_limit_bytes",
+    "kvscope:cgroup_memory_current_bytes",
+    "kvscope:host_memory_total_bytes",
+    "kvscope:host_memory_available_bytes",
+    "kvscope:dev_shm_free_bytes",
 )
 
 
@@ -51,42 +63,60 @@ class MetricDef:
 
 
 METRICS: tuple[MetricDef, ...] = (
-    MetricDef("instance_up", "1 when the instance answered its last scrape and its agent is pushing, else 0",
-              INSTANCE_LABELS),
+    MetricDef(
+        "instance_up", "1 when the instance answered its last scrape and its agent is pushing, else 0", INSTANCE_LABELS
+    ),
     MetricDef("instance_stale", "1 when the agent of this instance's host stopped pushing", INSTANCE_LABELS),
-    MetricDef("instance_gpu_prefix_cache_hit_ratio",
-              "GPU prefix-cache hit ratio: rate(prefix_cache_hits) / rate(prefix_cache_queries), 0..1",
-              INSTANCE_LABELS),
-    MetricDef("instance_offload_hit_ratio",
-              "Offload-tier hit ratio: rate(external_prefix_cache_hits) / rate(external_prefix_cache_queries)",
-              INSTANCE_LABELS),
-    MetricDef("instance_prompt_cache_hit_ratio",
-              "Overall share of prompt tokens not recomputed: rate(prompt_tokens_cached) / rate(prompt_tokens)",
-              INSTANCE_LABELS),
-    MetricDef("instance_prompt_tokens_per_second",
-              "Prompt tokens per second by source (local_compute = recomputed, local_cache_hit = GPU, "
-              "external_kv_transfer = reloaded from the offload tier)", (*INSTANCE_LABELS, "source")),
-    MetricDef("instance_kv_offload_bytes_per_second",
-              "KV bytes moved per second, averaged over the window (direction load = CPU->GPU, store = GPU->CPU)",
-              (*INSTANCE_LABELS, "direction")),
-    MetricDef("instance_kv_offload_transfer_bytes_per_second",
-              "KV transfer speed while transferring: rate(bytes) / rate(transfer seconds), per worker",
-              (*INSTANCE_LABELS, "direction")),
-    MetricDef("instance_kv_cache_usage_ratio", "GPU KV pool usage (vllm:kv_cache_usage_perc), 0..1",
-              INSTANCE_LABELS),
+    MetricDef(
+        "instance_gpu_prefix_cache_hit_ratio",
+        "GPU prefix-cache hit ratio: rate(prefix_cache_hits) / rate(prefix_cache_queries), 0..1",
+        INSTANCE_LABELS,
+    ),
+    MetricDef(
+        "instance_offload_hit_ratio",
+        "Offload-tier hit ratio: rate(external_prefix_cache_hits) / rate(external_prefix_cache_queries)",
+        INSTANCE_LABELS,
+    ),
+    MetricDef(
+        "instance_prompt_cache_hit_ratio",
+        "Overall share of prompt tokens not recomputed: rate(prompt_tokens_cached) / rate(prompt_tokens)",
+        INSTANCE_LABELS,
+    ),
+    MetricDef(
+        "instance_prompt_tokens_per_second",
+        "Prompt tokens per second by source (local_compute = recomputed, local_cache_hit = GPU, "
+        "external_kv_transfer = reloaded from the offload tier)",
+        (*INSTANCE_LABELS, "source"),
+    ),
+    MetricDef(
+        "instance_kv_offload_bytes_per_second",
+        "KV bytes moved per second, averaged over the window (direction load = CPU->GPU, store = GPU->CPU)",
+        (*INSTANCE_LABELS, "direction"),
+    ),
+    MetricDef(
+        "instance_kv_offload_transfer_bytes_per_second",
+        "KV transfer speed while transferring: rate(bytes) / rate(transfer seconds), per worker",
+        (*INSTANCE_LABELS, "direction"),
+    ),
+    MetricDef("instance_kv_cache_usage_ratio", "GPU KV pool usage (vllm:kv_cache_usage_perc), 0..1", INSTANCE_LABELS),
     MetricDef("instance_requests", "Requests running / waiting (last value)", (*INSTANCE_LABELS, "state")),
-    MetricDef("instance_offload_configured_bytes",
-              "Configured CPU offload size (kv_offloading_size of cache_config_info); absent when off",
-              INSTANCE_LABELS),
-    MetricDef("host_pinned_bytes",
-              "Pinned host memory by kind: offload_file (size of /dev/shm/vllm_offload_*), "
-              "offload_resident (resident part), vllm_rss_shmem (RssShmem of vLLM processes)",
-              (*HOST_LABELS, "kind")),
-    MetricDef("host_memory_limit_bytes", "Memory limit: the cgroup limit, else MemTotal",
-              (*HOST_LABELS, "basis")),
-    MetricDef("host_memory_headroom_bytes",
-              "Memory headroom: cgroup limit - cgroup usage, else MemAvailable; pinned offload buffers "
-              "must fit in it", (*HOST_LABELS, "basis")),
+    MetricDef(
+        "instance_offload_configured_bytes",
+        "Configured CPU offload size (kv_offloading_size of cache_config_info); absent when off",
+        INSTANCE_LABELS,
+    ),
+    MetricDef(
+        "host_pinned_bytes",
+        "Pinned host memory by kind: offload_file (size of /dev/shm/vllm_offload_*), "
+        "offload_resident (resident part), vllm_rss_shmem (RssShmem of vLLM processes)",
+        (*HOST_LABELS, "kind"),
+    ),
+    MetricDef("host_memory_limit_bytes", "Memory limit: the cgroup limit, else MemTotal", (*HOST_LABELS, "basis")),
+    MetricDef(
+        "host_memory_headroom_bytes",
+        "Memory headroom: cgroup limit - cgroup usage, else MemAvailable; pinned offload buffers must fit in it",
+        (*HOST_LABELS, "basis"),
+    ),
     MetricDef("host_dev_shm_free_bytes", "Free space of /dev/shm", HOST_LABELS),
     MetricDef("host_last_push_age_seconds", "Seconds since this host's agent last pushed", HOST_LABELS),
     MetricDef("exporter_window_seconds", "Window the exported rates and ratios are computed over", ()),
@@ -126,8 +156,9 @@ def offload_configured_bytes(cache_config: dict[str, Any] | None) -> float | Non
     return gib * 2**30 if gib > 0 else None
 
 
-def derive(instances: list[dict[str, Any]], series: list[WindowSeries], now: float, window: float,
-           stale_after: float) -> list[Sample]:
+def derive(
+    instances: list[dict[str, Any]], series: list[WindowSeries], now: float, window: float, stale_after: float
+) -> list[Sample]:
     """The exported samples from the instance rows and the recent points. Pure."""
     by_inst: dict[int, dict[str, list[WindowSeries]]] = defaultdict(lambda: defaultdict(list))
     by_host: dict[int, dict[str, list[WindowSeries]]] = defaultdict(lambda: defaultdict(list))
@@ -142,8 +173,11 @@ def derive(instances: list[dict[str, Any]], series: list[WindowSeries], now: flo
         hosts[int(inst["host_id"])] = (str(inst["host"]), inst.get("host_last_push"))
         state = instance_state(inst, now, stale_after)
         lab = {
-            "host": str(inst["host"]), "vllm_url": str(inst["url"]), "instance_id": str(inst["id"]),
-            "model": str(inst.get("model") or ""), "simulated": "true" if inst.get("simulated") else "false",
+            "host": str(inst["host"]),
+            "vllm_url": str(inst["url"]),
+            "instance_id": str(inst["id"]),
+            "model": str(inst.get("model") or ""),
+            "simulated": "true" if inst.get("simulated") else "false",
         }
         out.append(("instance_up", lab, 1.0 if state == "up" else 0.0))
         out.append(("instance_stale", lab, 1.0 if state == "stale" else 0.0))
@@ -163,8 +197,9 @@ def derive(instances: list[dict[str, Any]], series: list[WindowSeries], now: flo
     return out
 
 
-def _instance_samples(got: dict[str, list[WindowSeries]], lab: dict[str, str], now: float,
-                      window: float) -> Iterator[Sample]:
+def _instance_samples(
+    got: dict[str, list[WindowSeries]], lab: dict[str, str], now: float, window: float
+) -> Iterator[Sample]:
     def r(name: str) -> float | None:
         return _rate(got.get(name, []), now, window)
 
@@ -210,9 +245,11 @@ def _instance_samples(got: dict[str, list[WindowSeries]], lab: dict[str, str], n
 
 
 def _host_samples(got: dict[str, list[WindowSeries]], hl: dict[str, str]) -> Iterator[Sample]:
-    for kind, name in (("offload_file", "kvscope:pinned_offload_file_bytes"),
-                       ("offload_resident", "kvscope:pinned_offload_resident_bytes"),
-                       ("vllm_rss_shmem", "kvscope:pinned_vllm_rss_shmem_bytes")):
+    for kind, name in (
+        ("offload_file", "kvscope:pinned_offload_file_bytes"),
+        ("offload_resident", "kvscope:pinned_offload_resident_bytes"),
+        ("vllm_rss_shmem", "kvscope:pinned_vllm_rss_shmem_bytes"),
+    ):
         v = _last(got.get(name, []))
         if v is not None:
             yield "host_pinned_bytes", {**hl, "kind": kind}, v
@@ -237,8 +274,9 @@ class DerivedCollector:
     """A prometheus_client collector on the app's registry. Results are cached for a few seconds
     so several scrapers (or a scrape storm) cost one computation."""
 
-    def __init__(self, engine: Any, clock: Callable[[], float], window_s: float, stale_after_s: float,
-                 cache_s: float) -> None:
+    def __init__(
+        self, engine: Any, clock: Callable[[], float], window_s: float, stale_after_s: float, cache_s: float
+    ) -> None:
         self.engine = engine
         self.clock = clock
         self.window_s = window_s

@@ -124,6 +124,4 @@ def _check_samples(samples: list[Sample], where: str) -> None:
             if k not in _GOOD and not _good(k, LABEL_NAME, MAX_NAME):
                 raise BadBatch(f"{where}.samples.{j} label name {k[:80]!r} is not valid")
             if v not in _GOOD and not _good(v, None, MAX_LABEL_VALUE):
-                raise BadBatch(
-                    f"{where}.samples.{j} label {k} value is too long or has control characters"
-                )
+                raise BadBatch(f"{where}.samples.{j} label {k} value is too long or has control characters")

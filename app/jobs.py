@@ -53,8 +53,13 @@ def install(app: FastAPI, ctx: AppContext) -> None:
             scheduler = BackgroundScheduler(daemon=True)
             for job in ctx.extras["jobs"]:
                 scheduler.add_job(
-                    _guarded(ctx, job), "interval", seconds=job.interval_s, id=job.name,
-                    max_instances=1, coalesce=True, misfire_grace_time=max(1, int(job.interval_s)),
+                    _guarded(ctx, job),
+                    "interval",
+                    seconds=job.interval_s,
+                    id=job.name,
+                    max_instances=1,
+                    coalesce=True,
+                    misfire_grace_time=max(1, int(job.interval_s)),
                 )
             scheduler.start()
         try:

@@ -40,9 +40,7 @@ def create_app(
     settings: Settings, *, engine: Engine | None = None, clock: Clock = time.time, start_jobs: bool | None = None
 ) -> FastAPI:
     engine = engine or open_database(settings.effective_database_url)
-    ctx = AppContext(
-        settings=settings, engine=engine, writer=IngestWriter(engine), metrics=SelfMetrics(), clock=clock
-    )
+    ctx = AppContext(settings=settings, engine=engine, writer=IngestWriter(engine), metrics=SelfMetrics(), clock=clock)
     app = FastAPI(title="kvscope", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.ctx = ctx
     app.state.start_jobs = settings.run_scheduler if start_jobs is None else start_jobs

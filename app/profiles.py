@@ -148,8 +148,10 @@ class Profile(BaseModel):
                 argv += ["--kv-transfer-config", json.dumps(self._transfer_config(), separators=(",", ":"))]
             else:
                 argv += [
-                    "--kv-offloading-size", _num(self.offload_size_gib),
-                    "--kv-offloading-backend", self.offload_backend,
+                    "--kv-offloading-size",
+                    _num(self.offload_size_gib),
+                    "--kv-offloading-backend",
+                    self.offload_backend,
                 ]
         if self.kv_cache_dtype != "auto":
             argv += ["--kv-cache-dtype", self.kv_cache_dtype]

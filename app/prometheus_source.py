@@ -120,8 +120,11 @@ class PrometheusSource:
         return result
 
     def query_range(self, client: httpx.Client, expr: str, start: float, end: float, step: float) -> list[Any]:
-        return self._api(client, "/api/v1/query_range",
-                         {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"})
+        return self._api(
+            client,
+            "/api/v1/query_range",
+            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"},
+        )
 
     def range_vector(self, client: httpx.Client, sel: str, start: float, end: float) -> list[Any]:
         """Raw samples of `sel` in (start, end], with their own timestamps."""
@@ -157,8 +160,7 @@ def assemble(matrix: list[Any], instance_label: str = "instance") -> list[Tiered
             sname = metric.get("__name__")
             if not sname:
                 continue
-            labels = tuple(sorted((k, v) for k, v in metric.items()
-                                  if k not in DROP_LABELS and k != instance_label))
+            labels = tuple(sorted((k, v) for k, v in metric.items() if k not in DROP_LABELS and k != instance_label))
             pts = grouped[(sname, labels)]
             for t, v in s["values"]:
                 val = float(v)
@@ -169,8 +171,18 @@ def assemble(matrix: list[Any], instance_label: str = "instance") -> list[Tiered
     out = []
     for i, ((name, labels), pts) in enumerate(sorted(grouped.items())):
         kind = "counter" if _is_cumulative(name) else "gauge"
-        out.append(TieredSeries(series_id=-(i + 1), name=name, labels=dict(labels), kind=kind, tier="raw", res=0.0,
-                                points=sorted(pts.items()), buckets=[]))
+        out.append(
+            TieredSeries(
+                series_id=-(i + 1),
+                name=name,
+                labels=dict(labels),
+                kind=kind,
+                tier="raw",
+                res=0.0,
+                points=sorted(pts.items()),
+                buckets=[],
+            )
+        )
     return out
 
 
@@ -212,8 +224,17 @@ def _scope_class() -> Any:
     return PrometheusScope
 
 
-def prometheus_scope(source: PrometheusSource, engine: Any, instance: dict[str, Any], *, start: float, end: float,
-                     now: float, state: str, px: int | None = None) -> Any:
+def prometheus_scope(
+    source: PrometheusSource,
+    engine: Any,
+    instance: dict[str, Any],
+    *,
+    start: float,
+    end: float,
+    now: float,
+    state: str,
+    px: int | None = None,
+) -> Any:
     """A dashboard Scope over [start, end] whose instance series come from Prometheus (raw tier:
     Prometheus keeps raw samples for its whole retention); same grid as the store's raw scope."""
     import dataclasses
@@ -221,8 +242,17 @@ def prometheus_scope(source: PrometheusSource, engine: Any, instance: dict[str, 
     from app.derived.panels import make_scope
     from app.storage.rollups import DEFAULT_PX
 
-    base = make_scope(engine, instance, start=start, end=end, now=now, state=state, raw_retention_s=math.inf,
-                      px=px or DEFAULT_PX, tier="raw")
+    base = make_scope(
+        engine,
+        instance,
+        start=start,
+        end=end,
+        now=now,
+        state=state,
+        raw_retention_s=math.inf,
+        px=px or DEFAULT_PX,
+        tier="raw",
+    )
     cls = _scope_class()
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name != "_cache"}
     return cls(**fields, source=source)
@@ -232,8 +262,9 @@ def source_from_settings(settings: Any) -> PrometheusSource | None:
     url = getattr(settings, "prometheus_url", None)
     if not url:
         return None
-    return PrometheusSource(url, instance_label=settings.prometheus_instance_label,
-                            timeout_s=settings.prometheus_timeout_s)
+    return PrometheusSource(
+        url, instance_label=settings.prometheus_instance_label, timeout_s=settings.prometheus_timeout_s
+    )
 
 
 def install(app: Any, ctx: Any) -> None:
@@ -246,8 +277,9 @@ def install(app: Any, ctx: Any) -> None:
     r = APIRouter()
 
     @r.get("/api/v1/prometheus/instances/{instance_id}/charts/{key}", response_model=None)
-    async def prom_chart(instance_id: int, key: str, range: str | None = None, start: float | None = None,
-                         end: float | None = None) -> JSONResponse:
+    async def prom_chart(
+        instance_id: int, key: str, range: str | None = None, start: float | None = None, end: float | None = None
+    ) -> JSONResponse:
         source = source_from_settings(ctx.settings)
         if source is None:
             raise HTTPException(404, "no Prometheus configured: set KVSCOPE_PROMETHEUS_URL (prometheus_url)")
@@ -260,8 +292,15 @@ def install(app: Any, ctx: Any) -> None:
             inst = _instance(ctx, instance_id)
             tr = resolve(ctx.now(), range, start, end)
             now = ctx.now()
-            sc = prometheus_scope(source, ctx.engine, inst, start=tr.start, end=tr.end, now=now,
-                                  state=state_of(ctx.engine, inst, now, ctx.settings.stale_after_s))
+            sc = prometheus_scope(
+                source,
+                ctx.engine,
+                inst,
+                start=tr.start,
+                end=tr.end,
+                now=now,
+                state=state_of(ctx.engine, inst, now, ctx.settings.stale_after_s),
+            )
             out = chart_data(ctx, inst, key, tr, scope=sc)
             out["source"] = "prometheus"
             if sc.error:

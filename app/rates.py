@@ -41,9 +41,9 @@ def rate_at(points: Sequence[Point], t: float, window: float) -> float | None:
     return increase(inside) / dt
 
 
-def rate_series(points: Sequence[Point], start: float, end: float, step: float, window: float | None = None) -> list[
-    tuple[float, float | None]
-]:
+def rate_series(
+    points: Sequence[Point], start: float, end: float, step: float, window: float | None = None
+) -> list[tuple[float, float | None]]:
     """rate_at evaluated on the query grid. The window defaults to max(step, 2 x scrape gap)."""
     w = window if window is not None else max(step, 2.0 * _median_gap(points))
     # Walk with two indices so a long range stays O(n + grid); the reset-corrected step between
@@ -66,13 +66,13 @@ def rate_series(points: Sequence[Point], start: float, end: float, step: float, 
         if hi - lo < 2 or (dt := ts[hi - 1] - ts[lo]) <= 0:
             out.append((t, None))
         else:
-            out.append((t, sum(steps[lo + 1:hi], 0.0) / dt))
+            out.append((t, sum(steps[lo + 1 : hi], 0.0) / dt))
     return out
 
 
-def gauge_series(points: Sequence[Point], start: float, end: float, step: float, window: float | None = None) -> list[
-    tuple[float, float | None]
-]:
+def gauge_series(
+    points: Sequence[Point], start: float, end: float, step: float, window: float | None = None
+) -> list[tuple[float, float | None]]:
     """Last value at or before each grid instant, within the lookback window (PromQL-style)."""
     w = window if window is not None else max(step, 2.0 * _median_gap(points), 5.0)
     out: list[tuple[float, float | None]] = []

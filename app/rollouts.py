@@ -43,8 +43,13 @@ def version_profile(version: dict[str, Any] | None) -> Profile | None:
 
 
 def build_payload(
-    ctx: AppContext, profile: Profile, version: dict[str, Any], lkg: dict[str, Any] | None,
-    *, override_hybrid: bool, model_root: str | None,
+    ctx: AppContext,
+    profile: Profile,
+    version: dict[str, Any],
+    lkg: dict[str, Any] | None,
+    *,
+    override_hybrid: bool,
+    model_root: str | None,
 ) -> dict[str, Any]:
     s = ctx.settings
     lkg_profile = version_profile(lkg)
@@ -59,8 +64,10 @@ def build_payload(
         "model_root": model_root,
         "health_deadline_s": s.rollout_health_deadline_s,
         "probe": {
-            "enabled": s.probe_enabled, "prefix_words": s.probe_prefix_words,
-            "evict_count": s.probe_evict_count, "request_timeout_s": s.probe_request_timeout_s,
+            "enabled": s.probe_enabled,
+            "prefix_words": s.probe_prefix_words,
+            "evict_count": s.probe_evict_count,
+            "request_timeout_s": s.probe_request_timeout_s,
         },
     }
 
@@ -83,25 +90,37 @@ def _instance_and_profile(
 
 
 def request_rollout(
-    ctx: AppContext, instance_id: int, profile_name: str, *, override_hybrid: bool = False,
-    requested_by: str = "", now: float | None = None, probe: dict[str, Any] | None = None,
+    ctx: AppContext,
+    instance_id: int,
+    profile_name: str,
+    *,
+    override_hybrid: bool = False,
+    requested_by: str = "",
+    now: float | None = None,
+    probe: dict[str, Any] | None = None,
 ) -> int:
     now = ctx.now() if now is None else now
     inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     version = rs.get_version(ctx.engine, int(prof["version_id"]))
     assert version is not None
     lkg = rs.instance_profiles(ctx.engine, instance_id)["lkg"]
-    payload = build_payload(ctx, profile, version, lkg, override_hybrid=override_hybrid,
-                            model_root=inst.get("model_root"))
+    payload = build_payload(
+        ctx, profile, version, lkg, override_hybrid=override_hybrid, model_root=inst.get("model_root")
+    )
     if probe:
         payload["probe"] = {**payload["probe"], **probe}
     # The pool before the switch, to show what it changed (e.g. fp8: ~1.8x the tokens).
     payload["pool_before"] = {"kv_cache_size_tokens": (inst.get("cache_config") or {}).get("kv_cache_size_tokens")}
     try:
         return rs.create_rollout(
-            ctx.engine, instance_id=instance_id, version_id=int(version["id"]),
-            lkg_version_id=int(lkg["id"]) if lkg else None, payload=payload, now=now,
-            requested_by=requested_by, override_hybrid=override_hybrid,
+            ctx.engine,
+            instance_id=instance_id,
+            version_id=int(version["id"]),
+            lkg_version_id=int(lkg["id"]) if lkg else None,
+            payload=payload,
+            now=now,
+            requested_by=requested_by,
+            override_hybrid=override_hybrid,
         )
     except rs.StoreConflict as exc:
         raise RolloutError(str(exc), 409) from None
@@ -131,8 +150,14 @@ def push_hook(ctx: AppContext) -> Any:
             known[str(batch.agent_id)] = scraped
         for u in getattr(batch, "rollout_updates", None) or []:
             ok = rs.apply_update(
-                ctx.engine, rollout_id=int(u.rollout_id), host_id=host_id, state=str(u.state), ts=float(u.ts),
-                message=str(u.message or ""), data=dict(u.data or {}), now=now,
+                ctx.engine,
+                rollout_id=int(u.rollout_id),
+                host_id=host_id,
+                state=str(u.state),
+                ts=float(u.ts),
+                message=str(u.message or ""),
+                data=dict(u.data or {}),
+                now=now,
             )
             if not ok:
                 log.info("rollout update ignored: #%s %s from host %s", u.rollout_id, u.state, host_id)
@@ -146,17 +171,33 @@ def expire_job(ctx: AppContext, now: float) -> None:
     for r in rs.stale_rollouts(ctx.engine, updated_before=now - shortest):
         age = now - float(r["updated_at"])
         if r["state"] == "requested" and age >= s.rollout_request_ttl_s:
-            rs.finish_rollout(ctx.engine, int(r["id"]), "expired",
-                              f"no agent picked it up in {age:.0f} s (is the host's agent running?)", now,
-                              only_from=("requested",))
+            rs.finish_rollout(
+                ctx.engine,
+                int(r["id"]),
+                "expired",
+                f"no agent picked it up in {age:.0f} s (is the host's agent running?)",
+                now,
+                only_from=("requested",),
+            )
         elif r["state"] == "claimed" and age >= s.rollout_ack_ttl_s:
-            rs.finish_rollout(ctx.engine, int(r["id"]), "expired",
-                              f"the agent did not acknowledge it in {age:.0f} s: is it running with "
-                              "--launcher-config listing this instance?", now, only_from=("claimed",))
+            rs.finish_rollout(
+                ctx.engine,
+                int(r["id"]),
+                "expired",
+                f"the agent did not acknowledge it in {age:.0f} s: is it running with "
+                "--launcher-config listing this instance?",
+                now,
+                only_from=("claimed",),
+            )
         elif r["state"] != "requested" and age >= s.rollout_silent_ttl_s:
-            rs.finish_rollout(ctx.engine, int(r["id"]), "expired",
-                              f"the agent reported nothing for {age:.0f} s; check the host", now,
-                              only_from=(str(r["state"]),))
+            rs.finish_rollout(
+                ctx.engine,
+                int(r["id"]),
+                "expired",
+                f"the agent reported nothing for {age:.0f} s; check the host",
+                now,
+                only_from=(str(r["state"]),),
+            )
 
 
 # ---------------------------------------------------------------- the confirm step
@@ -179,8 +220,9 @@ def host_memory(ctx: AppContext, host_id: int, now: float, window_s: float = 600
     return pf.HostMemory(**values)
 
 
-def preview(ctx: AppContext, instance_id: int, profile_name: str, *, override_hybrid: bool = False,
-            now: float | None = None) -> dict[str, Any]:
+def preview(
+    ctx: AppContext, instance_id: int, profile_name: str, *, override_hybrid: bool = False, now: float | None = None
+) -> dict[str, Any]:
     now = ctx.now() if now is None else now
     inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     current = rs.instance_profiles(ctx.engine, instance_id)
@@ -196,8 +238,11 @@ def preview(ctx: AppContext, instance_id: int, profile_name: str, *, override_hy
     return {
         "instance": {"id": inst["id"], "url": inst["url"], "simulated": bool(inst.get("simulated"))},
         "profile": {"name": profile_name, "version": prof["current_version"], "spec": prof["spec"]},
-        "current": ({"name": current["current"]["name"], "version": current["current"]["version"]}
-                    if current["current"] else None),
+        "current": (
+            {"name": current["current"]["name"], "version": current["current"]["version"]}
+            if current["current"]
+            else None
+        ),
         "argv_before": before,
         "argv_after": after,
         "diff": [{"flag": f, "before": a, "after": b} for f, a, b in argv_diff(before, after)],

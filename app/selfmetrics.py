@@ -11,9 +11,7 @@ class SelfMetrics:
         self.ingest_batches = Counter(
             "kvscope_ingest_batches", "Push batches received, by result", ["result"], registry=self.registry
         )
-        self.ingest_samples = Counter(
-            "kvscope_ingest_samples", "Samples stored from agents", registry=self.registry
-        )
+        self.ingest_samples = Counter("kvscope_ingest_samples", "Samples stored from agents", registry=self.registry)
         self.request_seconds = Histogram(
             "kvscope_http_request_duration_seconds",
             "HTTP request latency by route template and status class",

@@ -57,12 +57,17 @@ class Settings(BaseSettings):
     rollup_1h_retention_d: float = Field(400.0, gt=0, description="Keep 1-hour rollups this long.")
     rollup_interval_s: float = Field(60.0, gt=0, description="How often the rollup job runs.")
     chart_cache_s: float = Field(
-        5.0, ge=0, description="Dashboard fragments share one computation per chart for this long "
-        "(named ranges end at now rounded down to it); 0 disables."
+        5.0,
+        ge=0,
+        description="Dashboard fragments share one computation per chart for this long "
+        "(named ranges end at now rounded down to it); 0 disables.",
     )
     page_threads: int = Field(
-        2, ge=1, le=64, description="Threads that compute dashboard pages and fragments at once; the rest "
-        "wait, so agents' pushes never queue behind chart work."
+        2,
+        ge=1,
+        le=64,
+        description="Threads that compute dashboard pages and fragments at once; the rest "
+        "wait, so agents' pushes never queue behind chart work.",
     )
     # --- alerts
     alert_eval_interval_s: float = Field(15.0, gt=0, description="How often alert rules are evaluated.")
@@ -108,6 +113,7 @@ class Settings(BaseSettings):
         if dup:
             raise ValueError(f"alert channel names must be unique: {', '.join(dup)}")
         return v
+
     # --- scale-out: the app as a Prometheus exporter, Prometheus as a history source
     exporter_enabled: bool = Field(True, description="Export derived per-instance series on /metrics.")
     exporter_window_s: float = Field(

@@ -46,8 +46,12 @@ def serve_fixture() -> tuple[http.server.ThreadingHTTPServer, str]:
         protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn under vllm serve
 
         def do_GET(self) -> None:
-            body = {"/metrics": metrics, "/health": b"", "/v1/models": models,
-                    "/version": b'{"version": "0.33.0"}'}.get(self.path)
+            body = {
+                "/metrics": metrics,
+                "/health": b"",
+                "/v1/models": models,
+                "/version": b'{"version": "0.33.0"}',
+            }.get(self.path)
             if body is None:
                 self.send_response(404)
                 self.send_header("content-length", "0")
@@ -112,25 +116,50 @@ def main() -> int:
     httpd = None
     try:
         data = tmp / "data"
-        token = subprocess.run([*KVSCOPE, "token", "create", "bench", "--data-dir", str(data)],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        token = subprocess.run(
+            [*KVSCOPE, "token", "create", "bench", "--data-dir", str(data)], capture_output=True, text=True, check=True
+        ).stdout.strip()
         app_port = free_port()
-        procs.append(subprocess.Popen([*KVSCOPE, "serve", "--data-dir", str(data), "--port", str(app_port),
-                                       "--log-level", "warning"], stdout=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [*KVSCOPE, "serve", "--data-dir", str(data), "--port", str(app_port), "--log-level", "warning"],
+                stdout=subprocess.DEVNULL,
+            )
+        )
         app_url = f"http://127.0.0.1:{app_port}"
         if args.sim:
             port = free_port()
-            procs.append(subprocess.Popen([*KVSCOPE, "sim", "--port", str(port), "--uvicorn-log-level", "warning"],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [*KVSCOPE, "sim", "--port", str(port), "--uvicorn-log-level", "warning"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             vllm_url = f"http://127.0.0.1:{port}"
         else:
             httpd, vllm_url = serve_fixture()
         wait_http(app_url + "/healthz")
         wait_http(vllm_url + "/health")
         agent = subprocess.Popen(
-            [*KVSCOPE, "agent", "--server", app_url, "--token", token, "--vllm-url", vllm_url, "--interval", "1s",
-             "--state-dir", str(tmp / "agent"), "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                *KVSCOPE,
+                "agent",
+                "--server",
+                app_url,
+                "--token",
+                token,
+                "--vllm-url",
+                vllm_url,
+                "--interval",
+                "1s",
+                "--state-dir",
+                str(tmp / "agent"),
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         procs.append(agent)
         t_start = time.monotonic()
@@ -151,10 +180,14 @@ def main() -> int:
 
             inst = json.load(r)["instances"]
         pushed_ok = bool(inst and inst[0]["last_ok"])
-        print(f"agent at 1 Hz against {'kvscope sim' if args.sim else 'the 747-line offload exposition'}, "
-              f"{w1 - w0:.0f} s measured after {args.warmup:g} s warm-up (pushes reaching the app: {pushed_ok})")
-        print(f"  CPU: {cpu_pct:.3f}% of one core ({(c1 - c0) * 1000 / (w1 - w0):.2f} ms CPU per tick); "
-              f"start-up cost {startup_cpu:.2f} s CPU; target <= {CPU_TARGET_PCT}%")
+        print(
+            f"agent at 1 Hz against {'kvscope sim' if args.sim else 'the 747-line offload exposition'}, "
+            f"{w1 - w0:.0f} s measured after {args.warmup:g} s warm-up (pushes reaching the app: {pushed_ok})"
+        )
+        print(
+            f"  CPU: {cpu_pct:.3f}% of one core ({(c1 - c0) * 1000 / (w1 - w0):.2f} ms CPU per tick); "
+            f"start-up cost {startup_cpu:.2f} s CPU; target <= {CPU_TARGET_PCT}%"
+        )
         print(f"  RSS: {rss_mb:.1f} MB now, {hwm_mb:.1f} MB peak; target <= {RSS_TARGET_MB:g} MB")
         ok = cpu_pct <= CPU_TARGET_PCT and hwm_mb <= RSS_TARGET_MB and pushed_ok
         print(f"  {'meets' if ok else 'MISSES'} the targets (total wall {time.monotonic() - t_start:.0f} s)")

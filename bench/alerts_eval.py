@@ -65,8 +65,10 @@ def main() -> None:
         t0 = 1_800_000_000.0
         t1 = time.perf_counter()
         end, rows = fill(writer, args.instances, t0, args.hours, args.scrape)
-        print(f"data: {args.instances} instance(s) x {args.hours:g} h at {args.scrape:g} s = {rows} samples "
-              f"(written in {time.perf_counter() - t1:.1f} s)")
+        print(
+            f"data: {args.instances} instance(s) x {args.hours:g} h at {args.scrape:g} s = {rows} samples "
+            f"(written in {time.perf_counter() - t1:.1f} s)"
+        )
         ours = Evaluator(engine, rule_settings={}, channels=[], config=EvalConfig())
         t1 = time.perf_counter()
         first = ours.run(end)
@@ -82,8 +84,9 @@ def main() -> None:
             t1 = time.perf_counter()
             b = base.run(now)
             best_base = min(best_base, time.perf_counter() - t1)
-            same = {k: (r.active, r.value, r.baseline) for k, r in a.results.items()} == \
-                   {k: (r.active, r.value, r.baseline) for k, r in b.results.items()}
+            same = {k: (r.active, r.value, r.baseline) for k, r in a.results.items()} == {
+                k: (r.active, r.value, r.baseline) for k, r in b.results.items()
+            }
             if not same:
                 sys.exit("results differ between cached and fresh evaluation: the benchmark is void")
         print(f"rules evaluated per run: {first.evaluated}")

@@ -42,9 +42,26 @@ def free_port() -> int:
 def sim(*argv: str) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        p = subprocess.Popen([sys.executable, "-m", "kvscope", "sim", "--port", str(port), "--sim-shm-dir", tmp,
-                              "--sim-state-dir", tmp, "--uvicorn-log-level", "warning", *argv],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvscope",
+                "sim",
+                "--port",
+                str(port),
+                "--sim-shm-dir",
+                tmp,
+                "--sim-state-dir",
+                tmp,
+                "--uvicorn-log-level",
+                "warning",
+                *argv,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
@@ -96,13 +113,14 @@ ROWS: list[tuple[str, float, float, float]] = []
 def row(name: str, field: float, measured: tuple[float, float]) -> None:
     ROWS.append((name, field, *measured))
     wall, model = measured
-    print(f"{name:<44} {field:>9.1f} {wall:>10.1f} {model:>9.1f} {wall / field:>8.2f} {wall / model:>8.2f}",
-          flush=True)
+    print(f"{name:<44} {field:>9.1f} {wall:>10.1f} {model:>9.1f} {wall / field:>8.2f} {wall / model:>8.2f}", flush=True)
 
 
 def dense(quick: bool) -> None:
-    with sim("--profile", "rtx4070-qwen3-4b", "--kv-offloading-size", "8") as url, \
-            httpx.Client(base_url=url, timeout=60) as c:
+    with (
+        sim("--profile", "rtx4070-qwen3-4b", "--kv-offloading-size", "8") as url,
+        httpx.Client(base_url=url, timeout=60) as c,
+    ):
         c.post("/v1/completions", json={"prompt": "warm up", "max_tokens": 1})
         a = doc(0, 2890)
         row("4070 dense: cold (whole request)", 602, whole(c, a))
@@ -128,8 +146,14 @@ def hybrid() -> None:
 
 
 def laptop() -> None:
-    base = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-            "--max-model-len", "2048"]
+    base = [
+        "--profile",
+        "laptop8gb-qwen3-reranker-0.6b",
+        "--kv-cache-memory-bytes",
+        "268435456",
+        "--max-model-len",
+        "2048",
+    ]
     with sim(*base, "--kv-offloading-size", "0.5") as url, httpx.Client(base_url=url, timeout=60) as c:
         row("laptop reranker: first request (warm-up)", 104, ttft(c, doc(9, 1600)))
         a = doc(0, 1600)
@@ -149,6 +173,7 @@ def laptop() -> None:
 def load() -> None:
     """Queueing: 4 concurrent cold prefills vs one alone (the device's prefill throughput is shared)."""
     with sim("--profile", "rtx4070-qwen3-4b") as url:
+
         async def go() -> tuple[float, float]:
             async with httpx.AsyncClient(base_url=url, timeout=60) as c:
                 await c.post("/v1/completions", json={"prompt": "warm up", "max_tokens": 1})
@@ -156,13 +181,16 @@ def load() -> None:
                 await c.post("/v1/completions", json={"prompt": doc(100, 3000), "max_tokens": 1})
                 alone = time.perf_counter() - t
                 t = time.perf_counter()
-                await asyncio.gather(*(c.post("/v1/completions", json={"prompt": doc(200 + i, 3000), "max_tokens": 1})
-                                       for i in range(4)))
+                await asyncio.gather(
+                    *(c.post("/v1/completions", json={"prompt": doc(200 + i, 3000), "max_tokens": 1}) for i in range(4))
+                )
                 return alone, time.perf_counter() - t
 
         alone, four = asyncio.run(go())
-        print(f"\nload: one cold 3,000-token prefill {alone * 1000:.0f} ms; four at once {four * 1000:.0f} ms; "
-              f"ratio {four / alone:.2f} (shared prefill: ~4 expected)")
+        print(
+            f"\nload: one cold 3,000-token prefill {alone * 1000:.0f} ms; four at once {four * 1000:.0f} ms; "
+            f"ratio {four / alone:.2f} (shared prefill: ~4 expected)"
+        )
 
 
 def main() -> int:

@@ -42,19 +42,52 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 CHART_KEYS = ("tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu")
-LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0",
-      "7.5", "10.0", "20.0", "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf"]
+LE = [
+    "0.001",
+    "0.005",
+    "0.01",
+    "0.02",
+    "0.04",
+    "0.06",
+    "0.08",
+    "0.1",
+    "0.25",
+    "0.5",
+    "0.75",
+    "1.0",
+    "2.5",
+    "5.0",
+    "7.5",
+    "10.0",
+    "20.0",
+    "40.0",
+    "80.0",
+    "160.0",
+    "640.0",
+    "2560.0",
+    "+Inf",
+]
 TYPES = {
-    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
-    "vllm:external_prefix_cache_queries": "counter", "vllm:external_prefix_cache_hits": "counter",
-    "vllm:prompt_tokens": "counter", "vllm:prompt_tokens_cached": "counter",
-    "vllm:prompt_tokens_by_source": "counter", "vllm:generation_tokens": "counter",
-    "vllm:kv_offload_load_bytes": "counter", "vllm:kv_offload_load_time": "counter",
-    "vllm:kv_offload_store_bytes": "counter", "vllm:kv_offload_store_time": "counter",
-    "vllm:kv_cache_usage_perc": "gauge", "vllm:kv_offload_cpu_cache_usage_perc": "gauge",
-    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
-    "vllm:num_preemptions": "counter", "vllm:cache_config_info": "gauge",
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter",
+    "vllm:external_prefix_cache_hits": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:kv_offload_load_bytes": "counter",
+    "vllm:kv_offload_load_time": "counter",
+    "vllm:kv_offload_store_bytes": "counter",
+    "vllm:kv_offload_store_time": "counter",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:kv_offload_cpu_cache_usage_perc": "gauge",
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:num_preemptions": "counter",
+    "vllm:cache_config_info": "gauge",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
     "vllm:request_prefill_time_seconds": "histogram",
 }
 
@@ -80,14 +113,27 @@ class FakeVllm:
         ext_hit = int((q - hit) * r.uniform(0, 0.5))
         comp = q - hit - ext_hit
         n = r.randint(0, 6)
-        for k, v in (("q", q), ("hit", hit), ("ext_q", q - hit), ("ext_hit", ext_hit), ("comp", comp),
-                     ("gen", n * 120), ("load_b", ext_hit * 147_456.0), ("load_t", ext_hit * 147_456 / 12.6e9),
-                     ("store_b", comp * 147_456.0), ("store_t", comp * 147_456 / 11e9), ("n", n),
-                     ("ttft_sum", n * r.uniform(0.05, 0.5)), ("itl_sum", n * 119 * 0.02), ("itl_n", n * 119),
-                     ("prefill", comp / 23_000)):
+        for k, v in (
+            ("q", q),
+            ("hit", hit),
+            ("ext_q", q - hit),
+            ("ext_hit", ext_hit),
+            ("comp", comp),
+            ("gen", n * 120),
+            ("load_b", ext_hit * 147_456.0),
+            ("load_t", ext_hit * 147_456 / 12.6e9),
+            ("store_b", comp * 147_456.0),
+            ("store_t", comp * 147_456 / 11e9),
+            ("n", n),
+            ("ttft_sum", n * r.uniform(0.05, 0.5)),
+            ("itl_sum", n * 119 * 0.02),
+            ("itl_n", n * 119),
+            ("prefill", comp / 23_000),
+        ):
             a[k] += v
         s = [
-            ("vllm:prefix_cache_queries_total", lab, a["q"]), ("vllm:prefix_cache_hits_total", lab, a["hit"]),
+            ("vllm:prefix_cache_queries_total", lab, a["q"]),
+            ("vllm:prefix_cache_hits_total", lab, a["hit"]),
             ("vllm:external_prefix_cache_queries_total", lab, a["ext_q"]),
             ("vllm:external_prefix_cache_hits_total", lab, a["ext_hit"]),
             ("vllm:prompt_tokens_total", lab, a["q"]),
@@ -102,7 +148,8 @@ class FakeVllm:
             ("vllm:kv_offload_store_time_total", lab, a["store_t"]),
             ("vllm:kv_cache_usage_perc", lab, r.uniform(0, 1)),
             ("vllm:kv_offload_cpu_cache_usage_perc", lab, r.uniform(0, 0.2)),
-            ("vllm:num_requests_running", lab, float(n)), ("vllm:num_requests_waiting", lab, float(r.randint(0, 2))),
+            ("vllm:num_requests_running", lab, float(n)),
+            ("vllm:num_requests_waiting", lab, float(r.randint(0, 2))),
             ("vllm:num_preemptions_total", lab, a["pre"]),
             ("vllm:cache_config_info", {**lab, "block_size": "16", "kv_offloading_size": "8"}, 1.0),
             ("vllm:time_to_first_token_seconds_sum", lab, a["ttft_sum"]),
@@ -125,8 +172,11 @@ def host_samples(idx: int, t: float) -> list[dict[str, Any]]:
     return [
         {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 256 * gib},
         {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 150 * gib + (t % 600) * 1e6},
-        {"name": "kvscope:pinned_offload_file_bytes", "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
-         "value": 8 * gib},
+        {
+            "name": "kvscope:pinned_offload_file_bytes",
+            "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
+            "value": 8 * gib,
+        },
         {"name": "kvscope:gpu_count", "labels": {}, "value": 1.0},
         {"name": "kvscope:gpu_utilization_ratio", "labels": {"gpu": "0", "name": "H200"}, "value": 0.5},
         {"name": "kvscope:gpu_memory_used_bytes", "labels": {"gpu": "0", "name": "H200"}, "value": 120 * gib},
@@ -141,14 +191,31 @@ class Agent:
 
     def batch(self, ticks: list[float]) -> bytes:
         self.seq += 1
-        scrapes = [{"instance": f"http://10.9.{self.idx // 200}.{self.idx % 200 + 1}:8000", "ts": t, "ok": True,
-                    "healthy": True, "model": self.vllm.lab["model_name"], "simulated": True, "types": TYPES,
-                    "samples": self.vllm.tick()} for t in ticks]
-        return json.dumps({
-            "agent_id": f"load-agent-{self.idx}", "host": f"load-host-{self.idx:03d}", "seq": self.seq,
-            "sent_at": ticks[-1], "scrapes": scrapes, "host_ts": ticks[-1], "host_types": {},
-            "host_samples": host_samples(self.idx, ticks[-1]),
-        }).encode()
+        scrapes = [
+            {
+                "instance": f"http://10.9.{self.idx // 200}.{self.idx % 200 + 1}:8000",
+                "ts": t,
+                "ok": True,
+                "healthy": True,
+                "model": self.vllm.lab["model_name"],
+                "simulated": True,
+                "types": TYPES,
+                "samples": self.vllm.tick(),
+            }
+            for t in ticks
+        ]
+        return json.dumps(
+            {
+                "agent_id": f"load-agent-{self.idx}",
+                "host": f"load-host-{self.idx:03d}",
+                "seq": self.seq,
+                "sent_at": ticks[-1],
+                "scrapes": scrapes,
+                "host_ts": ticks[-1],
+                "host_types": {},
+                "host_samples": host_samples(self.idx, ticks[-1]),
+            }
+        ).encode()
 
 
 class HttpError(Exception):
@@ -176,8 +243,9 @@ class Conn:
             self.w.close()
         self.r = self.w = None
 
-    async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-                      timeout: float = 60.0) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None, timeout: float = 60.0
+    ) -> tuple[int, bytes]:
         for attempt in (1, 2):
             reused = self.w is not None
             try:
@@ -241,8 +309,9 @@ class Pool:
         for _ in range(size):
             self.free.put_nowait(Conn(base))
 
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         conn = await self.free.get()
         try:
             return await conn.request(method, path, body, headers)
@@ -301,9 +370,14 @@ async def run_client(base: str, idx: int, n_inst: int, refresh: float, t_end: fl
     pool = Pool(base, 6)
     while time.time() < t_end:
         t_round = time.time()
-        urls = [("overview", "/fragments/overview")] if overview else (
-            [("chart", f"/instances/{inst}/fragments/chart/{k}?range=1h") for k in CHART_KEYS]
-            + [("worth", f"/instances/{inst}/fragments/worth?range=1h")])
+        urls = (
+            [("overview", "/fragments/overview")]
+            if overview
+            else (
+                [("chart", f"/instances/{inst}/fragments/chart/{k}?range=1h") for k in CHART_KEYS]
+                + [("worth", f"/instances/{inst}/fragments/worth?range=1h")]
+            )
+        )
 
         async def one(kind: str, url: str) -> None:
             t0 = time.perf_counter()
@@ -342,6 +416,7 @@ async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], 
     start = math.floor(time.time() - minutes * 60)
     sem = asyncio.Semaphore(4)
     async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+
         async def one(a: Agent) -> None:
             async with sem:
                 t = float(start)
@@ -350,6 +425,7 @@ async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], 
                     r = await c.post("/api/v1/ingest", content=a.batch(ticks), headers=headers)
                     r.raise_for_status()
                     t += 60
+
         await asyncio.gather(*(one(a) for a in agents))
 
 
@@ -371,18 +447,27 @@ def start_apps(args: argparse.Namespace, work: Path) -> tuple[list[subprocess.Po
 
         cluster = start_cluster()
         env["KVSCOPE_DATABASE_URL"] = cluster.url(cluster.new_database("load"))
-    out = subprocess.run([sys.executable, "-m", "kvscope", "token", "create", "load"], env=env, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kvscope", "token", "create", "load"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     m = re.search(r"kvs_[A-Za-z0-9_\-]+", out)
     assert m, out
     procs, bases = [], []
     for i in range(args.apps):
         port = free_port()
         jobs = "false" if args.no_jobs or i > 0 else "true"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
-            env={**env, "KVSCOPE_RUN_SCHEDULER": jobs}, stdout=subprocess.DEVNULL,
-            stderr=(work / f"app{i}.log").open("wb")))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
+                env={**env, "KVSCOPE_RUN_SCHEDULER": jobs},
+                stdout=subprocess.DEVNULL,
+                stderr=(work / f"app{i}.log").open("wb"),
+            )
+        )
         bases.append(f"http://127.0.0.1:{port}")
     for base in bases:
         for _ in range(300):
@@ -399,8 +484,10 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
     agents = [Agent(i) for i in range(args.agents)]
     t0 = time.perf_counter()
     await seed_history(bases[0], headers, agents, args.history_min)
-    print(f"seeded {args.history_min:g} min of history for {args.agents} agents in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    print(
+        f"seeded {args.history_min:g} min of history for {args.agents} agents in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     st = Stats()
     cpu0, w0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
     own0 = cpu_seconds(os.getpid())
@@ -413,8 +500,10 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
     read_from = bases[1:] if args.split else bases
     await asyncio.gather(
         *(run_agent(push_to[a.idx % len(push_to)], a, headers, t_end, st) for a in agents),
-        *(run_client(read_from[i % len(read_from)], i, args.agents, args.refresh, t_end, st)
-          for i in range(args.clients)),
+        *(
+            run_client(read_from[i % len(read_from)], i, args.agents, args.refresh, t_end, st)
+            for i in range(args.clients)
+        ),
         run_scraper(read_from[0], 15.0, t_end, st),
     )
     wall = time.monotonic() - w0
@@ -425,7 +514,7 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
     return st
 
 
-HIST_LINE = re.compile(r'^kvscope_http_request_duration_seconds_bucket\{(?P<labels>.*)\} (?P<v>\S+)$')
+HIST_LINE = re.compile(r"^kvscope_http_request_duration_seconds_bucket\{(?P<labels>.*)\} (?P<v>\S+)$")
 
 
 def server_histograms(base: str) -> dict[tuple[str, str], float]:
@@ -441,9 +530,9 @@ def server_histograms(base: str) -> dict[tuple[str, str], float]:
     return out
 
 
-def diff_histograms(after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]) -> dict[
-    tuple[str, str], float
-]:
+def diff_histograms(
+    after: dict[tuple[str, str], float], before: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
@@ -481,8 +570,11 @@ def main() -> int:
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--no-jobs", action="store_true", help="do not run the rollup/alert jobs in the app")
     ap.add_argument("--apps", type=int, default=1, help="app processes on the same database (scale-out)")
-    ap.add_argument("--split", action="store_true",
-                    help="agents push to the first app process, dashboards read from the others (needs --apps >= 2)")
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="agents push to the first app process, dashboards read from the others (needs --apps >= 2)",
+    )
     args = ap.parse_args()
     if args.split and args.apps < 2:
         ap.error("--split needs --apps 2 or more")
@@ -503,10 +595,12 @@ def main() -> int:
             cluster.stop()
     cpu = st.lat.pop("_cpu")[0]
     own = st.lat.pop("_own_cpu")[0]
-    print(f"\nkvscope load: {args.agents} agents at 1 Hz, {args.clients} dashboard clients every {args.refresh:g} s, "
-          f"{args.duration:g} s, {args.db}, {args.apps} app process(es){' (ingest | dashboards)' * args.split}, "
-          f"{os.cpu_count()} cores; "
-          f"app CPU {cpu:.2f} cores, load generator {own:.2f} cores")
+    print(
+        f"\nkvscope load: {args.agents} agents at 1 Hz, {args.clients} dashboard clients every {args.refresh:g} s, "
+        f"{args.duration:g} s, {args.db}, {args.apps} app process(es){' (ingest | dashboards)' * args.split}, "
+        f"{os.cpu_count()} cores; "
+        f"app CPU {cpu:.2f} cores, load generator {own:.2f} cores"
+    )
     print(f"{'kind':<10}{'requests':>10}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     for kind in ("push", "chart", "worth", "overview", "metrics"):
         xs = st.lat.get(kind, [])
@@ -515,14 +609,18 @@ def main() -> int:
     print(f"page fragments (all): {len(frag)} requests, p99 {pct(frag, 0.99) * 1000:.0f} ms (as the clients saw them)")
     late = st.late.get("chart", []) + st.late.get("worth", []) + st.late.get("overview", [])
     pushes = st.late.get("push", [])
-    print(f"second half only (first views of every instance done): fragments {len(late)} requests, "
-          f"p50 {pct(late, 0.5) * 1000:.0f} ms, p99 {pct(late, 0.99) * 1000:.0f} ms; "
-          f"pushes p50 {pct(pushes, 0.5) * 1000:.0f} ms, p99 {pct(pushes, 0.99) * 1000:.0f} ms")
+    print(
+        f"second half only (first views of every instance done): fragments {len(late)} requests, "
+        f"p50 {pct(late, 0.5) * 1000:.0f} ms, p99 {pct(late, 0.99) * 1000:.0f} ms; "
+        f"pushes p50 {pct(pushes, 0.5) * 1000:.0f} ms, p99 {pct(pushes, 0.99) * 1000:.0f} ms"
+    )
     for label, sel in (("push", lambda r: r == "/api/v1/ingest"), ("fragments", lambda r: "/fragments/" in r)):
         n, p50 = server_quantile(st.server, sel, 0.5)
         _, p99 = server_quantile(st.server, sel, 0.99)
-        print(f"server side ({label}, app's own histogram): {n:.0f} requests, p50 <= {p50 * 1000:g} ms, "
-              f"p99 <= {p99 * 1000:g} ms")
+        print(
+            f"server side ({label}, app's own histogram): {n:.0f} requests, p50 <= {p50 * 1000:g} ms, "
+            f"p99 <= {p99 * 1000:g} ms"
+        )
     print(f"errors: {len(st.errors)}" + (f"  first: {st.errors[:3]}" if st.errors else ""))
     return 1 if st.errors else 0
 

@@ -55,8 +55,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args()
     files = args.files or sorted((REPO / "tests" / "fixtures" / "vllm").glob("*.prom"))
-    print(f"{'file':58} {'lines':>5} {'kept':>5} {'prom_client ms':>14} {'ours cold ms':>12} "
-          f"{'ours warm ms':>12} {'cold x':>7} {'warm x':>7}")
+    print(
+        f"{'file':58} {'lines':>5} {'kept':>5} {'prom_client ms':>14} {'ours cold ms':>12} "
+        f"{'ours warm ms':>12} {'cold x':>7} {'warm x':>7}"
+    )
     worst = worst_warm = float("inf")
     for path in files:
         text = path.read_text()
@@ -72,15 +74,20 @@ def main() -> int:
                 lambda t=text: parse(t, KEEP_PREFIXES, {}),
                 lambda t=text, c=cache: parse(t, KEEP_PREFIXES, c),
             ],
-            args.rounds, args.repeat,
+            args.rounds,
+            args.repeat,
         )
         worst = min(worst, base / cold)
         worst_warm = min(worst_warm, base / warm)
-        print(f"{path.name[:58]:58} {text.count(chr(10)):5} {len(ours):5} {base * 1e3:14.3f} {cold * 1e3:12.3f} "
-              f"{warm * 1e3:12.3f} {base / cold:7.1f} {base / warm:7.1f}")
-    print(f"values identical on every file; worst ratio: {worst_warm:.1f}x steady state (warm label cache, "
-          f"every scrape after the first: {'meets' if worst_warm >= TARGET else 'MISSES'} the {TARGET:g}x target), "
-          f"{worst:.1f}x on a first scrape (cold: {'meets' if worst >= TARGET else 'under'} {TARGET:g}x)")
+        print(
+            f"{path.name[:58]:58} {text.count(chr(10)):5} {len(ours):5} {base * 1e3:14.3f} {cold * 1e3:12.3f} "
+            f"{warm * 1e3:12.3f} {base / cold:7.1f} {base / warm:7.1f}"
+        )
+    print(
+        f"values identical on every file; worst ratio: {worst_warm:.1f}x steady state (warm label cache, "
+        f"every scrape after the first: {'meets' if worst_warm >= TARGET else 'MISSES'} the {TARGET:g}x target), "
+        f"{worst:.1f}x on a first scrape (cold: {'meets' if worst >= TARGET else 'under'} {TARGET:g}x)"
+    )
     return 0
 
 

@@ -100,8 +100,9 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
     t0 = now - n
     # one real push creates the host, instance, series (with kinds) and its cache_config
     wire = recorded_batches(t0 - 5.0, 1, interval=1.0)[0]
-    batch = PushBatch(**{**wire, "scrapes": [Scrape(**{**s, "samples": []}) for s in wire["scrapes"]],
-                         "host_samples": []})
+    batch = PushBatch(
+        **{**wire, "scrapes": [Scrape(**{**s, "samples": []}) for s in wire["scrapes"]], "host_samples": []}
+    )
     from agent.protocol import Sample
 
     batch.scrapes[0].samples = [Sample(**s) for s in wire["scrapes"][0]["samples"]]
@@ -109,8 +110,10 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
     IngestWriter(engine).write(batch, float(t0))
     with engine.begin() as conn:
         conn.execute(SampleRow.__table__.delete())  # the seed below replaces that one push
-        series = [(int(r[0]), str(r[1]), dict(r[2]), str(r[3]))
-                  for r in conn.execute(select(Series.id, Series.name, Series.labels, Series.kind))]
+        series = [
+            (int(r[0]), str(r[1]), dict(r[2]), str(r[3]))
+            for r in conn.execute(select(Series.id, Series.name, Series.labels, Series.kind))
+        ]
     raw_from_ms = (now - RAW_KEEP_S) * 1000
     wm_m = (now - 120) * 1000 - ((now - 120) * 1000) % MINUTE_MS
     wm_h = wm_m - wm_m % HOUR_MS
@@ -124,8 +127,9 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
         raw = [s for s in samples if s[0] >= raw_from_ms]
         with engine.begin() as conn:
             for i in range(0, len(raw), 50_000):
-                conn.execute(insert(SampleRow), [{"series_id": sid, "ts_ms": ts, "value": v}
-                                                 for ts, v in raw[i:i + 50_000]])
+                conn.execute(
+                    insert(SampleRow), [{"series_id": sid, "ts_ms": ts, "value": v} for ts, v in raw[i : i + 50_000]]
+                )
             conn.execute(insert(Rollup1m), [_row(sid, ms, b) for ms, b in minutes])
             if hours:
                 conn.execute(insert(Rollup1h), [_row(sid, ms, b) for ms, b in hours])
@@ -140,8 +144,16 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
 
 
 def _row(sid: int, ms: int, b: Any) -> dict[str, Any]:
-    return {"series_id": sid, "bucket_ms": ms, "n": b.n, "vmin": b.vmin, "vmax": b.vmax, "vsum": b.vsum,
-            "vlast": b.vlast, "inc": b.inc}
+    return {
+        "series_id": sid,
+        "bucket_ms": ms,
+        "n": b.n,
+        "vmin": b.vmin,
+        "vmax": b.vmax,
+        "vsum": b.vsum,
+        "vlast": b.vlast,
+        "inc": b.inc,
+    }
 
 
 def timed(client: Any, url: str, repeat: int) -> tuple[float, float, float]:
@@ -191,15 +203,19 @@ def main() -> int:
         now = int(time.time())
         print(f"seeding {args.days:g} days of 1 s samples into {settings.effective_database_url} ...", flush=True)
         info = seed(engine, args.days, now)
-        print(f"  {info['series']} series, {info['samples']:,} samples (1 s) folded in {info['seconds']:.0f} s -> "
-              f"{info['raw']:,} raw rows (last 48 h), {info['1m']:,} 1-minute rows, {info['1h']:,} 1-hour rows")
+        print(
+            f"  {info['series']} series, {info['samples']:,} samples (1 s) folded in {info['seconds']:.0f} s -> "
+            f"{info['raw']:,} raw rows (last 48 h), {info['1m']:,} 1-minute rows, {info['1h']:,} 1-hour rows"
+        )
     app = create_app(settings, engine=engine, clock=lambda: float(now), start_jobs=False)
     fails = 0
     with TestClient(app) as client:
         floor, floor_cpu, _ = timed(client, "/healthz", args.repeat * 4)
         print(f"\nbaseline: GET /healthz {floor:.2f} ms wall, {floor_cpu:.2f} ms CPU (medians)\n")
-        print(f"{'range':>5} {'chart':>9} {'tier':>4} {'points':>6} {'pts/px':>6} {'wall ms':>8} {'CPU ms':>7} "
-              f"{'best CPU':>8} {'CPU/healthz':>11}")
+        print(
+            f"{'range':>5} {'chart':>9} {'tier':>4} {'points':>6} {'pts/px':>6} {'wall ms':>8} {'CPU ms':>7} "
+            f"{'best CPU':>8} {'CPU/healthz':>11}"
+        )
         results: dict[tuple[str, str], tuple[float, float, float]] = {}
         ranges = [r for r in args.ranges.split(",") if r in RANGES]
         for rng in ranges:
@@ -212,24 +228,30 @@ def main() -> int:
                 if ppp > 2 or (rng == "30d" and cpu > TARGET_MS):
                     flag = "  <-- over target"
                     fails += 1
-                print(f"{rng:>5} {key:>9} {meta['tier']:>4} {meta['points']:>6} {ppp:>6.2f} {ms:>8.1f} {cpu:>7.1f} "
-                      f"{best:>8.1f} {cpu / max(floor_cpu, 0.01):>11.1f}{flag}")
+                print(
+                    f"{rng:>5} {key:>9} {meta['tier']:>4} {meta['points']:>6} {ppp:>6.2f} {ms:>8.1f} {cpu:>7.1f} "
+                    f"{best:>8.1f} {cpu / max(floor_cpu, 0.01):>11.1f}{flag}"
+                )
         print("\nbaseline: the 24 h charts forced to raw samples (no rollups)")
         few = max(1, args.repeat // 2)
         for key in CHARTS:
             _, raw_cpu, _ = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h&tier=raw", few)
             _, tier_cpu, _ = timed(client, f"/api/v1/instances/1/charts/{key}?range=24h", few)
-            print(f"  24h {key:>9}: raw {raw_cpu:8.1f} ms CPU, tiered (1m) {tier_cpu:7.1f} ms CPU, raw/tiered "
-                  f"{raw_cpu / tier_cpu:5.1f}x")
+            print(
+                f"  24h {key:>9}: raw {raw_cpu:8.1f} ms CPU, tiered (1m) {tier_cpu:7.1f} ms CPU, raw/tiered "
+                f"{raw_cpu / tier_cpu:5.1f}x"
+            )
         page_ms, page_cpu, _ = timed(client, "/instances/1?range=30d", max(1, args.repeat // 2))
         last = ranges[-1] if "30d" not in ranges else "30d"
         worst = max(results[(last, k)][1] for k in CHARTS)
         worst_wall = max(results[(last, k)][0] for k in CHARTS)
         worst_best = max(results[(last, k)][2] for k in CHARTS)
         print(f"\nwhole instance page, 30 d (7 charts + worth panel): {page_ms:.1f} ms wall, {page_cpu:.1f} ms CPU")
-        print(f"{last}: slowest chart {worst:.1f} ms CPU median, {worst_best:.1f} ms CPU best, "
-              f"{worst_wall:.1f} ms wall (target <= {TARGET_MS:.0f} ms): "
-              f"{'OK' if worst <= TARGET_MS else 'OVER'}; ratio to target {worst / TARGET_MS:.2f}")
+        print(
+            f"{last}: slowest chart {worst:.1f} ms CPU median, {worst_best:.1f} ms CPU best, "
+            f"{worst_wall:.1f} ms wall (target <= {TARGET_MS:.0f} ms): "
+            f"{'OK' if worst <= TARGET_MS else 'OVER'}; ratio to target {worst / TARGET_MS:.2f}"
+        )
     engine.dispose()
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -48,10 +48,30 @@ def make_batches(days: float, interval: float, per_batch: int, end: float) -> li
     t0 = end - n * interval
     out = []
     for seq, i in enumerate(range(0, n, per_batch), start=1):
-        scrapes = [{"instance": URL, "ts": t0 + (i + j) * interval, "ok": True, "healthy": True, "model": "model-0",
-                    "simulated": True, "types": TYPES, "samples": fv.tick()} for j in range(min(per_batch, n - i))]
-        out.append(json.dumps({"agent_id": "bench", "host": "bench-host", "seq": seq,
-                               "sent_at": scrapes[-1]["ts"], "scrapes": scrapes}).encode())
+        scrapes = [
+            {
+                "instance": URL,
+                "ts": t0 + (i + j) * interval,
+                "ok": True,
+                "healthy": True,
+                "model": "model-0",
+                "simulated": True,
+                "types": TYPES,
+                "samples": fv.tick(),
+            }
+            for j in range(min(per_batch, n - i))
+        ]
+        out.append(
+            json.dumps(
+                {
+                    "agent_id": "bench",
+                    "host": "bench-host",
+                    "seq": seq,
+                    "sent_at": scrapes[-1]["ts"],
+                    "scrapes": scrapes,
+                }
+            ).encode()
+        )
     return out
 
 
@@ -68,8 +88,14 @@ def seed_store(url: str, batches: list[bytes], now: float) -> tuple[Any, float, 
         writer.write(parse_batch(body, now, max_future_skew_s=300, max_past_age_s=1e9), now)
     t_ingest = time.perf_counter() - t0
     t0 = time.perf_counter()
-    run_rollups(engine, now, raw_retention_s=48 * 3600, m1_retention_s=30 * 86400 + 7200,
-                h1_retention_s=400 * 86400, max_chunks=100_000)
+    run_rollups(
+        engine,
+        now,
+        raw_retention_s=48 * 3600,
+        m1_retention_s=30 * 86400 + 7200,
+        h1_retention_s=400 * 86400,
+        max_chunks=100_000,
+    )
     return engine, t_ingest, time.perf_counter() - t0
 
 
@@ -114,9 +140,11 @@ def main() -> int:
     t0 = time.perf_counter()
     batches = make_batches(args.days, args.interval, 720, now - 30)
     n_scrapes = sum(len(json.loads(b)["scrapes"]) for b in batches[:1]) * len(batches)
-    print(f"data: {args.days:g} days, one scrape every {args.interval:g} s (~{n_scrapes:,} scrapes, "
-          f"{len(json.loads(batches[0])['scrapes'][0]['samples'])} series) built in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    print(
+        f"data: {args.days:g} days, one scrape every {args.interval:g} s (~{n_scrapes:,} scrapes, "
+        f"{len(json.loads(batches[0])['scrapes'][0]['samples'])} series) built in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
 
     backends: dict[str, Any] = {}
     cluster = None
@@ -177,14 +205,19 @@ def main() -> int:
             pts = sum(v is not None for t in panel.traces for v in t.y)
             rows.append(("Prometheus source", t_chart, t_page, f"{src.last_mode} read, {pts} points"))
             grid = sc.grid
-            expr = (f'sum by (source) (rate(vllm:prompt_tokens_by_source_total{{instance="{instance_target(URL)}"}}'
-                    f'[{int(max(grid.step, 2 * args.interval))}s]))')
+            expr = (
+                f'sum by (source) (rate(vllm:prompt_tokens_by_source_total{{instance="{instance_target(URL)}"}}'
+                f"[{int(max(grid.step, 2 * args.interval))}s]))"
+            )
             first = grid.times[0]
             last = grid.times[-1]
 
             def anchor() -> Any:
-                r = httpx.post(f"{prom.url}/api/v1/query_range", timeout=120, data={
-                    "query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}", "step": f"{grid.step:.3f}"})
+                r = httpx.post(
+                    f"{prom.url}/api/v1/query_range",
+                    timeout=120,
+                    data={"query": expr, "start": f"{first:.3f}", "end": f"{last:.3f}", "step": f"{grid.step:.3f}"},
+                )
                 r.raise_for_status()
                 return r.json()
 
@@ -192,8 +225,10 @@ def main() -> int:
             n = sum(len(s["values"]) for s in body["data"]["result"])
             rows.insert(0, ("Prometheus query_range (anchor)", t_anchor, math.nan, f"PromQL rate, {n} points"))
         anchor_t = rows[0][1] if rows and "anchor" in rows[0][0] else math.nan
-        print(f"\n30-day chart query ({args.days:g} days, 'Prompt tokens by source'; page = 7 charts + worth), "
-              f"median of {args.repeat}")
+        print(
+            f"\n30-day chart query ({args.days:g} days, 'Prompt tokens by source'; page = 7 charts + worth), "
+            f"median of {args.repeat}"
+        )
         print(f"{'backend':<34}{'chart ms':>10}{'x anchor':>10}{'page ms':>10}  notes")
         for name, tc, tp, note in rows:
             ratio = tc / anchor_t if anchor_t == anchor_t else math.nan

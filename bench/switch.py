@@ -53,8 +53,14 @@ def free_port() -> int:
 
 
 def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        argv,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def stop(p: subprocess.Popen[bytes]) -> None:
@@ -85,14 +91,30 @@ def sim_time_to_healthy(extra: list[str], runs: int, work: Path, shm: Path, scal
     for _ in range(runs):
         port = free_port()
         t0 = time.perf_counter()
-        p = start([KVSCOPE, "sim", "--profile", "rtx4070-qwen3-4b", "--port", str(port), "--sim-shm-dir", str(shm),
-                   "--sim-time-scale", str(scale), *extra], work / "baseline.log")
+        p = start(
+            [
+                KVSCOPE,
+                "sim",
+                "--profile",
+                "rtx4070-qwen3-4b",
+                "--port",
+                str(port),
+                "--sim-shm-dir",
+                str(shm),
+                "--sim-time-scale",
+                str(scale),
+                *extra,
+            ],
+            work / "baseline.log",
+        )
         try:
             with httpx.Client(timeout=2.0) as c:
                 while True:
                     try:
-                        if (c.get(f"http://127.0.0.1:{port}/health").status_code == 200
-                                and c.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200):
+                        if (
+                            c.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                            and c.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200
+                        ):
                             break
                     except httpx.HTTPError:
                         pass
@@ -109,8 +131,11 @@ def wait_instance(c: httpx.Client, sim: str, work: Path, since: float) -> int:
     """The sim's instance id, once the agent started at `since` has reported it healthy."""
     t_end = time.time() + 90
     while time.time() < t_end:
-        insts = [i for i in c.get("/api/v1/instances").json()["instances"]
-                 if i["url"] == sim and (i["last_ok"] or 0) > since and i["healthy"]]
+        insts = [
+            i
+            for i in c.get("/api/v1/instances").json()["instances"]
+            if i["url"] == sim and (i["last_ok"] or 0) > since and i["healthy"]
+        ]
         if insts:
             return int(insts[0]["id"])
         time.sleep(0.2)
@@ -140,16 +165,25 @@ def measure(c: httpx.Client, iid: int, args: argparse.Namespace, base: dict[str,
         if got["state"] != "healthy":
             raise SystemExit(f"rollout {rid} ended {got['state']}: {got['message']}")
         tm = got["result"].get("timings", {})
-        row = {"profile": prof, "click_to_healthy_s": total, "sim_own_s": base[prof if prof == "fp8" else "auto"],
-               "handoff_s": (got["claimed_at"] or got["created_at"]) - got["created_at"],
-               "preflight_s": tm.get("preflight_s", 0.0), "restart_s": tm.get("restart_s", 0.0),
-               "health_s": tm.get("health_s", 0.0), "warmup": n == 0}
+        row = {
+            "profile": prof,
+            "click_to_healthy_s": total,
+            "sim_own_s": base[prof if prof == "fp8" else "auto"],
+            "handoff_s": (got["claimed_at"] or got["created_at"]) - got["created_at"],
+            "preflight_s": tm.get("preflight_s", 0.0),
+            "restart_s": tm.get("restart_s", 0.0),
+            "health_s": tm.get("health_s", 0.0),
+            "warmup": n == 0,
+        }
         row["overhead_s"] = total - row["sim_own_s"]
         rows.append(row)
-        print(f"  {'warm-up ' if n == 0 else ''}switch to {prof:4s}: click-to-healthy {total:6.3f} s, "
-              f"sim alone {row['sim_own_s']:.3f} s, overhead {row['overhead_s']:.3f} s "
-              f"(hand-off {row['handoff_s']:.3f}, preflight {row['preflight_s']:.3f}, "
-              f"stop+spawn {row['restart_s']:.3f}, start-to-healthy {row['health_s']:.3f})", flush=True)
+        print(
+            f"  {'warm-up ' if n == 0 else ''}switch to {prof:4s}: click-to-healthy {total:6.3f} s, "
+            f"sim alone {row['sim_own_s']:.3f} s, overhead {row['overhead_s']:.3f} s "
+            f"(hand-off {row['handoff_s']:.3f}, preflight {row['preflight_s']:.3f}, "
+            f"stop+spawn {row['restart_s']:.3f}, start-to-healthy {row['health_s']:.3f})",
+            flush=True,
+        )
     return rows
 
 
@@ -159,8 +193,9 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="agent tick/push interval (s); default as shipped")
     ap.add_argument("--time-scale", type=float, default=20.0, help="--sim-time-scale of the simulated server")
     ap.add_argument("--baseline-runs", type=int, default=3)
-    ap.add_argument("--modes", default="push,longpoll",
-                    help="hand-off modes to measure, in this order (push = --no-command-poll)")
+    ap.add_argument(
+        "--modes", default="push,longpoll", help="hand-off modes to measure, in this order (push = --no-command-poll)"
+    )
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in ("push", "longpoll") for m in modes):
@@ -173,32 +208,82 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         print("baseline: the sim's own time to healthy ...", flush=True)
-        base = {dt: sim_time_to_healthy(["--kv-cache-dtype", dt], args.baseline_runs, work, shm, args.time_scale)
-                for dt in ("auto", "fp8")}
-        token = subprocess.run([KVSCOPE, "token", "create", "bench", "--data-dir", str(data)], check=True,
-                               capture_output=True, text=True, env={**os.environ, **env}).stdout.strip()
+        base = {
+            dt: sim_time_to_healthy(["--kv-cache-dtype", dt], args.baseline_runs, work, shm, args.time_scale)
+            for dt in ("auto", "fp8")
+        }
+        token = subprocess.run(
+            [KVSCOPE, "token", "create", "bench", "--data-dir", str(data)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+        ).stdout.strip()
         app_port, sim_port = free_port(), free_port()
         app = f"http://127.0.0.1:{app_port}"
         sim = f"http://127.0.0.1:{sim_port}"
-        procs.append(start([KVSCOPE, "serve", "--data-dir", str(data), "--port", str(app_port),
-                            "--log-level", "warning"], work / "serve.log", env))
+        procs.append(
+            start(
+                [KVSCOPE, "serve", "--data-dir", str(data), "--port", str(app_port), "--log-level", "warning"],
+                work / "serve.log",
+                env,
+            )
+        )
         wait_http(app + "/healthz", 60)
         cfg = work / "launch.toml"
-        cmd = [KVSCOPE, "sim", "--profile", "rtx4070-qwen3-4b", "--port", str(sim_port), "--sim-shm-dir", str(shm),
-               "--sim-time-scale", str(args.time_scale)]
-        cfg.write_text(f'state_dir = "{work / "ctl"}"\n[[instance]]\nurl = "{sim}"\ncommand = {json.dumps(cmd)}\n'
-                       "health_deadline_s = 60\n")
+        cmd = [
+            KVSCOPE,
+            "sim",
+            "--profile",
+            "rtx4070-qwen3-4b",
+            "--port",
+            str(sim_port),
+            "--sim-shm-dir",
+            str(shm),
+            "--sim-time-scale",
+            str(args.time_scale),
+        ]
+        cfg.write_text(
+            f'state_dir = "{work / "ctl"}"\n[[instance]]\nurl = "{sim}"\ncommand = {json.dumps(cmd)}\n'
+            "health_deadline_s = 60\n"
+        )
         c = httpx.Client(base_url=app, timeout=10.0)
         results: dict[str, list[dict[str, Any]]] = {}
         profiles_made = False
         for mode in modes:
-            print(f"\nmode {mode}: " + ("commands on push replies only (--no-command-poll)" if mode == "push"
-                                          else "the agent's command long-poll (as shipped)"), flush=True)
+            print(
+                f"\nmode {mode}: "
+                + (
+                    "commands on push replies only (--no-command-poll)"
+                    if mode == "push"
+                    else "the agent's command long-poll (as shipped)"
+                ),
+                flush=True,
+            )
             since = time.time()
-            agent = start([KVSCOPE, "agent", "--server", app, "--token", token, "--vllm-url", sim,
-                           "--launcher-config", str(cfg), "--state-dir", str(work / "agent"), "--no-gpu",
-                           "--interval", f"{args.interval}s", "--log-level", "warning",
-                           *(["--no-command-poll"] if mode == "push" else [])], work / "agent.log")
+            agent = start(
+                [
+                    KVSCOPE,
+                    "agent",
+                    "--server",
+                    app,
+                    "--token",
+                    token,
+                    "--vllm-url",
+                    sim,
+                    "--launcher-config",
+                    str(cfg),
+                    "--state-dir",
+                    str(work / "agent"),
+                    "--no-gpu",
+                    "--interval",
+                    f"{args.interval}s",
+                    "--log-level",
+                    "warning",
+                    *(["--no-command-poll"] if mode == "push" else []),
+                ],
+                work / "agent.log",
+            )
             procs.append(agent)
             iid = wait_instance(c, sim, work, since)
             if not profiles_made:
@@ -208,20 +293,26 @@ def main() -> int:
             results[mode] = measure(c, iid, args, base)
             stop(agent)  # stops the sim it supervises too; the next agent starts it again
             procs.remove(agent)
-        print(f"\nsim own time to healthy (median of {args.baseline_runs}): auto {base['auto']:.3f} s, "
-              f"fp8 {base['fp8']:.3f} s")
+        print(
+            f"\nsim own time to healthy (median of {args.baseline_runs}): auto {base['auto']:.3f} s, "
+            f"fp8 {base['fp8']:.3f} s"
+        )
         medians: dict[str, float] = {}
         for mode, rows in results.items():
             measured = [r for r in rows if not r["warmup"]]
             over = medians[mode] = statistics.median(r["overhead_s"] for r in measured)
-            print(f"[{mode:8s}] click-to-healthy median "
-                  f"{statistics.median(r['click_to_healthy_s'] for r in measured):.3f} s over {len(measured)} "
-                  f"switches, agent interval {args.interval:g} s; hand-off median "
-                  f"{statistics.median(r['handoff_s'] for r in measured):.3f} s, max "
-                  f"{max(r['handoff_s'] for r in measured):.3f} s")
-            print(f"[{mode:8s}] controller overhead median {over:.3f} s, max "
-                  f"{max(r['overhead_s'] for r in measured):.3f} s (target <= {TARGET_S:.1f} s: "
-                  f"{'met' if over <= TARGET_S else 'NOT met'}; ratio to target {over / TARGET_S:.2f})")
+            print(
+                f"[{mode:8s}] click-to-healthy median "
+                f"{statistics.median(r['click_to_healthy_s'] for r in measured):.3f} s over {len(measured)} "
+                f"switches, agent interval {args.interval:g} s; hand-off median "
+                f"{statistics.median(r['handoff_s'] for r in measured):.3f} s, max "
+                f"{max(r['handoff_s'] for r in measured):.3f} s"
+            )
+            print(
+                f"[{mode:8s}] controller overhead median {over:.3f} s, max "
+                f"{max(r['overhead_s'] for r in measured):.3f} s (target <= {TARGET_S:.1f} s: "
+                f"{'met' if over <= TARGET_S else 'NOT met'}; ratio to target {over / TARGET_S:.2f})"
+            )
         if "push" in medians and "longpoll" in medians and medians["push"] > 0:
             print(f"overhead ratio longpoll/push (same run): {medians['longpoll'] / medians['push']:.2f}")
         return 0

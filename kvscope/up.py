@@ -24,8 +24,9 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("up", help="app + local agent in one command (single GPU rig)")
     add_settings_args(p)
-    p.add_argument("--vllm-url", action="append", metavar="URL",
-                   help="vLLM base URL (repeatable; default http://127.0.0.1:8000)")
+    p.add_argument(
+        "--vllm-url", action="append", metavar="URL", help="vLLM base URL (repeatable; default http://127.0.0.1:8000)"
+    )
     p.add_argument("--host", help="app bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="app port (default 8080)")
     p.add_argument("--interval", default="1s", help="agent tick interval (default 1s)")
@@ -71,8 +72,13 @@ def run_up(args: argparse.Namespace) -> int:
     served = start_app_thread(app, settings.host, settings.port, args.log_level)
     url = served.url
     agent_args = argparse.Namespace(
-        vllm_url=args.vllm_url, interval=interval, state_dir=args.state_dir or str(Path(settings.data_dir) / "agent"),
-        no_gpu=args.no_gpu, nvidia_smi=args.nvidia_smi, host_name=None, spool_max_mb=256.0,
+        vllm_url=args.vllm_url,
+        interval=interval,
+        state_dir=args.state_dir or str(Path(settings.data_dir) / "agent"),
+        no_gpu=args.no_gpu,
+        nvidia_smi=args.nvidia_smi,
+        host_name=None,
+        spool_max_mb=256.0,
     )
     stop = threading.Event()
     try:

@@ -1,6 +1,6 @@
 """Print (or --write into README.md) the configuration table, generated from app.settings.Settings.
 
-    python scripts/config_table.py --write
+python scripts/config_table.py --write
 """
 
 from __future__ import annotations

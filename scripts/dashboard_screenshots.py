@@ -17,8 +17,15 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main() -> int:
@@ -43,16 +50,21 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as prof:
-        ctx = pw.chromium.launch_persistent_context(prof, executable_path=CHROMIUM, headless=True, args=FLAGS,
-                                                    viewport={"width": 1400, "height": 1000})
+        ctx = pw.chromium.launch_persistent_context(
+            prof, executable_path=CHROMIUM, headless=True, args=FLAGS, viewport={"width": 1400, "height": 1000}
+        )
         try:
             page = ctx.new_page()
-            for name, path, charts in (("overview", "/", ".spark"), ("instance", f"/instances/{iid}?range={args.range}",
-                                                                     ".chart-panel .chart")):
+            for name, path, charts in (
+                ("overview", "/", ".spark"),
+                ("instance", f"/instances/{iid}?range={args.range}", ".chart-panel .chart"),
+            ):
                 page.goto(base + path)
                 page.wait_for_function(
                     f"() => {{ const c = document.querySelectorAll('{charts}'); return c.length > 0 && "
-                    f"[...c].every(e => e.dataset.rendered === '1'); }}", timeout=30_000)
+                    f"[...c].every(e => e.dataset.rendered === '1'); }}",
+                    timeout=30_000,
+                )
                 for scheme in ("light", "dark"):
                     page.emulate_media(color_scheme=scheme)
                     page.wait_for_timeout(800)  # the charts re-theme on the media change

@@ -45,8 +45,7 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     """The `vllm serve` flags the simulator understands (and the sim-only ones, prefixed --sim- or named)."""
     p.add_argument("model_tag", nargs="?", default=None, help="model name or path (vLLM positional)")
     p.add_argument("--model", default=None)
-    p.add_argument("--profile", default="rtx4070-qwen3-4b", choices=sorted(PROFILES),
-                   help="simulated model + device")
+    p.add_argument("--profile", default="rtx4070-qwen3-4b", choices=sorted(PROFILES), help="simulated model + device")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None)
@@ -69,21 +68,34 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--uvicorn-log-level", default="info",
-                   choices=["debug", "info", "warning", "error", "critical", "trace"])
+    p.add_argument(
+        "--uvicorn-log-level", default="info", choices=["debug", "info", "warning", "error", "critical", "trace"]
+    )
     # simulator-only
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds before the port opens")
-    p.add_argument("--hybrid-failure", default="hang", choices=["crash", "hang"],
-                   help="hybrid + offload reload: crash (older builds) or hang (newer builds)")
+    p.add_argument(
+        "--hybrid-failure",
+        default="hang",
+        choices=["crash", "hang"],
+        help="hybrid + offload reload: crash (older builds) or hang (newer builds)",
+    )
     p.add_argument("--sim-shm-dir", default="/dev/shm", help="where the offload buffer file is created")
     p.add_argument("--sim-state-dir", default=None, help="state files for kvscope-fake-nvidia-smi")
     p.add_argument("--sim-gpu-index", type=int, default=0)
     p.add_argument("--enable-server-load-tracking", action="store_true", help="serve GET /load (vLLM)")
-    p.add_argument("--sim-metric-names", default="current", choices=["current", "legacy"],
-                   help="legacy: older builds' names (gpu_cache_usage_perc, gpu_prefix_cache_*, "
-                   "time_per_output_token_seconds; no by-source or new offload families)")
-    p.add_argument("--sim-time-scale", type=float, default=1.0,
-                   help="run the model this many times faster than the wall clock (modeled times unchanged)")
+    p.add_argument(
+        "--sim-metric-names",
+        default="current",
+        choices=["current", "legacy"],
+        help="legacy: older builds' names (gpu_cache_usage_perc, gpu_prefix_cache_*, "
+        "time_per_output_token_seconds; no by-source or new offload families)",
+    )
+    p.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=1.0,
+        help="run the model this many times faster than the wall clock (modeled times unchanged)",
+    )
 
 
 @dataclass(frozen=True)
@@ -227,8 +239,17 @@ def _parse_transfer_config(raw: str, gpu_block: int, profile: Profile) -> Offloa
     if connector in ("LMCacheConnectorV1", "LMCacheConnector"):
         if profile.model.is_hybrid:
             raise _hybrid_lmcache_error()
-        return OffloadConfig("lmcache", "LMCache", int(float(extra.get("max_local_cpu_size", 5)) * GIB),
-                             gpu_block, "lru", 1, True, (), cfg)
+        return OffloadConfig(
+            "lmcache",
+            "LMCache",
+            int(float(extra.get("max_local_cpu_size", 5)) * GIB),
+            gpu_block,
+            "lru",
+            1,
+            True,
+            (),
+            cfg,
+        )
     if connector != "OffloadingConnector":
         raise _value_error(
             f"kv_connector {connector!r} is not simulated; kvscope sim supports OffloadingConnector "
@@ -257,8 +278,9 @@ def _parse_transfer_config(raw: str, gpu_block: int, profile: Profile) -> Offloa
             raise _value_error("secondary_tiers require spec_name: TieringOffloadingSpec")
         if not t.get("root_dir"):
             raise _value_error("fs secondary tier requires root_dir")
-        tiers.append(SecondaryTier("fs", str(t["root_dir"]), int(t.get("n_read_threads", 4)),
-                                   int(t.get("n_write_threads", 4))))
+        tiers.append(
+            SecondaryTier("fs", str(t["root_dir"]), int(t.get("n_read_threads", 4)), int(t.get("n_write_threads", 4)))
+        )
     return OffloadConfig(
         backend="native",
         spec_name=spec,
@@ -287,9 +309,7 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
     model_path = args.model or args.model_tag or model.name
     served = (args.served_model_name or [model_path])[0]
     if not 0 < args.gpu_memory_utilization <= 1:
-        raise _value_error(
-            f"GPU memory utilization must be within (0, 1]. Got {args.gpu_memory_utilization}."
-        )
+        raise _value_error(f"GPU memory utilization must be within (0, 1]. Got {args.gpu_memory_utilization}.")
     if args.max_num_batched_tokens < 1 or args.max_num_batched_tokens < args.max_num_seqs:
         raise _value_error(
             f"max_num_batched_tokens ({args.max_num_batched_tokens}) must be greater than or equal to "
@@ -359,11 +379,13 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         if args.kv_offloading_backend == "lmcache":
             if model.is_hybrid:
                 raise _hybrid_lmcache_error()
-            offload = OffloadConfig("lmcache", "LMCache", int(args.kv_offloading_size * GIB), block_size,
-                                    "lru", 1, True)
+            offload = OffloadConfig(
+                "lmcache", "LMCache", int(args.kv_offloading_size * GIB), block_size, "lru", 1, True
+            )
         else:
-            offload = OffloadConfig("native", "CPUOffloadingSpec", int(args.kv_offloading_size * GIB),
-                                    block_size, "lru", 0, True)
+            offload = OffloadConfig(
+                "native", "CPUOffloadingSpec", int(args.kv_offloading_size * GIB), block_size, "lru", 0, True
+            )
     elif args.kv_transfer_config is not None:
         offload = _parse_transfer_config(args.kv_transfer_config, block_size, profile)
         if offload.cpu_bytes < 0:  # given as num_cpu_blocks

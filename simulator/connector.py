@@ -134,8 +134,9 @@ class OffloadConnector:
                 wrote = fs.write(h, {"model": self.cfg.profile.model.name, "tokens": self.chunk_tokens})
                 if wrote:
                     self._tier_inc("vllm:kv_offload_tiering_write_bytes", wrote, tier=f"{i}:fs")
-                    self._tier_inc("vllm:kv_offload_tiering_write_time", wrote / self.device.disk_bytes_per_s,
-                                   tier=f"{i}:fs")
+                    self._tier_inc(
+                        "vllm:kv_offload_tiering_write_time", wrote / self.device.disk_bytes_per_s, tier=f"{i}:fs"
+                    )
         nbytes = len(new) * self.chunk_bytes
         secs = nbytes / self.device.pcie_bytes_per_s
         self.tx_bytes += nbytes

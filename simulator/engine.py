@@ -39,8 +39,13 @@ EPS = 1e-12
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, now: float, wall_time: float | None = None,
-                 on_cpu_store: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        now: float,
+        wall_time: float | None = None,
+        on_cpu_store: Callable[[int], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.p = cfg.profile
         self.t = now
@@ -258,8 +263,7 @@ class Engine:
 
     # ---- scheduling --------------------------------------------------------------------------
     def _schedule(self, events: list[Event]) -> None:
-        while (self.waiting and not self.dead and self.stalled_since is None
-               and self.running < self.cfg.max_num_seqs):
+        while self.waiting and not self.dead and self.stalled_since is None and self.running < self.cfg.max_num_seqs:
             r = self.waiting[0]
             if self._blocked == (r.id, self.pool.num_free, self.pool.evictions, self.pool.num_cached):
                 return  # nothing changed since the head last failed to fit
@@ -346,9 +350,11 @@ class Engine:
         need_tokens = r.prompt_len + len(r.token_times) + 1
         while len(r.blocks) * self.B < need_tokens:
             if self.pool.num_free == 0:
-                victim = max((q for q in (*self.active, *self.prefilling, *self.decoding)
-                              if q.blocks and q.phase != "deferred"),
-                             key=lambda q: q.admit_seq, default=r)
+                victim = max(
+                    (q for q in (*self.active, *self.prefilling, *self.decoding) if q.blocks and q.phase != "deferred"),
+                    key=lambda q: q.admit_seq,
+                    default=r,
+                )
                 self._preempt(victim)
                 if victim is r:
                     return False
@@ -359,8 +365,10 @@ class Engine:
     def _hybrid_reload_failure(self, r: SimRequest, events: list[Event]) -> None:
         if self.cfg.hybrid_failure == "crash":
             self.dead = True
-            msg = ("EngineCore encountered a fatal error: restoring the recurrent (mamba) state of a hybrid model "
-                   "from the KV connector is not supported (mamba_cache_mode=align has no restore path)")
+            msg = (
+                "EngineCore encountered a fatal error: restoring the recurrent (mamba) state of a hybrid model "
+                "from the KV connector is not supported (mamba_cache_mode=align has no restore path)"
+            )
             for q in [*self.active, *self.prefilling, *self.decoding, *self.waiting, *self.deferred, r]:
                 q.phase, q.error = "failed", msg
                 events.append(Event("failed", q.id, self.t, msg))
@@ -472,8 +480,9 @@ class Engine:
 
     def pool_bytes_in_use(self) -> int:
         """Bytes of the GPU pool holding KV (running + cached): what a memory heat-map would show."""
-        blocks = self.pool.num_used + sum(1 for b in range(self.pool.num_blocks)
-                                          if self.pool.ref_cnt[b] == 0 and self.pool.block_hash[b] is not None)
+        blocks = self.pool.num_used + sum(
+            1 for b in range(self.pool.num_blocks) if self.pool.ref_cnt[b] == 0 and self.pool.block_hash[b] is not None
+        )
         return int(blocks * self.B * self.cfg.bytes_per_token)
 
 

@@ -20,37 +20,58 @@ FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 def declare_families(st: S.Stats, cfg: EngineConfig) -> None:
-    for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
-                 "vllm:external_prefix_cache_hits", "vllm:mm_cache_queries", "vllm:mm_cache_hits",
-                 "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:prompt_tokens_cached",
-                 "vllm:generation_tokens"):
+    for name in (
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:external_prefix_cache_queries",
+        "vllm:external_prefix_cache_hits",
+        "vllm:mm_cache_queries",
+        "vllm:mm_cache_hits",
+        "vllm:num_preemptions",
+        "vllm:prompt_tokens",
+        "vllm:prompt_tokens_cached",
+        "vllm:generation_tokens",
+    ):
         st.declare_counter(name, {})
     st.declare_counter("vllm:prompt_tokens_by_source", *({"source": s} for s in SOURCES))
     st.declare_counter("vllm:prompt_tokens_cached_by_source", *({"source": s} for s in CACHED_SOURCES))
     st.declare_counter("vllm:request_success", *({"finished_reason": r} for r in FINISHED_REASONS))
-    st.declare_counter("vllm:admission_rejections", {"reason": "max_num_queued_reqs"},
-                       {"reason": "max_num_queued_tokens"})
+    st.declare_counter(
+        "vllm:admission_rejections", {"reason": "max_num_queued_reqs"}, {"reason": "max_num_queued_tokens"}
+    )
     len_buckets = S.build_1_2_5_buckets(cfg.max_model_len)
-    for name in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-                 "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens",
-                 "vllm:request_prefill_kv_computed_tokens"):
+    for name in (
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_max_num_generation_tokens",
+        "vllm:request_params_max_tokens",
+        "vllm:request_prefill_kv_computed_tokens",
+    ):
         st.declare_histogram(name, len_buckets, {})
     st.declare_histogram("vllm:iteration_tokens_total", S.ITERATION_TOKENS_BUCKETS, {})
     st.declare_histogram("vllm:request_params_n", S.PARAMS_N_BUCKETS, {})
     st.declare_histogram("vllm:time_to_first_token_seconds", S.TTFT_BUCKETS, {})
     st.declare_histogram("vllm:inter_token_latency_seconds", S.ITL_BUCKETS, {})
     st.declare_histogram("vllm:request_time_per_output_token_seconds", S.ITL_BUCKETS, {})
-    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
-                 "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
-                 "vllm:request_decode_time_seconds"):
+    for name in (
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+    ):
         st.declare_histogram(name, S.REQUEST_TIME_BUCKETS, {})
     st.declare_histogram("vllm:request_num_preemptions", S.PREEMPTION_BUCKETS, {})
 
     o = cfg.offload
     if o is None or o.backend != "native":
         return
-    for name in ("vllm:kv_offload_load_bytes", "vllm:kv_offload_load_time", "vllm:kv_offload_store_bytes",
-                 "vllm:kv_offload_store_time"):
+    for name in (
+        "vllm:kv_offload_load_bytes",
+        "vllm:kv_offload_load_time",
+        "vllm:kv_offload_store_bytes",
+        "vllm:kv_offload_store_time",
+    ):
         st.declare_counter(name, {})
     both = ({"transfer_type": "CPU_to_GPU"}, {"transfer_type": "GPU_to_CPU"})
     st.declare_counter("vllm:kv_offload_total_bytes", *both)
@@ -69,10 +90,14 @@ def declare_families(st: S.Stats, cfg: EngineConfig) -> None:
         lower = tiers[1:]
         st.declare_counter("vllm:kv_offload_tiering_block_queries", *tiers)
         st.declare_counter("vllm:kv_offload_tiering_block_hits", *tiers)
-        for name in ("vllm:kv_offload_tiering_read_bytes", "vllm:kv_offload_tiering_read_time",
-                     "vllm:kv_offload_tiering_write_bytes", "vllm:kv_offload_tiering_write_time",
-                     "vllm:kv_offload_tiering_promotion_job_failures",
-                     "vllm:kv_offload_tiering_cascade_job_failures"):
+        for name in (
+            "vllm:kv_offload_tiering_read_bytes",
+            "vllm:kv_offload_tiering_read_time",
+            "vllm:kv_offload_tiering_write_bytes",
+            "vllm:kv_offload_tiering_write_time",
+            "vllm:kv_offload_tiering_promotion_job_failures",
+            "vllm:kv_offload_tiering_cascade_job_failures",
+        ):
             st.declare_counter(name, *lower)
         st.declare_counter("vllm:kv_offload_tiering_promotion_allocation_failures", {})
         st.declare_histogram("vllm:kv_offload_tiering_lookup_sync_delay_seconds", S.LOOKUP_SYNC_BUCKETS)

@@ -85,17 +85,30 @@ def gpus_now(states: list[dict[str, Any]] | None = None) -> list[Gpu]:
         uuid = str(first.get("gpu_uuid", RTX4070.uuid))
         if i and not sims:
             uuid = uuid[:-2] + f"{i:02d}"
-        out.append(Gpu(
-            index=i, name=str(first.get("gpu_name", RTX4070.name)), uuid=uuid, memory_total=total,
-            memory_used=used, util=min(1.0, sum(float(s.get("recent_utilization", 0.0)) for s in sims)),
-            rx_bps=sum(float(s.get("recent_rx_bytes_per_s", 0.0)) for s in sims),
-            tx_bps=sum(float(s.get("recent_tx_bytes_per_s", 0.0)) for s in sims),
-            power_limit=float(first.get("power_limit_w", RTX4070.power_limit_w)),
-            idle_power=float(first.get("idle_power_w", RTX4070.idle_power_w)),
-            gen_max=int(first.get("pcie_gen_max", 4)), width_max=int(first.get("pcie_width_max", 16)),
-            processes=[{"pid": int(s["pid"]), "used": int(s.get("memory_reserved_bytes", 0)),
-                        "name": str(s.get("process_name", "python3"))} for s in sims],
-        ))
+        out.append(
+            Gpu(
+                index=i,
+                name=str(first.get("gpu_name", RTX4070.name)),
+                uuid=uuid,
+                memory_total=total,
+                memory_used=used,
+                util=min(1.0, sum(float(s.get("recent_utilization", 0.0)) for s in sims)),
+                rx_bps=sum(float(s.get("recent_rx_bytes_per_s", 0.0)) for s in sims),
+                tx_bps=sum(float(s.get("recent_tx_bytes_per_s", 0.0)) for s in sims),
+                power_limit=float(first.get("power_limit_w", RTX4070.power_limit_w)),
+                idle_power=float(first.get("idle_power_w", RTX4070.idle_power_w)),
+                gen_max=int(first.get("pcie_gen_max", 4)),
+                width_max=int(first.get("pcie_width_max", 16)),
+                processes=[
+                    {
+                        "pid": int(s["pid"]),
+                        "used": int(s.get("memory_reserved_bytes", 0)),
+                        "name": str(s.get("process_name", "python3")),
+                    }
+                    for s in sims
+                ],
+            )
+        )
     return out
 
 
@@ -140,8 +153,7 @@ GPU_FIELDS: dict[str, tuple[str, GpuField]] = {
     "clocks.sm": ("MHz", lambda g, u: f"{2610 if g.util else 210} MHz" if u else str(2610 if g.util else 210)),
 }
 
-APP_FIELDS = ("pid", "process_name", "name", "used_memory", "used_gpu_memory", "gpu_uuid", "gpu_bus_id",
-              "gpu_name")
+APP_FIELDS = ("pid", "process_name", "name", "used_memory", "used_gpu_memory", "gpu_uuid", "gpu_bus_id", "gpu_name")
 
 
 def _valid_gpu_field(f: str) -> bool:
@@ -177,29 +189,44 @@ def query_apps(fields: list[str], fmt: set[str], ids: str | None) -> tuple[int, 
     units = "nounits" not in fmt
     lines = []
     if "noheader" not in fmt:
-        lines.append(", ".join(f"{f} [MiB]" if f in ("used_memory", "used_gpu_memory") and units else f
-                               for f in fields))
+        lines.append(
+            ", ".join(f"{f} [MiB]" if f in ("used_memory", "used_gpu_memory") and units else f for f in fields)
+        )
     for g in _select(gpus_now(), ids):
         for p in g.processes:
-            vals = {"pid": str(p["pid"]), "process_name": p["name"], "name": p["name"],
-                    "used_memory": _mib(p["used"], units), "used_gpu_memory": _mib(p["used"], units),
-                    "gpu_uuid": g.uuid, "gpu_bus_id": g.bus_id, "gpu_name": g.name}
+            vals = {
+                "pid": str(p["pid"]),
+                "process_name": p["name"],
+                "name": p["name"],
+                "used_memory": _mib(p["used"], units),
+                "used_gpu_memory": _mib(p["used"], units),
+                "gpu_uuid": g.uuid,
+                "gpu_bus_id": g.bus_id,
+                "gpu_name": g.name,
+            }
             lines.append(", ".join(vals[f] for f in fields))
     return 0, "\n".join(lines) + ("\n" if lines else "")
 
 
 def query_xml() -> str:
     gpus = gpus_now()
-    parts = ['<?xml version="1.0" ?>', '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">', "<nvidia_smi_log>",
-             f"\t<timestamp>{time.strftime('%a %b %d %H:%M:%S %Y')}</timestamp>",
-             f"\t<driver_version>{driver_version()}</driver_version>", "\t<cuda_version>13.1</cuda_version>",
-             f"\t<attached_gpus>{len(gpus)}</attached_gpus>"]
+    parts = [
+        '<?xml version="1.0" ?>',
+        '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">',
+        "<nvidia_smi_log>",
+        f"\t<timestamp>{time.strftime('%a %b %d %H:%M:%S %Y')}</timestamp>",
+        f"\t<driver_version>{driver_version()}</driver_version>",
+        "\t<cuda_version>13.1</cuda_version>",
+        f"\t<attached_gpus>{len(gpus)}</attached_gpus>",
+    ]
     for g in gpus:
         procs = "".join(
             f"\n\t\t\t<process_info>\n\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>\n\t\t\t\t<compute_instance_id>"
             f"N/A</compute_instance_id>\n\t\t\t\t<pid>{p['pid']}</pid>\n\t\t\t\t<type>C</type>\n\t\t\t\t"
             f"<process_name>{p['name']}</process_name>\n\t\t\t\t<used_memory>{p['used'] // MIB} MiB</used_memory>"
-            "\n\t\t\t</process_info>" for p in g.processes)
+            "\n\t\t\t</process_info>"
+            for p in g.processes
+        )
         parts.append(f"""\t<gpu id="{g.bus_id}">
 \t\t<product_name>{g.name}</product_name>
 \t\t<product_brand>GeForce</product_brand>
@@ -267,8 +294,12 @@ class _Cumulative:
         seen: dict[int, tuple[float, float, float, float]] = {}
         for s in states:
             pid = int(s["pid"])
-            cur = (now, float(s.get("pcie_rx_bytes", 0)), float(s.get("pcie_tx_bytes", 0)),
-                   float(s.get("busy_seconds", 0)))
+            cur = (
+                now,
+                float(s.get("pcie_rx_bytes", 0)),
+                float(s.get("pcie_tx_bytes", 0)),
+                float(s.get("busy_seconds", 0)),
+            )
             seen[pid] = cur
             p = self.prev.get(pid)
             if p is None or now <= p[0]:
@@ -276,8 +307,11 @@ class _Cumulative:
             dt = now - p[0]
             gi = int(s.get("gpu_index", 0))
             rx, tx, busy = out.get(gi, (0.0, 0.0, 0.0))
-            out[gi] = (rx + max(0.0, cur[1] - p[1]) / dt, tx + max(0.0, cur[2] - p[2]) / dt,
-                       busy + max(0.0, cur[3] - p[3]) / dt)
+            out[gi] = (
+                rx + max(0.0, cur[1] - p[1]) / dt,
+                tx + max(0.0, cur[2] - p[2]) / dt,
+                busy + max(0.0, cur[3] - p[3]) / dt,
+            )
         self.prev = seen
         return out
 
@@ -308,9 +342,15 @@ def dmon(select: str, delay: float, count: int | None, ids: str | None) -> int:
         for g in _select(gpus_now(states), ids):
             rx, tx, busy = rates.get(g.index, (0.0, 0.0, 0.0))
             g.util = min(1.0, busy)
-            vals = {"pwr": f"{round(g.power)}", "gtemp": str(g.temperature), "sm": str(round(g.util * 100)),
-                    "mem": str(round(g.util * 60)), "fb": str(g.memory_used // MIB),
-                    "rxpci": str(round(rx / 1e6)), "txpci": str(round(tx / 1e6))}
+            vals = {
+                "pwr": f"{round(g.power)}",
+                "gtemp": str(g.temperature),
+                "sm": str(round(g.util * 100)),
+                "mem": str(round(g.util * 60)),
+                "fb": str(g.memory_used // MIB),
+                "rxpci": str(round(rx / 1e6)),
+                "txpci": str(round(tx / 1e6)),
+            }
             print(f"{g.index:>5} " + "".join(f"{vals[c]:>6} " for _, c, _ in cols), flush=True)
         n += 1
     return 0
@@ -421,11 +461,15 @@ def _main(args: list[str]) -> int:
 
 
 def _summary() -> str:
-    lines = [time.strftime("%a %b %d %H:%M:%S %Y"),
-             f"NVIDIA-SMI {driver_version()} (kvscope fake: simulated readings)  Driver Version: {driver_version()}"]
+    lines = [
+        time.strftime("%a %b %d %H:%M:%S %Y"),
+        f"NVIDIA-SMI {driver_version()} (kvscope fake: simulated readings)  Driver Version: {driver_version()}",
+    ]
     for g in gpus_now():
-        lines.append(f"|  {g.index}  {g.name:<32} | {g.memory_used // MIB:>6}MiB / {g.memory_total // MIB:>6}MiB "
-                     f"| {round(g.util * 100):>3}% |")
+        lines.append(
+            f"|  {g.index}  {g.name:<32} | {g.memory_used // MIB:>6}MiB / {g.memory_total // MIB:>6}MiB "
+            f"| {round(g.util * 100):>3}% |"
+        )
     return "\n".join(lines)
 
 

@@ -112,13 +112,24 @@ LEGACY_RENAMES = {
     "vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds",
 }
 LEGACY_ABSENT = {
-    "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached_by_source", "vllm:prompt_tokens_cached",
-    "vllm:num_requests_waiting_by_reason", "vllm:admission_rejections", "vllm:kv_offload_load_bytes",
-    "vllm:kv_offload_load_time", "vllm:kv_offload_load_size", "vllm:kv_offload_store_bytes",
-    "vllm:kv_offload_store_time", "vllm:kv_offload_store_size", "vllm:kv_offload_config_info",
-    "vllm:kv_offload_lookup_sync_delay_seconds", "vllm:kv_offload_lookup_async_delay_seconds",
-    "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_cpu_cache_write_usage_perc",
-    "vllm:kv_offload_cpu_cache_read_usage_perc", "vllm:kv_offload_cpu_allocation_size",
+    "vllm:prompt_tokens_by_source",
+    "vllm:prompt_tokens_cached_by_source",
+    "vllm:prompt_tokens_cached",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:admission_rejections",
+    "vllm:kv_offload_load_bytes",
+    "vllm:kv_offload_load_time",
+    "vllm:kv_offload_load_size",
+    "vllm:kv_offload_store_bytes",
+    "vllm:kv_offload_store_time",
+    "vllm:kv_offload_store_size",
+    "vllm:kv_offload_config_info",
+    "vllm:kv_offload_lookup_sync_delay_seconds",
+    "vllm:kv_offload_lookup_async_delay_seconds",
+    "vllm:kv_offload_cpu_cache_usage_perc",
+    "vllm:kv_offload_cpu_cache_write_usage_perc",
+    "vllm:kv_offload_cpu_cache_read_usage_perc",
+    "vllm:kv_offload_cpu_allocation_size",
 }
 
 
@@ -129,7 +140,7 @@ def legacy_view(fam: Metric) -> Metric | None:
     if new is None:
         return fam
     out = Metric(new, fam.documentation, fam.type, fam.unit)
-    out.samples = [s._replace(name=new + s.name[len(fam.name):]) for s in fam.samples]
+    out.samples = [s._replace(name=new + s.name[len(fam.name) :]) for s in fam.samples]
     return out
 
 
@@ -157,11 +168,20 @@ class EngineCollector:
         base = self._base("")
         yield _gauge("vllm:num_requests_running", base, [({}, g["running"])])
         yield _gauge("vllm:num_requests_waiting", base, [({}, g["waiting_capacity"] + g["waiting_deferred"])])
-        yield _gauge("vllm:num_requests_waiting_by_reason", base,
-                     [({"reason": "capacity"}, g["waiting_capacity"]), ({"reason": "deferred"}, g["waiting_deferred"])])
-        yield _gauge("vllm:engine_sleep_state", base,
-                     [({"sleep_state": "awake"}, 1.0), ({"sleep_state": "weights_offloaded"}, 0.0),
-                      ({"sleep_state": "discard_all"}, 0.0)])
+        yield _gauge(
+            "vllm:num_requests_waiting_by_reason",
+            base,
+            [({"reason": "capacity"}, g["waiting_capacity"]), ({"reason": "deferred"}, g["waiting_deferred"])],
+        )
+        yield _gauge(
+            "vllm:engine_sleep_state",
+            base,
+            [
+                ({"sleep_state": "awake"}, 1.0),
+                ({"sleep_state": "weights_offloaded"}, 0.0),
+                ({"sleep_state": "discard_all"}, 0.0),
+            ],
+        )
         yield _gauge("vllm:kv_cache_usage_perc", base, [({}, g["kv_cache_usage"])])
         for name, series in st.counters.items():
             if not name.startswith("vllm:kv_offload"):
@@ -169,8 +189,12 @@ class EngineCollector:
         for name, hists in st.histograms.items():
             if not name.startswith("vllm:kv_offload"):
                 yield self._histogram(name, hists, st.created)
-        yield _gauge("vllm:cache_config_info", {}, [(e.cfg.cache_config_labels(), 1.0)],
-                     "Information of the LLMEngine CacheConfig")
+        yield _gauge(
+            "vllm:cache_config_info",
+            {},
+            [(e.cfg.cache_config_labels(), 1.0)],
+            "Information of the LLMEngine CacheConfig",
+        )
         if e.native:
             for name, series in st.counters.items():
                 if name.startswith("vllm:kv_offload"):
@@ -183,8 +207,9 @@ class EngineCollector:
             yield _gauge("vllm:kv_offload_cpu_cache_read_usage_perc", base, [({}, g["cpu_read_usage"])])
             labels = e.cfg.offload_config_labels()
             if labels is not None and e.offload_config_emitted:  # absent before the first step, like vLLM
-                yield _gauge("vllm:kv_offload_config_info", {}, [(labels, 1.0)],
-                             "Configuration of the KV offloading CPU tier.")
+                yield _gauge(
+                    "vllm:kv_offload_config_info", {}, [(labels, 1.0)], "Configuration of the KV offloading CPU tier."
+                )
 
     def _counter(self, name: str, series: dict[Any, float], created: float) -> Metric:
         base = self._base(name)
@@ -206,8 +231,9 @@ class EngineCollector:
         return fam
 
 
-def _gauge(name: str, base: dict[str, str], series: list[tuple[dict[str, str], float]],
-           help_text: str | None = None) -> Metric:
+def _gauge(
+    name: str, base: dict[str, str], series: list[tuple[dict[str, str], float]], help_text: str | None = None
+) -> Metric:
     keys = sorted({*base, *(k for labels, _ in series for k in labels)})
     fam = GaugeMetricFamily(name, help_text if help_text is not None else GAUGE_HELP.get(name, ""), labels=keys)
     for labels, value in series:

@@ -42,16 +42,23 @@ def _describe(cfg: EngineConfig) -> None:
     log(f"Resolved architecture: model {cfg.model_path}, served as {cfg.served_model_name!r}")
     log(f"Available KV cache memory: {cfg.pool_bytes / 1024**3:.2f} GiB")
     log(f"GPU KV cache size: {cfg.kv_cache_size_tokens:,} tokens ({cfg.num_gpu_blocks} blocks of {cfg.block_size})")
-    log(f"Maximum concurrency for {cfg.max_model_len:,} tokens per request: "
-        f"{cfg.kv_cache_size_tokens / cfg.max_model_len:.2f}x")
+    log(
+        f"Maximum concurrency for {cfg.max_model_len:,} tokens per request: "
+        f"{cfg.kv_cache_size_tokens / cfg.max_model_len:.2f}x"
+    )
     if cfg.offload is not None:
         o = cfg.offload
-        log(f"KV offloading: backend={o.backend} spec={o.spec_name} cpu_bytes={o.cpu_bytes} "
+        log(
+            f"KV offloading: backend={o.backend} spec={o.spec_name} cpu_bytes={o.cpu_bytes} "
             f"({cfg.cpu_num_chunks} chunks of {o.chunk_tokens} tokens) eviction={o.eviction_policy}"
-            + "".join(f" secondary={t.type}:{t.root_dir}" for t in o.secondary_tiers))
+            + "".join(f" secondary={t.type}:{t.root_dir}" for t in o.secondary_tiers)
+        )
         if p.model.is_hybrid:
-            log("Hybrid model with KV offloading: stores will work, reloads are not supported "
-                f"(simulated failure mode: {cfg.hybrid_failure})", "WARNING")
+            log(
+                "Hybrid model with KV offloading: stores will work, reloads are not supported "
+                f"(simulated failure mode: {cfg.hybrid_failure})",
+                "WARNING",
+            )
 
 
 class _Stop:
@@ -67,12 +74,19 @@ class _Stop:
 def server_info(cfg: EngineConfig) -> dict[str, Any]:
     kv_transfer = cfg.offload.raw if cfg.offload is not None and cfg.offload.raw else None
     if cfg.offload is not None and kv_transfer is None:
-        kv_transfer = {"kv_connector": "OffloadingConnector" if cfg.offload.backend == "native" else
-                       "LMCacheConnectorV1", "kv_role": "kv_both",
-                       "kv_connector_extra_config": {"cpu_bytes_to_use": cfg.offload.cpu_bytes}}
-    return {"vllm_config": {"model_config": {"model": cfg.model_path, "max_model_len": cfg.max_model_len},
-                            "cache_config": cfg.cache_config_labels(), "kv_transfer_config": kv_transfer},
-            "kvscope_simulated": True}
+        kv_transfer = {
+            "kv_connector": "OffloadingConnector" if cfg.offload.backend == "native" else "LMCacheConnectorV1",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": cfg.offload.cpu_bytes},
+        }
+    return {
+        "vllm_config": {
+            "model_config": {"model": cfg.model_path, "max_model_len": cfg.max_model_len},
+            "cache_config": cfg.cache_config_labels(),
+            "kv_transfer_config": kv_transfer,
+        },
+        "kvscope_simulated": True,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
                 log("Interrupted during start-up; shutting down")
                 return 0
         try:
-            sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM,
-                                 socket.IPPROTO_TCP)  # proto set: asyncio then enables TCP_NODELAY
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+            )  # proto set: asyncio then enables TCP_NODELAY
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((args.host, args.port))
         except OSError as exc:
@@ -127,17 +142,30 @@ def run(args: argparse.Namespace) -> int:
         def on_fatal(message: str) -> None:
             crashed["flag"] = True
             log(f"EngineCore failed: {message}", "ERROR")
-            log("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
-                "(above) for the root cause.", "ERROR")
+            log(
+                "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+                "(above) for the root cause.",
+                "ERROR",
+            )
             holder["server"].should_exit = True
 
-        app = SimApp(engine, dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE") == "1", on_fatal=on_fatal,
-                     server_info=server_info(cfg), time_scale=args.sim_time_scale,
-                     legacy_metric_names=args.sim_metric_names == "legacy",
-                     load_tracking=args.enable_server_load_tracking)
+        app = SimApp(
+            engine,
+            dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE") == "1",
+            on_fatal=on_fatal,
+            server_info=server_info(cfg),
+            time_scale=args.sim_time_scale,
+            legacy_metric_names=args.sim_metric_names == "legacy",
+            load_tracking=args.enable_server_load_tracking,
+        )
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.uvicorn_log_level, lifespan="on",
-            access_log=args.uvicorn_log_level in ("debug", "trace"), timeout_graceful_shutdown=2,
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.uvicorn_log_level,
+            lifespan="on",
+            access_log=args.uvicorn_log_level in ("debug", "trace"),
+            timeout_graceful_shutdown=2,
         )
         server = holder["server"] = uvicorn.Server(config)
         pid = os.getpid()

@@ -40,9 +40,17 @@ CRASH_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for th
 
 
 class SimApp:
-    def __init__(self, engine: Engine, *, time_scale: float = 1.0, dev_mode: bool = False,
-                 on_fatal: Callable[[str], None] | None = None, server_info: dict[str, Any] | None = None,
-                 legacy_metric_names: bool = False, load_tracking: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        time_scale: float = 1.0,
+        dev_mode: bool = False,
+        on_fatal: Callable[[str], None] | None = None,
+        server_info: dict[str, Any] | None = None,
+        legacy_metric_names: bool = False,
+        load_tracking: bool = False,
+    ) -> None:
         """`time_scale` > 1 runs the model faster than the wall clock (tests, quick demos): modeled times
         (headers, /metrics) are unchanged, only the real waiting shrinks."""
         self.engine = engine
@@ -51,7 +59,8 @@ class SimApp:
         self.time_scale = time_scale
         base = time.monotonic()
         self.clock: Callable[[], float] = (
-            time.monotonic if time_scale == 1.0 else (lambda: base + (time.monotonic() - base) * time_scale))
+            time.monotonic if time_scale == 1.0 else (lambda: base + (time.monotonic() - base) * time_scale)
+        )
         self.dev_mode = dev_mode
         self.on_fatal = on_fatal
         self.server_info = server_info or {}
@@ -138,10 +147,12 @@ class SimApp:
         try:
             if path == "/health":  # like vLLM: 200 while the engine lives, 500 once it is dead
                 await self._need(method, "GET", send) and await self._respond(
-                    send, 500 if self.engine.dead else 200, b"", "text/plain")
+                    send, 500 if self.engine.dead else 200, b"", "text/plain"
+                )
             elif path == "/version":
                 await self._need(method, "GET", send) and await self._json(
-                    send, 200, {"version": EMULATED_VLLM_VERSION, "kvscope_simulated": True})
+                    send, 200, {"version": EMULATED_VLLM_VERSION, "kvscope_simulated": True}
+                )
             elif path == "/v1/models":
                 await self._need(method, "GET", send) and await self._json(send, 200, self._models())
             elif path == "/metrics":
@@ -191,13 +202,36 @@ class SimApp:
 
     def _models(self) -> dict[str, Any]:
         cfg = self.engine.cfg
-        return {"object": "list", "data": [{
-            "id": cfg.served_model_name, "object": "model", "created": self.created, "owned_by": "vllm",
-            "root": cfg.model_path, "parent": None, "max_model_len": cfg.max_model_len,
-            "permission": [{"id": "modelperm-kvscope-sim", "object": "model_permission", "created": self.created,
-                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                            "organization": "*", "group": None, "is_blocking": False}]}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": cfg.served_model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "vllm",
+                    "root": cfg.model_path,
+                    "parent": None,
+                    "max_model_len": cfg.max_model_len,
+                    "permission": [
+                        {
+                            "id": "modelperm-kvscope-sim",
+                            "object": "model_permission",
+                            "created": self.created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
+        }
 
     async def _reset(self, scope: Scope, send: Send) -> None:
         qs = parse_qs(scope.get("query_string", b"").decode())
@@ -206,9 +240,15 @@ class SimApp:
         if self.engine.reset_prefix_cache(reset_external):
             await self._respond(send, 200, b"", "text/plain")
         else:
-            await self._json(send, 500, ApiError(
-                500, "Failed to reset prefix cache: some KV blocks are still held by running requests",
-                "InternalServerError").body())
+            await self._json(
+                send,
+                500,
+                ApiError(
+                    500,
+                    "Failed to reset prefix cache: some KV blocks are still held by running requests",
+                    "InternalServerError",
+                ).body(),
+            )
 
     # ---- completions -------------------------------------------------------------------------
     async def _read_body(self, receive: Receive) -> bytes:
@@ -275,16 +315,21 @@ class SimApp:
 
     def _sim_headers(self, rid: str, whole: bool) -> list[tuple[bytes, bytes]]:
         r = self.engine.requests[rid]
-        h = [(b"x-kvscope-sim-ttft-ms", f"{(r.ttft or 0.0) * 1000:.3f}".encode()),
-             (b"x-kvscope-sim-prompt-tokens-by-source",
-              f"local_compute={r.computed_tokens},local_cache_hit={r.gpu_hit_tokens},"
-              f"external_kv_transfer={r.ext_tokens}".encode())]
+        h = [
+            (b"x-kvscope-sim-ttft-ms", f"{(r.ttft or 0.0) * 1000:.3f}".encode()),
+            (
+                b"x-kvscope-sim-prompt-tokens-by-source",
+                f"local_compute={r.computed_tokens},local_cache_hit={r.gpu_hit_tokens},"
+                f"external_kv_transfer={r.ext_tokens}".encode(),
+            ),
+        ]
         if whole and r.finished_at is not None:
             h.append((b"x-kvscope-sim-e2e-ms", f"{(r.finished_at - r.arrival) * 1000:.3f}".encode()))
         return h
 
-    async def _whole(self, req: ParsedRequest, rid: str, q: asyncio.Queue[Event], send: Send,
-                     disconnect: asyncio.Future[None]) -> None:
+    async def _whole(
+        self, req: ParsedRequest, rid: str, q: asyncio.Queue[Event], send: Send, disconnect: asyncio.Future[None]
+    ) -> None:
         while True:
             ev = await self._next(q, disconnect, rid)
             if ev is None:
@@ -298,8 +343,9 @@ class SimApp:
                 await self._json(send, 200, body, self._sim_headers(rid, True))
                 return
 
-    async def _stream(self, req: ParsedRequest, rid: str, q: asyncio.Queue[Event], send: Send,
-                      disconnect: asyncio.Future[None]) -> None:
+    async def _stream(
+        self, req: ParsedRequest, rid: str, q: asyncio.Queue[Event], send: Send, disconnect: asyncio.Future[None]
+    ) -> None:
         model = self.engine.cfg.served_model_name
         started = False
         sent = 0
@@ -331,16 +377,16 @@ class SimApp:
                 return
 
     # ---- plumbing ----------------------------------------------------------------------------
-    async def _start(self, send: Send, status: int, ctype: str,
-                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def _start(self, send: Send, status: int, ctype: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
         headers = [(b"content-type", ctype.encode()), (SIM_HEADER.encode(), b"1"), *(extra or [])]
         await send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _body(self, send: Send, data: bytes) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def _respond(self, send: Send, status: int, body: bytes, ctype: str,
-                       extra: list[tuple[bytes, bytes]] | None = None) -> bool:
+    async def _respond(
+        self, send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> bool:
         await self._start(send, status, ctype, [(b"content-length", str(len(body)).encode()), *(extra or [])])
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return True

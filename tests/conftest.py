@@ -38,9 +38,17 @@ def clock() -> FakeClock:
 # KVSCOPE_TEST_DATABASES=all) get `db_backend` parametrised over sqlite and postgres; all other
 # tests stay on SQLite. The postgres variants SKIP with a reason when the server binaries are
 # missing. The cluster is started once per session by tests/pg.py.
-BOTH_DB_DIRS = ("tests/app/test_ingest", "tests/app/test_read", "tests/app/storage", "tests/app/api",
-                "tests/app/test_rollups", "tests/app/test_derived_truth", "tests/controller/test_rollouts_store",
-                "tests/alerts/test_cas", "tests/scale")
+BOTH_DB_DIRS = (
+    "tests/app/test_ingest",
+    "tests/app/test_read",
+    "tests/app/storage",
+    "tests/app/api",
+    "tests/app/test_rollups",
+    "tests/app/test_derived_truth",
+    "tests/controller/test_rollouts_store",
+    "tests/alerts/test_cas",
+    "tests/scale",
+)
 
 
 def _wants_both(metafunc: Any) -> bool:
@@ -142,9 +150,11 @@ def make_batch(
     types: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A wire batch (plain dict) with one scrape."""
-    samples = samples if samples is not None else [
-        ("vllm:prompt_tokens_total", {"model_name": "m", "engine": "0"}, 100.0 * seq)
-    ]
+    samples = (
+        samples
+        if samples is not None
+        else [("vllm:prompt_tokens_total", {"model_name": "m", "engine": "0"}, 100.0 * seq)]
+    )
     return {
         "agent_id": agent_id,
         "host": host,

@@ -86,8 +86,14 @@ class PgCluster:
             kwargs["user"], kwargs["group"] = self._as
             kwargs["extra_groups"] = []
         return subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, check=False,
-            env={**os.environ, "LC_ALL": "C", "LANG": "C"}, cwd=str(self.base), **kwargs,
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={**os.environ, "LC_ALL": "C", "LANG": "C"},
+            cwd=str(self.base),
+            **kwargs,
         )
 
     def start(self) -> None:
@@ -95,18 +101,45 @@ class PgCluster:
         if self._as is not None:
             for p in (self.base, self.sock):
                 os.chown(p, *self._as)
-        r = self._sub([str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", PG_USER,
-                       "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+        r = self._sub(
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                PG_USER,
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ]
+        )
         if r.returncode != 0:
             raise RuntimeError(f"initdb failed: {r.stderr.strip()[-2000:]}")
         last = ""
         for _attempt in range(3):  # the free port may be taken between probe and bind
             self.port = free_port(self.host)
-            opts = (f"-p {self.port} -k {self.sock} -c listen_addresses={self.host} -F "
-                    "-c full_page_writes=off -c synchronous_commit=off -c max_connections=200 "
-                    "-c shared_buffers=64MB")
-            r = self._sub([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                           "-o", opts, "-w", "-t", "60", "start"])
+            opts = (
+                f"-p {self.port} -k {self.sock} -c listen_addresses={self.host} -F "
+                "-c full_page_writes=off -c synchronous_commit=off -c max_connections=200 "
+                "-c shared_buffers=64MB"
+            )
+            r = self._sub(
+                [
+                    str(self.bin_dir / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.log),
+                    "-o",
+                    opts,
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ]
+            )
             if r.returncode == 0:
                 self.started = True
                 return
@@ -116,8 +149,10 @@ class PgCluster:
     def stop(self) -> None:
         try:
             if self.started:
-                self._sub([str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
-                           "-t", "30", "stop"], timeout=60)
+                self._sub(
+                    [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "-t", "30", "stop"],
+                    timeout=60,
+                )
                 self.started = False
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
@@ -130,8 +165,7 @@ class PgCluster:
         """Run one statement outside a transaction (CREATE/DROP DATABASE) on the `postgres` db."""
         import psycopg
 
-        with psycopg.connect(host=self.host, port=self.port, user=PG_USER, dbname="postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(host=self.host, port=self.port, user=PG_USER, dbname="postgres", autocommit=True) as conn:
             conn.execute(sql)  # type: ignore[arg-type]
 
     def create_template(self) -> None:
@@ -170,8 +204,9 @@ def start_cluster() -> PgCluster:
     """Start a cluster with a migrated template, or raise RuntimeError (LookupError when missing)."""
     bin_dir = find_pg_bin()
     if bin_dir is None:
-        raise LookupError("PostgreSQL server binaries not found (apt-get install postgresql; "
-                          "scripts/setup.d/40-postgres.sh)")
+        raise LookupError(
+            "PostgreSQL server binaries not found (apt-get install postgresql; scripts/setup.d/40-postgres.sh)"
+        )
     cluster = PgCluster(bin_dir)
     try:
         cluster.start()

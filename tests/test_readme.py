@@ -23,8 +23,9 @@ def test_first_section_has_exactly_two_commands() -> None:
 
 
 def test_config_table_matches_settings() -> None:
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "config_table.py")],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "config_table.py")], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out in (REPO / "README.md").read_text(), "run: python scripts/config_table.py --write"
 
 

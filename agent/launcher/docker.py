@@ -19,8 +19,21 @@ from agent.launcher.health import HealthResult, wait_healthy
 
 API = "http://docker/v1.43"
 # Config keys copied from the template container.
-_CONFIG_KEYS = ("Image", "Env", "Entrypoint", "Labels", "ExposedPorts", "WorkingDir", "User", "Volumes",
-                "Tty", "OpenStdin", "StopSignal", "StopTimeout", "Healthcheck")
+_CONFIG_KEYS = (
+    "Image",
+    "Env",
+    "Entrypoint",
+    "Labels",
+    "ExposedPorts",
+    "WorkingDir",
+    "User",
+    "Volumes",
+    "Tty",
+    "OpenStdin",
+    "StopSignal",
+    "StopTimeout",
+    "Healthcheck",
+)
 
 
 class DockerLauncher:
@@ -41,7 +54,8 @@ class DockerLauncher:
         self.base_cmd = list(base_cmd)
         self.stop_timeout_s = int(stop_timeout_s)
         self._client = httpx.Client(
-            transport=transport or httpx.HTTPTransport(uds=socket_path), base_url=API,
+            transport=transport or httpx.HTTPTransport(uds=socket_path),
+            base_url=API,
             timeout=stop_timeout_s + 30,
         )
         self._argv: list[str] | None = None
@@ -117,8 +131,9 @@ class DockerLauncher:
         self.start(extra_argv)
 
     def stop(self) -> None:
-        self._req("POST", f"/containers/{self.container}/stop", params={"t": str(self.stop_timeout_s)},
-                  ok=(204, 304, 404))
+        self._req(
+            "POST", f"/containers/{self.container}/stop", params={"t": str(self.stop_timeout_s)}, ok=(204, 304, 404)
+        )
 
     def alive(self) -> bool | None:
         try:
@@ -143,8 +158,11 @@ class DockerLauncher:
 
     def log_tail(self, max_lines: int = 40) -> str:
         try:
-            r = self._req("GET", f"/containers/{self.container}/logs",
-                          params={"stdout": "1", "stderr": "1", "tail": str(max_lines)})
+            r = self._req(
+                "GET",
+                f"/containers/{self.container}/logs",
+                params={"stdout": "1", "stderr": "1", "tail": str(max_lines)},
+            )
         except LauncherError as exc:
             return str(exc)
         return demux_logs(r.content)
@@ -162,8 +180,8 @@ def demux_logs(raw: bytes) -> str:
     i = 0
     if len(raw) >= 8 and raw[0] in (0, 1, 2) and raw[1:4] == b"\0\0\0":
         while i + 8 <= len(raw):
-            size = int.from_bytes(raw[i + 4:i + 8], "big")
-            out += raw[i + 8:i + 8 + size]
+            size = int.from_bytes(raw[i + 4 : i + 8], "big")
+            out += raw[i + 8 : i + 8 + size]
             i += 8 + size
         return out.decode("utf-8", errors="replace")
     return raw.decode("utf-8", errors="replace")

@@ -49,7 +49,9 @@ def wait_healthy(
                         data = m.json().get("data") or []
                         if data and isinstance(data[0], dict):
                             return HealthResult(
-                                True, "healthy", clock() - t0,
+                                True,
+                                "healthy",
+                                clock() - t0,
                                 model=str(data[0].get("id")) if data[0].get("id") else None,
                                 model_root=str(data[0].get("root")) if data[0].get("root") else None,
                             )

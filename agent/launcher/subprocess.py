@@ -91,8 +91,13 @@ class SubprocessLauncher:
         log.flush()
         try:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env}, cwd=self.cwd, start_new_session=True,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                cwd=self.cwd,
+                start_new_session=True,
             )
         except OSError as exc:
             log.close()
@@ -210,8 +215,12 @@ class SubprocessLauncher:
         return self.log_dir / f"{self.name}.pid.json"
 
     def _write_pidfile(self, pid: int, extra_argv: list[str]) -> None:
-        data = {"pid": pid, "argv": [*self.base_argv, *extra_argv], "extra_argv": extra_argv,
-                "log": str(self._log_path) if self._log_path else None}
+        data = {
+            "pid": pid,
+            "argv": [*self.base_argv, *extra_argv],
+            "extra_argv": extra_argv,
+            "log": str(self._log_path) if self._log_path else None,
+        }
         try:
             self._pidfile.write_text(json.dumps(data))
         except OSError:

@@ -82,8 +82,9 @@ class SystemdLauncher:
     def render(self, extra_argv: list[str]) -> str:
         if self.mode == "dropin":
             words = " ".join(systemd_quote(a) for a in [*self.base_argv, *extra_argv])
-            return (f"# written by kvscope: the profile's flags for {self.unit}\n"
-                    f"[Service]\nExecStart=\nExecStart={words}\n")
+            return (
+                f"# written by kvscope: the profile's flags for {self.unit}\n[Service]\nExecStart=\nExecStart={words}\n"
+            )
         for a in extra_argv:
             if any(ch.isspace() for ch in a) or '"' in a or "\\" in a:
                 raise LauncherError(f"argument {a[:60]!r} cannot go through an EnvironmentFile; use dropin mode")

@@ -31,8 +31,14 @@ def _key(payload: dict[str, Any]) -> str:
 
 
 class WorkloadRunner:
-    def __init__(self, *, run: Callable[..., dict[str, Any]] = execute_run, clock: Callable[[], float] = time.time,
-                 max_workers: int = 2, allowed: Callable[[str], bool] = lambda url: True) -> None:
+    def __init__(
+        self,
+        *,
+        run: Callable[..., dict[str, Any]] = execute_run,
+        clock: Callable[[], float] = time.time,
+        max_workers: int = 2,
+        allowed: Callable[[str], bool] = lambda url: True,
+    ) -> None:
         self._run = run
         self._allowed = allowed
         self._clock = clock
@@ -58,8 +64,14 @@ class WorkloadRunner:
             self._report(command, key, {"ok": False, "error": "invalid workload command: needs key and workload"})
             return
         if not self._allowed(command.instance):
-            self._report(command, key, {"ok": False, "error": f"{command.instance} is not managed by this agent "
-                                        "(add it to the agent's launcher config)"})
+            self._report(
+                command,
+                key,
+                {
+                    "ok": False,
+                    "error": f"{command.instance} is not managed by this agent (add it to the agent's launcher config)",
+                },
+            )
             return
         try:
             spec = parse_workload(payload.get("workload") or {})
@@ -83,9 +95,13 @@ class WorkloadRunner:
 
     def _report(self, command: Command, key: str, record: dict[str, Any]) -> None:
         ok = "done" if record.get("ok") else f"failed: {record.get('error')}"
-        ev = AgentEvent(ts=self._clock(), kind="note", instance=command.instance or None,
-                        message=f"A/B workload run {key} {ok}"[:300],
-                        data={"ab_run": {"key": (command.payload or {}).get("key"), "record": record}})
+        ev = AgentEvent(
+            ts=self._clock(),
+            kind="note",
+            instance=command.instance or None,
+            message=f"A/B workload run {key} {ok}"[:300],
+            data={"ab_run": {"key": (command.payload or {}).get("key"), "record": record}},
+        )
         with self._lock:
             self._events.append(ev)
 

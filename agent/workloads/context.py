@@ -37,9 +37,16 @@ class RunContext:
 
     def send(self, prompt: str, tag: str, max_tokens: int | None = None) -> RequestResult:
         res = send_completion(
-            self.client, self.base_url, model=self.model, prompt=prompt,
-            max_tokens=max_tokens or self.spec.max_tokens, stream=self.spec.stream,
-            timeout_s=self.spec.request_timeout_s, tag=tag, clock=self.clock, run_t0=self.t0,
+            self.client,
+            self.base_url,
+            model=self.model,
+            prompt=prompt,
+            max_tokens=max_tokens or self.spec.max_tokens,
+            stream=self.spec.stream,
+            timeout_s=self.spec.request_timeout_s,
+            tag=tag,
+            clock=self.clock,
+            run_t0=self.t0,
         )
         self.results.append(res)
         return res

@@ -61,8 +61,9 @@ def server_info(client: httpx.Client, base_url: str, timeout_s: float = 10.0) ->
 def reset_caches(client: httpx.Client, base_url: str, timeout_s: float = 30.0) -> str:
     """'ok', or why not (the server is not in dev mode: the restart before the run reset it)."""
     try:
-        r = client.post(base_url.rstrip("/") + "/reset_prefix_cache", params={"reset_external": "true"},
-                        timeout=timeout_s)
+        r = client.post(
+            base_url.rstrip("/") + "/reset_prefix_cache", params={"reset_external": "true"}, timeout=timeout_s
+        )
     except httpx.HTTPError as exc:
         return f"failed: {type(exc).__name__}"
     if r.status_code == 200:
@@ -115,8 +116,16 @@ def execute_run(
         record["server"] = info
         synthetic = spec.kind != "observe"
         record["reset"] = reset_caches(c, base_url) if reset and synthetic else "skipped"
-        ctx = RunContext(client=c, base_url=base_url, model=info.get("model"), spec=spec, run_key=run_key,
-                         cancelled=cancelled, clock=clock, sleep=sleep)
+        ctx = RunContext(
+            client=c,
+            base_url=base_url,
+            model=info.get("model"),
+            spec=spec,
+            run_key=run_key,
+            cancelled=cancelled,
+            clock=clock,
+            sleep=sleep,
+        )
         if synthetic and spec.warmup:
             ctx.t0 = clock()
             w = ctx.send(prompts.text(f"{run_key}-warmup", 32), "warmup", max_tokens=4)

@@ -75,7 +75,7 @@ def parse_snapshot(text: str) -> Snapshot:
             for fam in HISTOGRAMS:
                 if not name.startswith(fam):
                     continue
-                rest = name[len(fam):]
+                rest = name[len(fam) :]
                 if rest == "_bucket":
                     try:
                         le = float(labels.get("le", "nan"))
@@ -163,8 +163,8 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
             out["problems"].append(f"{fam} went down during the run")
             continue
         key = "ttft" if "first_token" in fam else "itl"
-        count = (after.hist_count.get(fam, 0.0) - before.hist_count.get(fam, 0.0))
-        total = (after.hist_sum.get(fam, 0.0) - before.hist_sum.get(fam, 0.0))
+        count = after.hist_count.get(fam, 0.0) - before.hist_count.get(fam, 0.0)
+        total = after.hist_sum.get(fam, 0.0) - before.hist_sum.get(fam, 0.0)
         out["server"][key] = {
             "count": count,
             "mean_s": (total / count) if count > 0 else None,

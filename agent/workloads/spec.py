@@ -52,11 +52,14 @@ class WorkloadSpec:
     def describe(self) -> str:
         if self.kind == "probe":
             evict = "auto (enough to fill the GPU pool)" if self.evict_prefixes is None else self.evict_prefixes
-            return (f"probe: {self.prefix_tokens}-token prefix, {evict} evicting prefixes, "
-                    f"{self.repetitions} repetitions")
+            return (
+                f"probe: {self.prefix_tokens}-token prefix, {evict} evicting prefixes, {self.repetitions} repetitions"
+            )
         if self.kind == "prefix-repetition":
-            return (f"prefix-repetition: {self.requests} requests over {self.num_prefixes} prefixes of "
-                    f"{self.prefix_tokens} tokens, {self.distribution}, concurrency {self.concurrency}")
+            return (
+                f"prefix-repetition: {self.requests} requests over {self.num_prefixes} prefixes of "
+                f"{self.prefix_tokens} tokens, {self.distribution}, concurrency {self.concurrency}"
+            )
         if self.kind == "replay":
             return f"replay: {len(self.records)} recorded requests at {self.speed}x, concurrency {self.concurrency}"
         return f"observe: live traffic for {self.window_s:.0f} s"
@@ -148,7 +151,7 @@ def _records(rows: Any, where: str = "records") -> list[dict[str, Any]]:
     out = []
     for i, r in enumerate(rows, 1):
         if not isinstance(r, dict) or not isinstance(r.get("prompt"), str) or not r["prompt"]:
-            raise ValueError(f"{where} #{i}: each request needs a non-empty \"prompt\" string")
+            raise ValueError(f'{where} #{i}: each request needs a non-empty "prompt" string')
         rec: dict[str, Any] = {"prompt": r["prompt"]}
         if r.get("max_tokens") is not None:
             rec["max_tokens"] = _int(r["max_tokens"], f"{where} #{i} max_tokens", 1, 4096)

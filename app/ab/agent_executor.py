@@ -37,8 +37,7 @@ class AgentExecutor:
         self._results: dict[RunKey, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ RunExecutor
-    def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str,
-              cancelled: Callable[[], bool]) -> None:
+    def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str, cancelled: Callable[[], bool]) -> None:
         exp = st.get_experiment(self.engine, key[0])
         if exp is None:
             return
@@ -68,8 +67,14 @@ class AgentExecutor:
             except Exception:
                 stop = False
             if stop:
-                out.append({"id": workload_command_id(key, cancel=True), "kind": "workload_cancel",
-                            "instance": cmd["instance"], "payload": {"key": cmd["payload"]["key"]}})
+                out.append(
+                    {
+                        "id": workload_command_id(key, cancel=True),
+                        "kind": "workload_cancel",
+                        "instance": cmd["instance"],
+                        "payload": {"key": cmd["payload"]["key"]},
+                    }
+                )
         return out
 
     def on_push(self, batch: Any, host_id: int, now: float) -> None:
@@ -88,5 +93,6 @@ class AgentExecutor:
                 if pending is None or pending[0] != host_id:
                     continue  # not ours, or from another host: ignored
                 del self._pending[key]
-                self._results[key] = record if isinstance(record, dict) else {
-                    "ok": False, "error": "the agent sent no record"}
+                self._results[key] = (
+                    record if isinstance(record, dict) else {"ok": False, "error": "the agent sent no record"}
+                )

@@ -10,17 +10,23 @@ from app.ab.verdict import focus_tags, headline_metrics
 ARM_COLORS = {"A": "#1f77b4", "B": "#ff7f0e"}
 # headline metric key -> the per-run summary key that shows it run by run
 RUN_KEYS = {
-    "ttft_p50": "focus_ttft_p50_ms", "ttft_p95": "focus_ttft_p95_ms", "ttft_p99": "focus_ttft_p99_ms",
+    "ttft_p50": "focus_ttft_p50_ms",
+    "ttft_p95": "focus_ttft_p95_ms",
+    "ttft_p99": "focus_ttft_p99_ms",
     "itl_mean": "itl_mean_ms",
 }
 
 
 def _layout(title: str, xtitle: str, ytitle: str) -> dict[str, Any]:
     return {
-        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, "height": 280,
+        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+        "height": 280,
         "margin": {"l": 55, "r": 10, "t": 45, "b": 40},
-        "xaxis": {"title": {"text": xtitle}}, "yaxis": {"title": {"text": ytitle}, "rangemode": "tozero"},
-        "legend": {"orientation": "h"}, "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+        "xaxis": {"title": {"text": xtitle}},
+        "yaxis": {"title": {"text": ytitle}, "rangemode": "tozero"},
+        "legend": {"orientation": "h"},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
     }
 
 
@@ -33,11 +39,16 @@ def per_run_figures(kind: str, runs: list[dict[str, Any]]) -> list[dict[str, Any
         for arm in ("A", "B"):
             pts = [(r["idx"] + 1, r["summary"].get(key)) for r in done if r["arm"] == arm]
             pts = [(x, y) for x, y in pts if isinstance(y, int | float)]
-            traces.append({
-                "type": "scatter", "mode": "markers", "name": f"arm {arm}",
-                "x": [p[0] for p in pts], "y": [p[1] for p in pts],
-                "marker": {"size": 10, "color": ARM_COLORS[arm]},
-            })
+            traces.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": f"arm {arm}",
+                    "x": [p[0] for p in pts],
+                    "y": [p[1] for p in pts],
+                    "marker": {"size": 10, "color": ARM_COLORS[arm]},
+                }
+            )
         figs.append({"id": f"run-{m.key}", "data": traces, "layout": _layout(f"{m.label} per run", "run", m.unit)})
     return figs
 
@@ -53,10 +64,16 @@ def ttft_cdf_figure(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
                 vals.extend(request_values(r.get("record") or {}, "ttft_s", tags))
         vals.sort()
         n = len(vals)
-        traces.append({
-            "type": "scatter", "mode": "lines", "line": {"shape": "hv", "color": ARM_COLORS[arm]},
-            "name": f"arm {arm} (n={n})", "x": vals, "y": [(i + 1) / n for i in range(n)],
-        })
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "line": {"shape": "hv", "color": ARM_COLORS[arm]},
+                "name": f"arm {arm} (n={n})",
+                "x": vals,
+                "y": [(i + 1) / n for i in range(n)],
+            }
+        )
     what = " of the reload requests" if tags else ""
     how = "the sim's modeled TTFT" if modeled else "client-side"
     return {"id": "ttft-cdf", "data": traces, "layout": _layout(f"TTFT CDF{what} ({how})", "ms", "fraction")}
@@ -67,8 +84,13 @@ def source_share_figure(runs: list[dict[str, Any]]) -> dict[str, Any]:
     x = [f"{r['idx'] + 1}{r['arm']}" for r in done]
     colors = {"local_compute": "#d62728", "local_cache_hit": "#2ca02c", "external_kv_transfer": "#9467bd"}
     traces = [
-        {"type": "bar", "name": SOURCE_LABELS[s], "x": x, "marker": {"color": colors[s]},
-         "y": [r["summary"].get(f"share_{s}") for r in done]}
+        {
+            "type": "bar",
+            "name": SOURCE_LABELS[s],
+            "x": x,
+            "marker": {"color": colors[s]},
+            "y": [r["summary"].get(f"share_{s}") for r in done],
+        }
         for s in SOURCES
     ]
     layout = _layout("Prompt tokens by source, per run", "run and arm", "share")

@@ -47,9 +47,16 @@ def plan_runs(runs_per_arm: int) -> list[str]:
 
 
 class Orchestrator:
-    def __init__(self, engine: Engine, port: ControllerPort, executor: RunExecutor,
-                 limits: Limits | None = None, owner: str | None = None, lease_s: float = 60.0,
-                 agent_executor: RunExecutor | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        port: ControllerPort,
+        executor: RunExecutor,
+        limits: Limits | None = None,
+        owner: str | None = None,
+        lease_s: float = 60.0,
+        agent_executor: RunExecutor | None = None,
+    ) -> None:
         self.engine = engine
         self.port = port
         self.executor = executor  # app-side: this process sends the workload to vLLM
@@ -99,12 +106,21 @@ class Orchestrator:
             return False
         if exp["state"] == "pending":
             return st.update_experiment(
-                self.engine, experiment_id, now, expect_state="pending", state="cancelled", outcome="cancelled",
+                self.engine,
+                experiment_id,
+                now,
+                expect_state="pending",
+                state="cancelled",
+                outcome="cancelled",
                 message="cancelled before it started",
                 event=f"A/B experiment #{experiment_id} cancelled" + (f" by {by}" if by else ""),
             )
         return st.update_experiment(
-            self.engine, experiment_id, now, expect_state="running", state="cancelling",
+            self.engine,
+            experiment_id,
+            now,
+            expect_state="running",
+            state="cancelling",
             message="cancelling: stopping the workload, then back to the previous profile",
             event=f"A/B experiment #{experiment_id} cancel requested" + (f" by {by}" if by else ""),
         )
@@ -128,9 +144,18 @@ class Orchestrator:
         prev = int(current["id"]) if current else None
         st.create_runs(self.engine, eid, [(arm, versions[arm]) for arm in plan_runs(int(exp["runs_per_arm"]))])
         st.update_experiment(
-            self.engine, eid, now, expect_state="pending", state="running", step="switch", current_run=0,
-            version_a_id=versions["A"], version_b_id=versions["B"], previous_version_id=prev,
-            step_started_at=now, message=f"starting: {2 * int(exp['runs_per_arm'])} runs, A B A B ...",
+            self.engine,
+            eid,
+            now,
+            expect_state="pending",
+            state="running",
+            step="switch",
+            current_run=0,
+            version_a_id=versions["A"],
+            version_b_id=versions["B"],
+            previous_version_id=prev,
+            step_started_at=now,
+            message=f"starting: {2 * int(exp['runs_per_arm'])} runs, A B A B ...",
             event=f"A/B experiment #{eid} started",
         )
 
@@ -148,12 +173,24 @@ class Orchestrator:
         current = self.port.current(iid)
         if current is not None and int(current["id"]) == run["version_id"] and self.port.active(iid) is None:
             st.update_run(self.engine, int(run["id"]), state="switching", argv=self._argv_of(current))
-            st.update_experiment(self.engine, eid, now, expect_step="switch", step="run", step_started_at=now,
-                                 message=f"{label}: already on the profile")
+            st.update_experiment(
+                self.engine,
+                eid,
+                now,
+                expect_step="switch",
+                step="run",
+                step_started_at=now,
+                message=f"{label}: already on the profile",
+            )
             return
         try:
-            rid = self.port.request(iid, self._arm_profile(exp, run["arm"]), now, requested_by=f"A/B #{eid}",
-                                    override_hybrid=bool((exp.get("options") or {}).get("override_hybrid")))
+            rid = self.port.request(
+                iid,
+                self._arm_profile(exp, run["arm"]),
+                now,
+                requested_by=f"A/B #{eid}",
+                override_hybrid=bool((exp.get("options") or {}).get("override_hybrid")),
+            )
         except SwitchBusy as exc:
             if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
                 self._fail(exp, now, f"{label}: could not start a rollout: {exc}")
@@ -164,8 +201,16 @@ class Orchestrator:
             self._fail(exp, now, f"{label}: the controller refused the switch: {exc}")
             return
         st.update_run(self.engine, int(run["id"]), state="switching", rollout_id=rid)
-        st.update_experiment(self.engine, eid, now, expect_step="switch", step="switching", rollout_id=rid,
-                             step_started_at=now, message=f"{label}: switching profile (rollout #{rid})")
+        st.update_experiment(
+            self.engine,
+            eid,
+            now,
+            expect_step="switch",
+            step="switching",
+            rollout_id=rid,
+            step_started_at=now,
+            message=f"{label}: switching profile (rollout #{rid})",
+        )
 
     def _switching(self, exp: dict[str, Any], now: float) -> None:
         eid = int(exp["id"])
@@ -179,26 +224,50 @@ class Orchestrator:
             return
         if r.get("finished_at") is None:
             if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
-                self._fail(exp, now, f"{label}: rollout #{rid} still {r.get('state')} after "
-                           f"{self.limits.switch_timeout_s:.0f} s")
+                self._fail(
+                    exp,
+                    now,
+                    f"{label}: rollout #{rid} still {r.get('state')} after {self.limits.switch_timeout_s:.0f} s",
+                )
             else:
-                st.update_experiment(self.engine, eid, now, expect_step="switching",
-                                     message=f"{label}: rollout #{rid} {r.get('state')}")
+                st.update_experiment(
+                    self.engine, eid, now, expect_step="switching", message=f"{label}: rollout #{rid} {r.get('state')}"
+                )
             return
         if r.get("state") != "healthy":
-            st.update_run(self.engine, int(run["id"]), state="failed", finished_at=now,
-                          message=f"rollout #{rid} {r.get('state')}: {r.get('message', '')}")
-            self._fail(exp, now, f"arm {run['arm']} ({self._arm_profile(exp, run['arm'])}) did not come up: "
-                       f"rollout #{rid} {r.get('state')}: {r.get('message', '')}".strip())
+            st.update_run(
+                self.engine,
+                int(run["id"]),
+                state="failed",
+                finished_at=now,
+                message=f"rollout #{rid} {r.get('state')}: {r.get('message', '')}",
+            )
+            self._fail(
+                exp,
+                now,
+                f"arm {run['arm']} ({self._arm_profile(exp, run['arm'])}) did not come up: "
+                f"rollout #{rid} {r.get('state')}: {r.get('message', '')}".strip(),
+            )
             return
         if run["version_id"] is not None and int(r.get("version_id") or -1) != int(run["version_id"]):
-            self._fail(exp, now, f"{label}: profile {self._arm_profile(exp, run['arm'])!r} was edited during the "
-                       "experiment; start a new one to compare the new version")
+            self._fail(
+                exp,
+                now,
+                f"{label}: profile {self._arm_profile(exp, run['arm'])!r} was edited during the "
+                "experiment; start a new one to compare the new version",
+            )
             return
         argv = [str(a) for a in ((r.get("payload") or {}).get("argv") or [])]
         st.update_run(self.engine, int(run["id"]), argv=argv)
-        st.update_experiment(self.engine, eid, now, expect_step="switching", step="run", step_started_at=now,
-                             message=f"{label}: profile healthy (rollout #{rid})")
+        st.update_experiment(
+            self.engine,
+            eid,
+            now,
+            expect_step="switching",
+            step="run",
+            step_started_at=now,
+            message=f"{label}: profile healthy (rollout #{rid})",
+        )
 
     def _run(self, exp: dict[str, Any], now: float) -> None:
         eid = int(exp["id"])
@@ -208,9 +277,16 @@ class Orchestrator:
         key = (eid, int(run["idx"]))
         run_key = f"ab{eid}-s{exp['seed']}-{run['idx']}"
         url = str(exp["instance_url"])
-        if not st.update_experiment(self.engine, eid, now, expect_state="running", expect_step="run", step="running",
-                                    step_started_at=now, message=f"run {run['idx'] + 1}/"
-                                    f"{2 * int(exp['runs_per_arm'])} (arm {run['arm']}): {spec.describe()}"):
+        if not st.update_experiment(
+            self.engine,
+            eid,
+            now,
+            expect_state="running",
+            expect_step="run",
+            step="running",
+            step_started_at=now,
+            message=f"run {run['idx'] + 1}/{2 * int(exp['runs_per_arm'])} (arm {run['arm']}): {spec.describe()}",
+        ):
             return  # cancelled (or moved on) meanwhile
         st.update_run(self.engine, int(run["id"]), state="running", started_at=now)
         self._executor(exp).start(key, url, spec, run_key, self._cancel_check(eid))
@@ -247,29 +323,60 @@ class Orchestrator:
     def _record_run(self, exp: dict[str, Any], run: dict[str, Any], record: dict[str, Any], now: float) -> None:
         eid = int(exp["id"])
         spec = parse_workload(exp["workload"])
-        record = {**record, "host_pinned_resident_bytes": host_pinned_bytes(
-            self.engine, int(exp["host_id"]), float(run.get("started_at") or now), now)}
+        record = {
+            **record,
+            "host_pinned_resident_bytes": host_pinned_bytes(
+                self.engine, int(exp["host_id"]), float(run.get("started_at") or now), now
+            ),
+        }
         summary = summarise_run(record, focus_tags(spec.kind))
         failure = self._run_failure(record, summary)
         state = "cancelled" if record.get("cancelled") else ("failed" if failure else "done")
-        st.update_run(self.engine, int(run["id"]), state=state, finished_at=now, record=record, summary=summary,
-                      message=failure or ("cancelled" if state == "cancelled" else "ok"))
+        st.update_run(
+            self.engine,
+            int(run["id"]),
+            state=state,
+            finished_at=now,
+            record=record,
+            summary=summary,
+            message=failure or ("cancelled" if state == "cancelled" else "ok"),
+        )
         if state == "cancelled":
             return  # the cancelling step takes it from here
         if failure:
-            self._fail(exp, now, f"arm {run['arm']} ({self._arm_profile(exp, run['arm'])}) failed in run "
-                       f"{run['idx'] + 1}: {failure}")
+            self._fail(
+                exp,
+                now,
+                f"arm {run['arm']} ({self._arm_profile(exp, run['arm'])}) failed in run {run['idx'] + 1}: {failure}",
+            )
             return
         nxt = int(run["idx"]) + 1
         if nxt < 2 * int(exp["runs_per_arm"]):
-            st.update_experiment(self.engine, eid, now, expect_step="running", step="switch", current_run=nxt,
-                                 step_started_at=now, message=f"run {nxt} done")
+            st.update_experiment(
+                self.engine,
+                eid,
+                now,
+                expect_step="running",
+                step="switch",
+                current_run=nxt,
+                step_started_at=now,
+                message=f"run {nxt} done",
+            )
             return
         verdict = self.verdict(exp)
         st.update_experiment(
-            self.engine, eid, now, expect_state="running", state="restoring", step="restore", outcome="completed",
-            verdict=verdict, rollout_id=None, step_started_at=now,
-            message="all runs done; back to the previous profile", event=f"A/B experiment #{eid}: {verdict['call']}",
+            self.engine,
+            eid,
+            now,
+            expect_state="running",
+            state="restoring",
+            step="restore",
+            outcome="completed",
+            verdict=verdict,
+            rollout_id=None,
+            step_started_at=now,
+            message="all runs done; back to the previous profile",
+            event=f"A/B experiment #{eid}: {verdict['call']}",
         )
 
     def _run_failure(self, record: dict[str, Any], summary: dict[str, Any]) -> str | None:
@@ -287,9 +394,13 @@ class Orchestrator:
         runs = [r for r in st.list_runs(self.engine, int(exp["id"])) if r["state"] == "done"]
         spec = parse_workload(exp["workload"])
         return compute_verdict(
-            spec.kind, [r["record"] for r in runs if r["arm"] == "A"], [r["record"] for r in runs if r["arm"] == "B"],
-            seed=int(exp["seed"]), n_boot=self.limits.n_boot,
-            profile_a=str(exp["profile_a"]), profile_b=str(exp["profile_b"]),
+            spec.kind,
+            [r["record"] for r in runs if r["arm"] == "A"],
+            [r["record"] for r in runs if r["arm"] == "B"],
+            seed=int(exp["seed"]),
+            n_boot=self.limits.n_boot,
+            profile_a=str(exp["profile_a"]),
+            profile_b=str(exp["profile_b"]),
         )
 
     def _cancelling(self, exp: dict[str, Any], now: float) -> None:
@@ -305,10 +416,18 @@ class Orchestrator:
                 self._record_run(exp, run, {**record, "cancelled": True}, now)
             else:
                 st.update_run(self.engine, int(run["id"]), state="cancelled", finished_at=now, message="cancelled")
-        st.update_experiment(self.engine, eid, now, expect_state="cancelling", state="restoring", step="restore",
-                             outcome="cancelled", step_started_at=now,
-                             rollout_id=exp["rollout_id"] if exp["step"] == "switching" else None,
-                             message="cancelled; back to the previous profile")
+        st.update_experiment(
+            self.engine,
+            eid,
+            now,
+            expect_state="cancelling",
+            state="restoring",
+            step="restore",
+            outcome="cancelled",
+            step_started_at=now,
+            rollout_id=exp["rollout_id"] if exp["step"] == "switching" else None,
+            message="cancelled; back to the previous profile",
+        )
 
     def _restoring(self, exp: dict[str, Any], now: float) -> None:
         eid, iid = int(exp["id"]), int(exp["instance_id"])
@@ -323,15 +442,30 @@ class Orchestrator:
                 if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
                     self._finish(exp, now, outcome, _join(base, f"rollout #{rid} did not end; check the instance"))
                 else:
-                    st.update_experiment(self.engine, eid, now, expect_step=exp["step"],
-                                         message=_join(base, f"waiting for rollout #{rid} ({r.get('state')})"))
+                    st.update_experiment(
+                        self.engine,
+                        eid,
+                        now,
+                        expect_step=exp["step"],
+                        message=_join(base, f"waiting for rollout #{rid} ({r.get('state')})"),
+                    )
                 return
             if exp["step"] == "restoring":  # our restore rollout is over
                 ok = r is not None and r.get("state") == "healthy"
-                self._finish(exp, now, outcome, _join(base, (
-                    f"back on the previous profile (rollout #{rid})" if ok else
-                    f"could not restore the previous profile: rollout #{rid} {r.get('state') if r else 'vanished'}"
-                )))
+                self._finish(
+                    exp,
+                    now,
+                    outcome,
+                    _join(
+                        base,
+                        (
+                            f"back on the previous profile (rollout #{rid})"
+                            if ok
+                            else "could not restore the previous profile: "
+                            f"rollout #{rid} {r.get('state') if r else 'vanished'}"
+                        ),
+                    ),
+                )
                 return
         if prev_id is None:
             self._finish(exp, now, outcome, _join(base, "no previous profile was recorded: the instance stays as is"))
@@ -354,8 +488,15 @@ class Orchestrator:
         except SwitchRefused as exc:
             self._finish(exp, now, outcome, _join(base, f"could not restore the previous profile: {exc}"))
             return
-        st.update_experiment(self.engine, eid, now, step="restoring", rollout_id=rid, step_started_at=now,
-                             message=_join(base, f"restoring {name} (rollout #{rid})"))
+        st.update_experiment(
+            self.engine,
+            eid,
+            now,
+            step="restoring",
+            rollout_id=rid,
+            step_started_at=now,
+            message=_join(base, f"restoring {name} (rollout #{rid})"),
+        )
 
     # ------------------------------------------------------------------ helpers
     def _version_name(self, exp: dict[str, Any], version_id: int) -> str | None:
@@ -384,8 +525,15 @@ class Orchestrator:
         """End the runs and go back to the previous profile (state restoring, outcome failed)."""
         eid = int(exp["id"])
         st.update_experiment(
-            self.engine, eid, now, expect_state=("pending", "running", "cancelling"), state="restoring",
-            step="restore", outcome="failed", message=message, step_started_at=now,
+            self.engine,
+            eid,
+            now,
+            expect_state=("pending", "running", "cancelling"),
+            state="restoring",
+            step="restore",
+            outcome="failed",
+            message=message,
+            step_started_at=now,
             rollout_id=exp["rollout_id"] if exp["step"] == "switching" else None,
             event=f"A/B experiment #{eid} failed: {message}",
         )
@@ -398,11 +546,23 @@ class Orchestrator:
             if {r["arm"] for r in done} == {"A", "B"}:  # what the finished runs say, labelled partial
                 v = self.verdict(exp)
                 v["partial"] = True
-                v["summary"] = (f"Partial result ({outcome} after {len(done)} of {2 * int(exp['runs_per_arm'])} "
-                                f"runs): {v['summary']}")
+                v["summary"] = (
+                    f"Partial result ({outcome} after {len(done)} of {2 * int(exp['runs_per_arm'])} "
+                    f"runs): {v['summary']}"
+                )
                 extra["verdict"] = v
-        st.update_experiment(self.engine, eid, now, state=outcome, outcome=outcome, step="", message=message,
-                             rollout_id=None, event=f"A/B experiment #{eid} {outcome}: {message}", **extra)
+        st.update_experiment(
+            self.engine,
+            eid,
+            now,
+            state=outcome,
+            outcome=outcome,
+            step="",
+            message=message,
+            rollout_id=None,
+            event=f"A/B experiment #{eid} {outcome}: {message}",
+            **extra,
+        )
 
 
 def _join(a: str, b: str) -> str:
@@ -413,8 +573,7 @@ def host_pinned_bytes(engine: Engine, host_id: int, start: float, end: float) ->
     """The most offload-buffer memory the host's agent saw resident in /dev/shm during the run
     (kvscope:pinned_offload_resident_bytes summed over files; host-wide, so every instance's buffer
     on that host counts). None when the agent sent no such reading."""
-    found = series_points(engine, name="kvscope:pinned_offload_resident_bytes", start=start, end=end,
-                          host_id=host_id)
+    found = series_points(engine, name="kvscope:pinned_offload_resident_bytes", start=start, end=end, host_id=host_id)
     per_ts: dict[float, float] = {}
     for sp in found:
         for ts, v in sp.points:

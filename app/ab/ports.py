@@ -37,8 +37,9 @@ class ControllerPort(Protocol):
     def profile(self, name: str) -> dict[str, Any] | None:
         """The named profile's current version: {version_id, name, current_version, spec} or None."""
 
-    def request(self, instance_id: int, profile_name: str, now: float, *, requested_by: str,
-                override_hybrid: bool) -> int:
+    def request(
+        self, instance_id: int, profile_name: str, now: float, *, requested_by: str, override_hybrid: bool
+    ) -> int:
         """Ask for a rollout; its id. Raises SwitchBusy or SwitchRefused."""
 
     def rollout(self, rollout_id: int) -> dict[str, Any] | None:
@@ -49,8 +50,7 @@ class ControllerPort(Protocol):
 
 
 class RunExecutor(Protocol):
-    def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str,
-              cancelled: Callable[[], bool]) -> None: ...
+    def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str, cancelled: Callable[[], bool]) -> None: ...
 
     def result(self, key: RunKey) -> dict[str, Any] | None:
         """The record once the run is over (then forgotten), else None."""
@@ -75,13 +75,15 @@ class RolloutsPort:
 
         return rs.get_profile(self.ctx.engine, name)
 
-    def request(self, instance_id: int, profile_name: str, now: float, *, requested_by: str,
-                override_hybrid: bool) -> int:
+    def request(
+        self, instance_id: int, profile_name: str, now: float, *, requested_by: str, override_hybrid: bool
+    ) -> int:
         from app.rollouts import RolloutError, request_rollout
 
         try:
-            return request_rollout(self.ctx, instance_id, profile_name, override_hybrid=override_hybrid,
-                                   requested_by=requested_by, now=now)
+            return request_rollout(
+                self.ctx, instance_id, profile_name, override_hybrid=override_hybrid, requested_by=requested_by, now=now
+            )
         except RolloutError as exc:
             if exc.status == 409:
                 raise SwitchBusy(str(exc)) from None
@@ -113,8 +115,7 @@ class ThreadExecutor:
         self._run = run
         self._stopping = threading.Event()
 
-    def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str,
-              cancelled: Callable[[], bool]) -> None:
+    def start(self, key: RunKey, url: str, spec: WorkloadSpec, run_key: str, cancelled: Callable[[], bool]) -> None:
         with self._lock:
             if key in self._futures or self._stopping.is_set():
                 return

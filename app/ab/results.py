@@ -90,8 +90,18 @@ def summarise_run(record: dict[str, Any], focus_tags: tuple[str, ...] = ()) -> d
     for src in SOURCES:
         s[f"share_{src}"] = shares.get(src, 0.0 if shares else None)
         s[f"tokens_{src}"] = (c.get("tokens_by_source") or {}).get(src)
-    for key in ("gpu_hit_rate", "external_hit_rate", "overall_hit_rate", "load_gbps", "store_gbps",
-                "load_bytes", "store_bytes", "preemptions", "configured_offload_bytes", "prompt_tokens"):
+    for key in (
+        "gpu_hit_rate",
+        "external_hit_rate",
+        "overall_hit_rate",
+        "load_gbps",
+        "store_gbps",
+        "load_bytes",
+        "store_bytes",
+        "preemptions",
+        "configured_offload_bytes",
+        "prompt_tokens",
+    ):
         s[key] = c.get(key)
     server = c.get("server") or {}
     for kind in ("ttft", "itl"):

@@ -78,9 +78,15 @@ def start_experiment(
         raise ExperimentError(f"workload: {exc}", 422) from None
     try:
         return st.create_experiment(
-            ctx.engine, instance_id=instance_id, profile_a=profile_a, profile_b=profile_b,
+            ctx.engine,
+            instance_id=instance_id,
+            profile_a=profile_a,
+            profile_b=profile_b,
             workload=spec.to_dict() | ({"records": spec.records} if spec.kind == "replay" else {}),
-            runs_per_arm=runs_per_arm, seed=seed, now=ctx.now(), requested_by=requested_by,
+            runs_per_arm=runs_per_arm,
+            seed=seed,
+            now=ctx.now(),
+            requested_by=requested_by,
             options={"override_hybrid": bool(override_hybrid), "executor": executor},
         )
     except st.ExperimentConflict as exc:
@@ -100,8 +106,9 @@ def default_executor(url: str, agent_host: str, this_host: str | None = None) ->
     return "agent" if loopback and agent_host and agent_host != here else "app"
 
 
-def experiment_view(exp: dict[str, Any], runs: list[dict[str, Any]] | None = None,
-                    *, with_records: bool = False) -> dict[str, Any]:
+def experiment_view(
+    exp: dict[str, Any], runs: list[dict[str, Any]] | None = None, *, with_records: bool = False
+) -> dict[str, Any]:
     total = 2 * int(exp["runs_per_arm"])
     done = sum(1 for r in runs or [] if r["state"] in ("done", "failed", "cancelled"))
     wl = dict(exp.get("workload") or {})
@@ -109,10 +116,30 @@ def experiment_view(exp: dict[str, Any], runs: list[dict[str, Any]] | None = Non
     if n_records:
         wl["records"] = f"{n_records} requests"
     out: dict[str, Any] = {
-        k: exp.get(k) for k in (
-            "id", "instance_id", "instance_url", "host", "simulated", "profile_a", "profile_b", "version_a_id",
-            "version_b_id", "previous_version_id", "runs_per_arm", "seed", "state", "step", "current_run",
-            "outcome", "message", "rollout_id", "requested_by", "created_at", "updated_at", "finished_at",
+        k: exp.get(k)
+        for k in (
+            "id",
+            "instance_id",
+            "instance_url",
+            "host",
+            "simulated",
+            "profile_a",
+            "profile_b",
+            "version_a_id",
+            "version_b_id",
+            "previous_version_id",
+            "runs_per_arm",
+            "seed",
+            "state",
+            "step",
+            "current_run",
+            "outcome",
+            "message",
+            "rollout_id",
+            "requested_by",
+            "created_at",
+            "updated_at",
+            "finished_at",
         )
     }
     out["simulated"] = bool(exp.get("simulated"))
@@ -123,8 +150,11 @@ def experiment_view(exp: dict[str, Any], runs: list[dict[str, Any]] | None = Non
         out["workload_text"] = str(wl.get("kind", "?"))
     out["options"] = exp.get("options") or {}
     out["finished"] = exp.get("finished_at") is not None
-    out["progress"] = {"runs_done": done, "runs_total": total,
-                       "fraction": (1.0 if out["finished"] else (done / total if total else 0.0))}
+    out["progress"] = {
+        "runs_done": done,
+        "runs_total": total,
+        "fraction": (1.0 if out["finished"] else (done / total if total else 0.0)),
+    }
     out["verdict"] = exp.get("verdict") or {}
     if runs is not None:
         out["runs"] = [run_view(r, with_record=with_records) for r in runs]
@@ -158,12 +188,35 @@ def export_json(exp: dict[str, Any], runs: list[dict[str, Any]]) -> str:
 
 
 CSV_FIELDS = (
-    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "focus_ttft_p50_ms", "focus_ttft_p95_ms", "focus_ttft_p99_ms",
-    "itl_mean_ms", "throughput_tok_s", "server_ttft_p50_ms", "server_ttft_p95_ms", "server_ttft_p99_ms",
-    "server_itl_mean_ms", "share_local_compute", "share_local_cache_hit", "share_external_kv_transfer",
-    "gpu_hit_rate", "external_hit_rate", "overall_hit_rate", "load_gbps", "store_gbps", "load_bytes",
-    "store_bytes", "configured_offload_bytes", "host_pinned_resident_bytes", "preemptions", "requests", "errors",
-    "error_rate", "elapsed_s",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "focus_ttft_p50_ms",
+    "focus_ttft_p95_ms",
+    "focus_ttft_p99_ms",
+    "itl_mean_ms",
+    "throughput_tok_s",
+    "server_ttft_p50_ms",
+    "server_ttft_p95_ms",
+    "server_ttft_p99_ms",
+    "server_itl_mean_ms",
+    "share_local_compute",
+    "share_local_cache_hit",
+    "share_external_kv_transfer",
+    "gpu_hit_rate",
+    "external_hit_rate",
+    "overall_hit_rate",
+    "load_gbps",
+    "store_gbps",
+    "load_bytes",
+    "store_bytes",
+    "configured_offload_bytes",
+    "host_pinned_resident_bytes",
+    "preemptions",
+    "requests",
+    "errors",
+    "error_rate",
+    "elapsed_s",
 )
 
 
@@ -172,16 +225,38 @@ def export_csv(exp: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     kind = str((exp.get("workload") or {}).get("kind", "probe"))
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["experiment", "run", "arm", "profile", "state", "argv", "vllm_version", "model", "simulated",
-                "reset", *CSV_FIELDS])
+    w.writerow(
+        [
+            "experiment",
+            "run",
+            "arm",
+            "profile",
+            "state",
+            "argv",
+            "vllm_version",
+            "model",
+            "simulated",
+            "reset",
+            *CSV_FIELDS,
+        ]
+    )
     for r in runs:
         rec = r.get("record") or {}
         summary = r.get("summary") or (summarise_run(rec, focus_tags(kind)) if rec else {})
         server = rec.get("server") or {}
-        w.writerow([
-            exp["id"], r["idx"] + 1, r["arm"], exp["profile_a"] if r["arm"] == "A" else exp["profile_b"],
-            r["state"], " ".join(r.get("argv") or []), server.get("version") or "", server.get("model") or "",
-            int(bool(server.get("simulated"))), rec.get("reset") or "",
-            *["" if summary.get(f) is None else summary.get(f) for f in CSV_FIELDS],
-        ])
+        w.writerow(
+            [
+                exp["id"],
+                r["idx"] + 1,
+                r["arm"],
+                exp["profile_a"] if r["arm"] == "A" else exp["profile_b"],
+                r["state"],
+                " ".join(r.get("argv") or []),
+                server.get("version") or "",
+                server.get("model") or "",
+                int(bool(server.get("simulated"))),
+                rec.get("reset") or "",
+                *["" if summary.get(f) is None else summary.get(f) for f in CSV_FIELDS],
+            ]
+        )
     return buf.getvalue()

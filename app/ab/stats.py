@@ -147,8 +147,19 @@ def bootstrap_diffs(
             rel_lo, rel_hi = _widen(rel, percentile(r, tail), percentile(r, 100.0 - tail), widen)
         out.append(
             Interval(
-                a=va, b=vb, diff=est, lo=lo, hi=hi, rel=rel, rel_lo=rel_lo, rel_hi=rel_hi,
-                level=level, n_a=len(pa), n_b=len(pb), runs_a=len(a), runs_b=len(b),
+                a=va,
+                b=vb,
+                diff=est,
+                lo=lo,
+                hi=hi,
+                rel=rel,
+                rel_lo=rel_lo,
+                rel_hi=rel_hi,
+                level=level,
+                n_a=len(pa),
+                n_b=len(pb),
+                runs_a=len(a),
+                runs_b=len(b),
             )
         )
     return out

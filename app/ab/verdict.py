@@ -21,9 +21,7 @@ GIB = 1024**3
 
 
 def _ttft(tags: tuple[str, ...], what: str) -> list[Metric]:
-    return [
-        Metric(f"ttft_p{q}", f"TTFT p{q}{what}", "ms", "request", f"p{q}", "ttft_s", tags) for q in (50, 95, 99)
-    ]
+    return [Metric(f"ttft_p{q}", f"TTFT p{q}{what}", "ms", "request", f"p{q}", "ttft_s", tags) for q in (50, 95, 99)]
 
 
 ITL = Metric("itl_mean", "ITL (mean)", "ms", "request", "mean", "itl_s")
@@ -56,10 +54,20 @@ def secondary_metrics(kind: str) -> list[Metric]:
     if kind != "observe":
         out += [Metric(f"server_ttft_p{q}_ms", f"server TTFT p{q} (histogram delta)", "ms", "run") for q in (50, 95)]
     out += [
-        Metric("share_external_kv_transfer", "share of prompt tokens reloaded from the offload tier", "ratio", "run",
-               lower_is_better=False),
-        Metric("share_local_cache_hit", "share of prompt tokens from the GPU prefix cache", "ratio", "run",
-               lower_is_better=False),
+        Metric(
+            "share_external_kv_transfer",
+            "share of prompt tokens reloaded from the offload tier",
+            "ratio",
+            "run",
+            lower_is_better=False,
+        ),
+        Metric(
+            "share_local_cache_hit",
+            "share of prompt tokens from the GPU prefix cache",
+            "ratio",
+            "run",
+            lower_is_better=False,
+        ),
         Metric("share_local_compute", "share of prompt tokens recomputed", "ratio", "run"),
         Metric("gpu_hit_rate", "GPU prefix-cache hit rate", "ratio", "run", lower_is_better=False),
         Metric("external_hit_rate", "offload-tier hit rate", "ratio", "run", lower_is_better=False),
@@ -72,8 +80,15 @@ def secondary_metrics(kind: str) -> list[Metric]:
     return out
 
 
-def _compare(records_a: list[dict[str, Any]], records_b: list[dict[str, Any]], metrics: list[Metric],
-             kind: str, seed: int, level: float, n_boot: int) -> list[dict[str, Any]]:
+def _compare(
+    records_a: list[dict[str, Any]],
+    records_b: list[dict[str, Any]],
+    metrics: list[Metric],
+    kind: str,
+    seed: int,
+    level: float,
+    n_boot: int,
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     tags = focus_tags(kind)
     # Request-level metrics over the same field and tags share one bootstrap (one sort per resample).
@@ -92,8 +107,13 @@ def _compare(records_a: list[dict[str, Any]], records_b: list[dict[str, Any]], m
             results[m.key] = ivs[i] if ivs else None
     for m in metrics:
         iv = results.get(m.key)
-        row: dict[str, Any] = {"key": m.key, "label": m.label, "unit": m.unit, "level": m.level,
-                               "lower_is_better": m.lower_is_better}
+        row: dict[str, Any] = {
+            "key": m.key,
+            "label": m.label,
+            "unit": m.unit,
+            "level": m.level,
+            "lower_is_better": m.lower_is_better,
+        }
         if iv is None:
             row.update(available=False, significant=False, better=None)
         else:
@@ -102,9 +122,22 @@ def _compare(records_a: list[dict[str, Any]], records_b: list[dict[str, Any]], m
                 b_lower = iv.hi < 0
                 better = "B" if b_lower == m.lower_is_better else "A"
             row.update(
-                available=True, a=iv.a, b=iv.b, diff=iv.diff, lo=iv.lo, hi=iv.hi, rel=iv.rel, rel_lo=iv.rel_lo,
-                rel_hi=iv.rel_hi, confidence=iv.level, n_a=iv.n_a, n_b=iv.n_b, runs_a=iv.runs_a, runs_b=iv.runs_b,
-                significant=iv.significant, better=better,
+                available=True,
+                a=iv.a,
+                b=iv.b,
+                diff=iv.diff,
+                lo=iv.lo,
+                hi=iv.hi,
+                rel=iv.rel,
+                rel_lo=iv.rel_lo,
+                rel_hi=iv.rel_hi,
+                confidence=iv.level,
+                n_a=iv.n_a,
+                n_b=iv.n_b,
+                runs_a=iv.runs_a,
+                runs_b=iv.runs_b,
+                significant=iv.significant,
+                better=better,
             )
         out.append(row)
     return out
@@ -136,8 +169,8 @@ def compute_verdict(
         "headline": headline,
         "secondary": secondary,
         "costs": _costs(sums_a, sums_b),
-        "caveats": _caveats(records_a + records_b) + (
-            _probe_caveats({"A": sums_a, "B": sums_b}) if kind == "probe" else []),
+        "caveats": _caveats(records_a + records_b)
+        + (_probe_caveats({"A": sums_a, "B": sums_b}) if kind == "probe" else []),
     }
     v["call"] = _call(headline)
     v["summary"] = summary_text(v, profile_a, profile_b)
@@ -164,14 +197,18 @@ def _costs(sums_a: list[dict[str, Any]], sums_b: list[dict[str, Any]]) -> dict[s
 def _caveats(records: list[dict[str, Any]]) -> list[str]:
     out = []
     if any(str(r.get("reset", "")).startswith("unavailable") for r in records):
-        out.append("caches could not be reset between runs (the server is not in dev mode); "
-                   "each profile switch restarted the server instead")
+        out.append(
+            "caches could not be reset between runs (the server is not in dev mode); "
+            "each profile switch restarted the server instead"
+        )
     if any((r.get("counters") or {}).get("valid") is False for r in records):
         out.append("a counter went down during a run (server restart?): its counter deltas are left out")
     if any(r.get("timing_source") == "sim-model" for r in records):
-        out.append("simulated server (kvscope sim): TTFTs are its modeled times (x-kvscope-sim-ttft-ms), "
-                   "not the client's wall clock; the model is deterministic, so TTFT intervals show no "
-                   "run-to-run noise")
+        out.append(
+            "simulated server (kvscope sim): TTFTs are its modeled times (x-kvscope-sim-ttft-ms), "
+            "not the client's wall clock; the model is deterministic, so TTFT intervals show no "
+            "run-to-run noise"
+        )
     elif any((r.get("server") or {}).get("simulated") for r in records):
         out.append("simulated server (kvscope sim): the timings come from its cost model")
     return out
@@ -184,9 +221,11 @@ def _probe_caveats(sums: dict[str, list[dict[str, Any]]]) -> list[str]:
         reload = _mean([s.get("ttft_reload_p50_ms") for s in runs])
         hit = _mean([s.get("ttft_hit_p50_ms") for s in runs])
         if reload is not None and hit is not None and reload <= 1.25 * hit:
-            out.append(f"in arm {arm} the reload requests were about as fast as GPU hits ({reload:.1f} vs {hit:.1f} "
-                       "ms): the evicting prefixes probably did not evict the probed prefix; raise evict_prefixes "
-                       "or prefix_tokens")
+            out.append(
+                f"in arm {arm} the reload requests were about as fast as GPU hits ({reload:.1f} vs {hit:.1f} "
+                "ms): the evicting prefixes probably did not evict the probed prefix; raise evict_prefixes "
+                "or prefix_tokens"
+            )
     return out
 
 
@@ -252,6 +291,8 @@ def summary_text(v: dict[str, Any], profile_a: str, profile_b: str) -> str:
     if isinstance(ea, int | float) and isinstance(eb, int | float):
         parts.append(f"Prompt tokens reloaded from the offload tier: A {ea * 100:.0f}%, B {eb * 100:.0f}%.")
     conf = v["per_metric_confidence"]
-    parts.append(f"(Intervals: bootstrap, {conf * 100:.2f}% per metric so the {len(v['headline'])} headline "
-                 f"metrics hold together at {v['family_confidence'] * 100:.0f}%.)")
+    parts.append(
+        f"(Intervals: bootstrap, {conf * 100:.2f}% per metric so the {len(v['headline'])} headline "
+        f"metrics hold together at {v['family_confidence'] * 100:.0f}%.)"
+    )
     return " ".join(parts)

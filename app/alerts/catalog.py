@@ -18,8 +18,12 @@ from app.alerts.rule_io import RuleResult, TargetData
 
 RuleFunc = Callable[[TargetData, float, Mapping[str, Any]], RuleResult]
 
-_HINT_PARAMS: dict[str, Any] = {"shift_margin": 0.5, "length_margin": 0.3, "mix_margin": 0.3,
-                                "hybrid_block_tokens": 256}
+_HINT_PARAMS: dict[str, Any] = {
+    "shift_margin": 0.5,
+    "length_margin": 0.3,
+    "mix_margin": 0.3,
+    "hybrid_block_tokens": 256,
+}
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,13 @@ def _drop(tier: str, title: str, description: str) -> RuleSpec:
         func=rules_hitrate.make_hit_rate_drop(tier),
         defaults={
             **_common(for_s=120.0, cooldown_s=600.0),
-            "window_s": 300.0, "baseline_s": 86400.0, "abs_margin": 0.10, "rel_margin": 0.25,
-            "min_tokens": 5000.0, "min_baseline_tokens": 50000.0, **_HINT_PARAMS,
+            "window_s": 300.0,
+            "baseline_s": 86400.0,
+            "abs_margin": 0.10,
+            "rel_margin": 0.25,
+            "min_tokens": 5000.0,
+            "min_baseline_tokens": 50000.0,
+            **_HINT_PARAMS,
         },
         metrics=TIER_METRICS[tier] + TIER_METRICS["overall"] + HINT_METRICS,
         description=description,
@@ -58,60 +67,113 @@ def _drop(tier: str, title: str, description: str) -> RuleSpec:
 
 
 RULES: tuple[RuleSpec, ...] = (
-    _drop("overall", "Prefix hit rate drop",
-          "Share of prompt tokens served from a cache (GPU or offload tier) fell below its trailing baseline."),
-    _drop("gpu", "GPU prefix-cache hit rate drop",
-          "vllm:prefix_cache_hits / queries fell below its trailing baseline."),
-    _drop("offload", "Offload-tier hit rate drop",
-          "vllm:external_prefix_cache_hits / queries fell below its trailing baseline (only with a tier in use)."),
-    RuleSpec(
-        name="hit_rate_floor", title="Prefix hit rate under floor", scope="instance",
-        func=rules_hitrate.hit_rate_floor,
-        defaults={**_common(for_s=300.0, cooldown_s=600.0, enabled=False), "window_s": 300.0, "floor": 0.2,
-                  "min_tokens": 5000.0, "baseline_s": 86400.0, **_HINT_PARAMS},
-        metrics=TIER_METRICS["overall"] + HINT_METRICS,
-        description="Overall hit rate below an absolute floor. Off by default: the right floor depends on "
-                    "the workload.",
+    _drop(
+        "overall",
+        "Prefix hit rate drop",
+        "Share of prompt tokens served from a cache (GPU or offload tier) fell below its trailing baseline.",
+    ),
+    _drop(
+        "gpu", "GPU prefix-cache hit rate drop", "vllm:prefix_cache_hits / queries fell below its trailing baseline."
+    ),
+    _drop(
+        "offload",
+        "Offload-tier hit rate drop",
+        "vllm:external_prefix_cache_hits / queries fell below its trailing baseline (only with a tier in use).",
     ),
     RuleSpec(
-        name="instance_down", title="vLLM instance down or unhealthy", scope="instance",
+        name="hit_rate_floor",
+        title="Prefix hit rate under floor",
+        scope="instance",
+        func=rules_hitrate.hit_rate_floor,
+        defaults={
+            **_common(for_s=300.0, cooldown_s=600.0, enabled=False),
+            "window_s": 300.0,
+            "floor": 0.2,
+            "min_tokens": 5000.0,
+            "baseline_s": 86400.0,
+            **_HINT_PARAMS,
+        },
+        metrics=TIER_METRICS["overall"] + HINT_METRICS,
+        description="Overall hit rate below an absolute floor. Off by default: the right floor depends on "
+        "the workload.",
+    ),
+    RuleSpec(
+        name="instance_down",
+        title="vLLM instance down or unhealthy",
+        scope="instance",
         func=rules_health.instance_down,
-        defaults={**_common(for_s=0.0, cooldown_s=60.0, severity="critical"), "down_after_s": 60.0,
-                  "agent_stale_s": 120.0},
+        defaults={
+            **_common(for_s=0.0, cooldown_s=60.0, severity="critical"),
+            "down_after_s": 60.0,
+            "agent_stale_s": 120.0,
+        },
         description="No successful /metrics scrape for down_after_s, or /health failing.",
     ),
     RuleSpec(
-        name="agent_stale", title="Agent stale", scope="host", func=rules_health.agent_stale,
+        name="agent_stale",
+        title="Agent stale",
+        scope="host",
+        func=rules_health.agent_stale,
         defaults={**_common(for_s=0.0, cooldown_s=60.0, severity="critical"), "stale_after_s": 120.0},
         description="The host's agent has not pushed for stale_after_s.",
     ),
     RuleSpec(
-        name="pinned_memory", title="Pinned memory near the limit", scope="host", func=rules_health.pinned_memory,
-        defaults={**_common(for_s=60.0, cooldown_s=600.0, severity="critical"), "min_headroom_gib": 2.0,
-                  "min_headroom_ratio": 0.05, "max_age_s": 120.0},
+        name="pinned_memory",
+        title="Pinned memory near the limit",
+        scope="host",
+        func=rules_health.pinned_memory,
+        defaults={
+            **_common(for_s=60.0, cooldown_s=600.0, severity="critical"),
+            "min_headroom_gib": 2.0,
+            "min_headroom_ratio": 0.05,
+            "max_age_s": 120.0,
+        },
         metrics=rules_health.MEMORY_METRICS,
         description="Host memory headroom (MemAvailable, cgroup limit - usage) under a threshold with offload on: "
-                    "the pinned CPU buffer counts against the limit and the OOM killer leaves no hint.",
+        "the pinned CPU buffer counts against the limit and the OOM killer leaves no hint.",
     ),
     RuleSpec(
-        name="offload_thrash", title="Offload thrash", scope="instance", func=rules_offload.offload_thrash,
-        defaults={**_common(for_s=300.0, cooldown_s=1800.0), "window_s": 600.0, "min_store_gib": 1.0,
-                  "max_load_ratio": 0.02},
+        name="offload_thrash",
+        title="Offload thrash",
+        scope="instance",
+        func=rules_offload.offload_thrash,
+        defaults={
+            **_common(for_s=300.0, cooldown_s=1800.0),
+            "window_s": 600.0,
+            "min_store_gib": 1.0,
+            "max_load_ratio": 0.02,
+        },
         metrics=(rules_offload.STORE_BYTES, rules_offload.LOAD_BYTES),
         description="Stores to the offload tier keep flowing while loads stay near zero.",
     ),
     RuleSpec(
-        name="offload_failures", title="Offload allocation failures / skipped stores", scope="instance",
+        name="offload_failures",
+        title="Offload allocation failures / skipped stores",
+        scope="instance",
         func=rules_offload.offload_failures,
-        defaults={**_common(for_s=0.0, cooldown_s=900.0), "window_s": 300.0, "baseline_s": 3600.0,
-                  "min_alloc_failures": 1.0, "min_skipped": 100.0, "skipped_factor": 3.0},
+        defaults={
+            **_common(for_s=0.0, cooldown_s=900.0),
+            "window_s": 300.0,
+            "baseline_s": 3600.0,
+            "min_alloc_failures": 1.0,
+            "min_skipped": 100.0,
+            "skipped_factor": 3.0,
+        },
         metrics=(rules_offload.ALLOC_FAILURES, rules_offload.STORES_SKIPPED),
         description="vllm:kv_offload_allocation_failure_total rising, or stores skipped well above their baseline.",
     ),
     RuleSpec(
-        name="ttft_p95", title="TTFT p95 over budget", scope="instance", func=rules_offload.ttft_p95,
-        defaults={**_common(for_s=300.0, cooldown_s=900.0), "window_s": 300.0, "quantile": 0.95,
-                  "budget_s": 2.0, "min_requests": 20.0},
+        name="ttft_p95",
+        title="TTFT p95 over budget",
+        scope="instance",
+        func=rules_offload.ttft_p95,
+        defaults={
+            **_common(for_s=300.0, cooldown_s=900.0),
+            "window_s": 300.0,
+            "quantile": 0.95,
+            "budget_s": 2.0,
+            "min_requests": 20.0,
+        },
         metrics=(rules_offload.TTFT_BUCKET, rules_offload.TTFT_COUNT),
         description="Time to first token quantile over budget for a sustained period: the rollback signal.",
     ),

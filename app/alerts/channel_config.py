@@ -1,10 +1,10 @@
 """The settings shape of one notification channel (settings.alert_channels). In TOML:
 
-    [[alert_channels]]
-    name = "ops"
-    kind = "alertmanager"          # webhook | ntfy | slack | discord | alertmanager
-    url = "http://127.0.0.1:9093"  # Alertmanager base URL; a full URL for the others
-    min_severity = "warning"
+[[alert_channels]]
+name = "ops"
+kind = "alertmanager"          # webhook | ntfy | slack | discord | alertmanager
+url = "http://127.0.0.1:9093"  # Alertmanager base URL; a full URL for the others
+min_severity = "warning"
 """
 
 from __future__ import annotations

@@ -81,8 +81,13 @@ def text_body(snap: Mapping[str, Any]) -> str:
 
 
 def webhook_body(snap: Mapping[str, Any], sent_at: float) -> dict[str, Any]:
-    return {"version": WEBHOOK_VERSION, "source": "kvscope", "event": snap.get("event"), "sent_at": sent_at,
-            "alert": dict(snap)}
+    return {
+        "version": WEBHOOK_VERSION,
+        "source": "kvscope",
+        "event": snap.get("event"),
+        "sent_at": sent_at,
+        "alert": dict(snap),
+    }
 
 
 def alertmanager_alert(snap: Mapping[str, Any], now: float, resend_s: float) -> dict[str, Any]:
@@ -110,16 +115,16 @@ def alertmanager_alert(snap: Mapping[str, Any], now: float, resend_s: float) -> 
     }
     if hints:
         annotations["hints"] = " | ".join(hints)
-        annotations["hint_kinds"] = ",".join(str(h.get("kind")) for h in snap.get("hints") or []
-                                             if isinstance(h, Mapping))
+        annotations["hint_kinds"] = ",".join(
+            str(h.get("kind")) for h in snap.get("hints") or [] if isinstance(h, Mapping)
+        )
     for k in ("value", "baseline"):
         if snap.get(k) is not None:
             annotations[k] = f"{float(snap[k]):.6g}"
     starts = snap.get("fired_at") or snap.get("opened_at") or now
     resolved = snap.get("event") == "resolved"
     ends = (snap.get("resolved_at") or now) if resolved else now + 4 * resend_s
-    out: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": _iso(starts),
-                           "endsAt": _iso(ends)}
+    out: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": _iso(starts), "endsAt": _iso(ends)}
     if snap.get("url"):
         out["generatorURL"] = str(snap["url"])
     return out
@@ -134,8 +139,13 @@ def render(channel: AlertChannel, snap: Mapping[str, Any], now: float, *, resend
         sev = str(snap.get("severity"))
         prio = "urgent" if sev == "critical" and snap.get("event") != "resolved" else "default"
         tags = "white_check_mark" if snap.get("event") == "resolved" else "warning"
-        hdrs = {"Title": summary_line(snap)[:250], "Priority": prio, "Tags": tags,
-                "Content-Type": "text/plain; charset=utf-8", **headers}
+        hdrs = {
+            "Title": summary_line(snap)[:250],
+            "Priority": prio,
+            "Tags": tags,
+            "Content-Type": "text/plain; charset=utf-8",
+            **headers,
+        }
         if snap.get("url"):
             hdrs["Click"] = str(snap["url"])
         # HTTP headers must be latin-1; ntfy reads them as such.

@@ -48,8 +48,13 @@ def backoff_s(attempts: int, cfg: DeliveryConfig) -> float:
     return float(min(cfg.retry_max_s, cfg.retry_base_s * (2 ** max(0, attempts - 1))))
 
 
-def send(channel: AlertChannel, payload: Mapping[str, Any], now: float, cfg: DeliveryConfig,
-         transport: httpx.BaseTransport | None = None) -> str | None:
+def send(
+    channel: AlertChannel,
+    payload: Mapping[str, Any],
+    now: float,
+    cfg: DeliveryConfig,
+    transport: httpx.BaseTransport | None = None,
+) -> str | None:
     """One HTTP attempt. None on success (2xx), else a one-line error."""
     req = render(channel, payload, now, resend_s=cfg.resend_s)
     try:
@@ -80,8 +85,9 @@ def run_deliveries(
         channel = by_name.get(d["channel"])
         if channel is None:
             if store.claim_delivery(engine, d["id"], now, cfg.lease_s):
-                store.finish_delivery(engine, d["id"], status="failed", now=now,
-                                      error=f"channel {d['channel']!r} is no longer configured")
+                store.finish_delivery(
+                    engine, d["id"], status="failed", now=now, error=f"channel {d['channel']!r} is no longer configured"
+                )
                 report.failed += 1
             continue
         if channel.name in dead:
@@ -102,23 +108,39 @@ def run_deliveries(
             report.failed += 1
             log.warning("alert delivery %s to %s failed for good: %s", d["id"], channel.name, err)
         else:
-            store.finish_delivery(engine, d["id"], status="pending", now=now, error=err,
-                                  next_attempt_at=now + backoff_s(attempts, cfg))
+            store.finish_delivery(
+                engine, d["id"], status="pending", now=now, error=err, next_attempt_at=now + backoff_s(attempts, cfg)
+            )
             report.retrying += 1
     return report
 
 
 def send_test(
-    engine: Engine, channel: AlertChannel, now: float, cfg: DeliveryConfig,
-    *, transport: httpx.BaseTransport | None = None,
+    engine: Engine,
+    channel: AlertChannel,
+    now: float,
+    cfg: DeliveryConfig,
+    *,
+    transport: httpx.BaseTransport | None = None,
 ) -> tuple[int, str | None]:
-    """"Send test" from the UI: queue a test delivery, send it at once, record the outcome."""
+    """ "Send test" from the UI: queue a test delivery, send it at once, record the outcome."""
     snap: dict[str, Any] = {
-        "id": None, "rule": "test", "title": "kvscope test notification", "severity": "info",
-        "state": "firing", "event": "test", "channel": channel.name,
+        "id": None,
+        "rule": "test",
+        "title": "kvscope test notification",
+        "severity": "info",
+        "state": "firing",
+        "event": "test",
+        "channel": channel.name,
         "message": f"Test from kvscope to channel {channel.name} ({channel.kind}). If you read this, it works.",
-        "hints": [], "opened_at": now, "fired_at": now, "resolved_at": None, "host": None, "instance": None,
-        "simulated": False, "url": (cfg.base_url.rstrip("/") + "/alerts") if cfg.base_url else None,
+        "hints": [],
+        "opened_at": now,
+        "fired_at": now,
+        "resolved_at": None,
+        "host": None,
+        "instance": None,
+        "simulated": False,
+        "url": (cfg.base_url.rstrip("/") + "/alerts") if cfg.base_url else None,
     }
     (did,) = store.add_deliveries(engine, None, [store.NewDelivery(channel.name, "test", snap)], now)
     if not store.claim_delivery(engine, did, now, cfg.lease_s):

@@ -94,8 +94,11 @@ class Evaluator:
         for inst in instances:
             out.append(Target("instance", int(inst["id"]), int(inst["host_id"]), inst))
         for host in list_hosts(self.engine):
-            info = {"host": host["name"], "last_push": host["last_push"],
-                    "instances": [i for i in instances if i["host_id"] == host["id"]]}
+            info = {
+                "host": host["name"],
+                "last_push": host["last_push"],
+                "instances": [i for i in instances if i["host_id"] == host["id"]],
+            }
             out.append(Target("host", int(host["id"]), int(host["id"]), info))
         return out
 
@@ -112,11 +115,14 @@ class Evaluator:
         events: list[dict[str, Any]] = []
         if target.scope == "instance" and specs:
             longest = max(float(p.get("window_s", 0.0)) for _, p in specs)
-            events = list_events(self.engine, instance_id=target.id, start=now - 2 * longest - 60, end=now,
-                                 limit=200)
+            events = list_events(self.engine, instance_id=target.id, start=now - 2 * longest - 60, end=now, limit=200)
         series = SeriesMap(by_name)
-        return TargetData(series=series, host_series=series if target.scope == "host" else SeriesMap(),
-                          info=target.info, events=events)
+        return TargetData(
+            series=series,
+            host_series=series if target.scope == "host" else SeriesMap(),
+            info=target.info,
+            events=events,
+        )
 
     # ------------------------------------------------------------------ the job
     def run(self, now: float) -> EvalReport:
@@ -129,7 +135,8 @@ class Evaluator:
         # our CAS fail, one queued before it is visible here. So a refresh is queued once.
         self._refresh_state = {
             c.name: (store.last_delivery_times(self.engine, c.name), store.unsent_alert_ids(self.engine, c.name))
-            for c in self.channels if c.kind == "alertmanager" and c.enabled
+            for c in self.channels
+            if c.kind == "alertmanager" and c.enabled
         }
         seen: set[str] = set()
         for target in self.targets():
@@ -154,8 +161,18 @@ class Evaluator:
                 key = alert_key(spec.name, target.scope, target.id)
                 seen.add(key)
                 try:
-                    self._one(spec, params, target, data, now, key, open_by_key.get(key), resolved_at.get(key),
-                              silences, report)
+                    self._one(
+                        spec,
+                        params,
+                        target,
+                        data,
+                        now,
+                        key,
+                        open_by_key.get(key),
+                        resolved_at.get(key),
+                        silences,
+                        report,
+                    )
                 except Exception as exc:  # one bad rule never stops the others
                     log.exception("alerts: rule %s on %s failed", spec.name, key)
                     report.errors.append(f"{key}: {exc}")
@@ -169,13 +186,27 @@ class Evaluator:
         # open alerts whose rule got disabled or whose target is gone
         for key, row in open_by_key.items():
             if key not in seen:
-                self._apply(row, Decision("resolve", RESOLVED, now, "rule disabled or target removed"),
-                            RuleResult(False, message="rule disabled or target removed"), now, silences, report)
+                self._apply(
+                    row,
+                    Decision("resolve", RESOLVED, now, "rule disabled or target removed"),
+                    RuleResult(False, message="rule disabled or target removed"),
+                    now,
+                    silences,
+                    report,
+                )
         return report
 
     def _one(
-        self, spec: RuleSpec, params: dict[str, Any], target: Target, data: TargetData, now: float, key: str,
-        row: dict[str, Any] | None, last_resolved_at: float | None, silences: Sequence[Mapping[str, Any]],
+        self,
+        spec: RuleSpec,
+        params: dict[str, Any],
+        target: Target,
+        data: TargetData,
+        now: float,
+        key: str,
+        row: dict[str, Any] | None,
+        last_resolved_at: float | None,
+        silences: Sequence[Mapping[str, Any]],
         report: EvalReport,
     ) -> None:
         result = spec.func(data, now, params)
@@ -187,8 +218,15 @@ class Evaluator:
         active_since = None
         if current is None and result.active is True:
             active_since = result.since if result.since is not None else self._backdate(spec, params, data, now)
-        decision = decide(current, result, now, params, last_resolved_at=last_resolved_at,
-                          active_since=active_since, nodata_resolve_s=self.config.nodata_resolve_s)
+        decision = decide(
+            current,
+            result,
+            now,
+            params,
+            last_resolved_at=last_resolved_at,
+            active_since=active_since,
+            nodata_resolve_s=self.config.nodata_resolve_s,
+        )
         if decision.action == "none":
             return
         if decision.action == "open":
@@ -224,8 +262,11 @@ class Evaluator:
         if is_silenced(silences, str(alert["rule"]), alert.get("instance_id"), alert.get("host_id"), now):
             return []
         snap = snapshot(alert, event, base_url=self.config.base_url)
-        return [store.NewDelivery(c.name, event, snap) for c in self.channels
-                if c.wants(str(alert["rule"]), str(alert.get("severity", "warning")))]
+        return [
+            store.NewDelivery(c.name, event, snap)
+            for c in self.channels
+            if c.wants(str(alert["rule"]), str(alert.get("severity", "warning")))
+        ]
 
     def _refreshes(
         self, alert: Mapping[str, Any], silences: Sequence[Mapping[str, Any]], now: float
@@ -247,28 +288,51 @@ class Evaluator:
         return out
 
     def _open(
-        self, spec: RuleSpec, params: dict[str, Any], target: Target, key: str, result: RuleResult,
-        decision: Decision, now: float, silences: Sequence[Mapping[str, Any]], report: EvalReport,
+        self,
+        spec: RuleSpec,
+        params: dict[str, Any],
+        target: Target,
+        key: str,
+        result: RuleResult,
+        decision: Decision,
+        now: float,
+        silences: Sequence[Mapping[str, Any]],
+        report: EvalReport,
     ) -> None:
         at = float(decision.at if decision.at is not None else now)
         firing = decision.to_state == FIRING
         info = target.info
         values: dict[str, Any] = {
-            "key": key, "rule": spec.name, "host_id": target.host_id,
+            "key": key,
+            "rule": spec.name,
+            "host_id": target.host_id,
             "instance_id": target.id if target.scope == "instance" else None,
-            "state": FIRING if firing else PENDING, "severity": str(params.get("severity", "warning")),
-            "opened_at": at, "since": now if firing else at, "fired_at": now if firing else None,
-            "resolved_at": None, "last_eval": now, "value": result.value, "baseline": result.baseline,
-            "message": result.message, "hints": [h.to_dict() for h in result.hints],
+            "state": FIRING if firing else PENDING,
+            "severity": str(params.get("severity", "warning")),
+            "opened_at": at,
+            "since": now if firing else at,
+            "fired_at": now if firing else None,
+            "resolved_at": None,
+            "last_eval": now,
+            "value": result.value,
+            "baseline": result.baseline,
+            "message": result.message,
+            "hints": [h.to_dict() for h in result.hints],
             "labels": {"rule": spec.name, "host": info.get("host"), "instance": info.get("url")},
-            "acked_at": None, "ack_note": None,
+            "acked_at": None,
+            "ack_note": None,
         }
         transitions = [store.TransitionRow(None, PENDING, at, result.value, result.message)]
         deliveries: list[store.NewDelivery] = []
         if firing:
             transitions.append(store.TransitionRow(PENDING, FIRING, now, result.value, result.message))
-            snap_src = {**values, "instance_url": info.get("url"), "model": info.get("model"),
-                        "simulated": info.get("simulated"), "host": info.get("host")}
+            snap_src = {
+                **values,
+                "instance_url": info.get("url"),
+                "model": info.get("model"),
+                "simulated": info.get("simulated"),
+                "host": info.get("host"),
+            }
             deliveries = self._deliveries(snap_src, "firing", silences, now)
         alert_id = store.open_alert(self.engine, values, transitions, deliveries, now)
         if alert_id is None:
@@ -279,8 +343,13 @@ class Evaluator:
             report.fired += 1
 
     def _apply(
-        self, row: dict[str, Any], decision: Decision, result: RuleResult, now: float,
-        silences: Sequence[Mapping[str, Any]], report: EvalReport,
+        self,
+        row: dict[str, Any],
+        decision: Decision,
+        result: RuleResult,
+        now: float,
+        silences: Sequence[Mapping[str, Any]],
+        report: EvalReport,
     ) -> None:
         values: dict[str, Any] = {}
         transitions: list[store.TransitionRow] = []

@@ -31,8 +31,15 @@ REQUEST_SUCCESS = "vllm:request_success_total"
 ALLOC_FAILURES = "vllm:kv_offload_allocation_failure_total"
 RESTART_EVENTS = frozenset({"restart", "counter_reset"})
 
-HINT_METRICS = (PROMPT_LEN_SUM, PROMPT_LEN_COUNT, PROMPT_LEN_BUCKET, REQUEST_SUCCESS, ALLOC_FAILURES, EXT_HITS,
-                EXT_QUERIES)
+HINT_METRICS = (
+    PROMPT_LEN_SUM,
+    PROMPT_LEN_COUNT,
+    PROMPT_LEN_BUCKET,
+    REQUEST_SUCCESS,
+    ALLOC_FAILURES,
+    EXT_HITS,
+    EXT_QUERIES,
+)
 
 
 def _config_value(info: Mapping[str, Any], key: str) -> str | None:
@@ -135,20 +142,28 @@ def hit_rate_hints(
     resets = tuple(sorted(set(resets) | set(window_increase(data.series.get(PROMPT_TOKENS), lookback, end).resets)))
     if resets or restart_events:
         when = max([*resets, *(float(e["ts"]) for e in restart_events)])
-        hints.append(Hint(
-            "restart",
-            f"the server restarted (counters reset) {end - when:.0f} s ago: its prefix cache starts "
-            "cold, so hits come back as traffic repeats",
-        ))
+        hints.append(
+            Hint(
+                "restart",
+                f"the server restarted (counters reset) {end - when:.0f} s ago: its prefix cache starts "
+                "cold, so hits come back as traffic repeats",
+            )
+        )
     # config change
     cfg_margin = float(params.get("config_change_lookback_s", end - start))
     changes = [
-        e for e in data.events
+        e
+        for e in data.events
         if e.get("kind") == "config_change" and start - cfg_margin <= float(e.get("ts", 0)) <= end
     ]
     if changes:
-        hints.append(Hint("config_change", f"config changed {end - float(changes[0]['ts']):.0f} s ago: "
-                          + str(changes[0].get("message", ""))[:300]))
+        hints.append(
+            Hint(
+                "config_change",
+                f"config changed {end - float(changes[0]['ts']):.0f} s ago: "
+                + str(changes[0].get("message", ""))[:300],
+            )
+        )
     # workload shift
     rps_now, len_now = _requests(data, start, end)
     rps_base, len_base = _requests(data, b0, b1)
@@ -176,8 +191,11 @@ def hit_rate_hints(
     gpu_base = hit_rate(data.series, "gpu", b0, b1).rate
     reuse_continues = gpu_now is not None and gpu_base is not None and gpu_base > 0 and gpu_now >= 0.5 * gpu_base
     silent = (
-        ext_q is not None and ext_q > 0 and (ext_h or 0.0) == 0.0
-        and ((base_ext_h or 0.0) > 0 or offload_configured(info)) and reuse_continues
+        ext_q is not None
+        and ext_q > 0
+        and (ext_h or 0.0) == 0.0
+        and ((base_ext_h or 0.0) > 0 or offload_configured(info))
+        and reuse_continues
     )
     explained = bool(resets or restart_events or changes or saturated or silent)
     if not moved and not explained and current is not None and baseline_rate is not None:
@@ -193,11 +211,20 @@ def hit_rate_hints(
     if hint is not None:
         hints.append(hint)
     if saturated:
-        hints.append(Hint("offload_saturated", f"offload tier saturating: {fails:.0f} allocation failure(s) "
-                          "in the window (CPU buffer full; stores dropped)"))
+        hints.append(
+            Hint(
+                "offload_saturated",
+                f"offload tier saturating: {fails:.0f} allocation failure(s) "
+                "in the window (CPU buffer full; stores dropped)",
+            )
+        )
     if silent:
-        hints.append(Hint("connector_silent", f"KV connector not answering: {ext_q:.0f} tokens looked up in "
-                          "the offload tier, 0 found"))
+        hints.append(
+            Hint(
+                "connector_silent",
+                f"KV connector not answering: {ext_q:.0f} tokens looked up in the offload tier, 0 found",
+            )
+        )
     return tuple(hints)
 
 

@@ -43,8 +43,7 @@ class _Entry:
             new = [p for p in sp.points if p[0] > last]
             before = len(pts)
             pts.extend(new)
-            extend_index(pts, self.cum.setdefault(sp.series_id, []), self.resets.setdefault(sp.series_id, []),
-                         before)
+            extend_index(pts, self.cum.setdefault(sp.series_id, []), self.resets.setdefault(sp.series_id, []), before)
             n += len(new)
         return n
 
@@ -64,7 +63,7 @@ class _Entry:
         for sid, pts in self.points.items():
             hi = bisect.bisect_right(pts, (end, float("inf")))
             resets = self.resets[sid]
-            out.append(Series(self.labels[sid], pts[:hi], self.cum[sid][:hi], resets[:bisect.bisect_left(resets, hi)]))
+            out.append(Series(self.labels[sid], pts[:hi], self.cum[sid][:hi], resets[: bisect.bisect_left(resets, hi)]))
         return out
 
 
@@ -92,8 +91,12 @@ class SeriesCache:
             for name, start in starts.items():
                 lo = start - ANCHOR_S
                 entry = self._entries.get((instance_id, host_id, name))
-                if entry is None or lo < entry.fetched_from or end - entry.full_at > self.full_refresh_s \
-                        or end < entry.fetched_to:
+                if (
+                    entry is None
+                    or lo < entry.fetched_from
+                    or end - entry.full_at > self.full_refresh_s
+                    or end < entry.fetched_to
+                ):
                     full[lo].append(name)
                 elif end > entry.fetched_to:
                     more[entry.fetched_to].append(name)

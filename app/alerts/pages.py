@@ -95,10 +95,17 @@ def router(ctx: AppContext) -> APIRouter:
             eff = effective(spec.name, ctx.settings.alert_rules, ov)
             base = effective(spec.name, ctx.settings.alert_rules, None)
             rows.append({"spec": spec, "effective": eff, "base": base, "override": ov})
-        return _render(ctx, request, "alerts/rules.html", {
-            "rows": rows, "instances": instances, "chosen": chosen,
-            "simulated": any(i.get("simulated") for i in instances),
-        })
+        return _render(
+            ctx,
+            request,
+            "alerts/rules.html",
+            {
+                "rows": rows,
+                "instances": instances,
+                "chosen": chosen,
+                "simulated": any(i.get("simulated") for i in instances),
+            },
+        )
 
     @r.post("/alerts/rules/{instance_id}/{rule}")
     async def save_override(instance_id: int, rule: str, request: Request) -> Response:
@@ -137,12 +144,17 @@ def router(ctx: AppContext) -> APIRouter:
         if row is None:
             raise HTTPException(404, f"no alert {alert_id}")
         now = ctx.now()
-        return _render(ctx, request, "alerts/detail.html", {
-            "alert": alert_json(row, store.active_silences(ctx.engine, now), now),
-            "transitions": store.list_transitions(ctx.engine, alert_id=alert_id),
-            "deliveries": store.list_deliveries(ctx.engine, alert_id=alert_id),
-            "simulated": bool(row.get("simulated")),
-        })
+        return _render(
+            ctx,
+            request,
+            "alerts/detail.html",
+            {
+                "alert": alert_json(row, store.active_silences(ctx.engine, now), now),
+                "transitions": store.list_transitions(ctx.engine, alert_id=alert_id),
+                "deliveries": store.list_deliveries(ctx.engine, alert_id=alert_id),
+                "simulated": bool(row.get("simulated")),
+            },
+        )
 
     @r.post("/alerts/{alert_id}/ack")
     async def ack(alert_id: int, request: Request) -> Response:
@@ -157,8 +169,14 @@ def router(ctx: AppContext) -> APIRouter:
         from app.alerts_api import create_silence
 
         form = await _checked_form(ctx, request)
-        sid = create_silence(ctx, minutes=form.get("minutes"), rule=form.get("rule"),
-                             instance=form.get("instance"), host=form.get("host"), reason=form.get("reason"))
+        sid = create_silence(
+            ctx,
+            minutes=form.get("minutes"),
+            rule=form.get("rule"),
+            instance=form.get("instance"),
+            host=form.get("host"),
+            reason=form.get("reason"),
+        )
         back = str(form.get("back") or "/alerts")
         if not back.startswith("/alerts") or back.startswith("//"):
             back = "/alerts"  # only back to our own pages (no open redirect)

@@ -43,8 +43,9 @@ def instance_down(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleRes
         return RuleResult(False)
     if now - last_ok > down_after:
         why = f": {err}" if err else ""
-        return RuleResult(True, now - last_ok, None, f"no good scrape for {now - last_ok:.0f} s{why}",
-                          since=last_ok + down_after)
+        return RuleResult(
+            True, now - last_ok, None, f"no good scrape for {now - last_ok:.0f} s{why}", since=last_ok + down_after
+        )
     if info.get("healthy") is False and last_scrape is not None and now - last_scrape <= down_after:
         return RuleResult(True, None, None, "/health is failing while /metrics answers")
     return RuleResult(False, message="up")
@@ -58,8 +59,9 @@ def agent_stale(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleResul
         return RuleResult(None, message="never pushed")
     silent = now - last
     if silent > after:
-        return RuleResult(True, silent, None, f"agent on {data.info.get('host', '?')} silent for {silent:.0f} s",
-                          since=last + after)
+        return RuleResult(
+            True, silent, None, f"agent on {data.info.get('host', '?')} silent for {silent:.0f} s", since=last + after
+        )
     return RuleResult(False, silent, None, "pushing")
 
 

@@ -43,8 +43,12 @@ def make_hit_rate_drop(tier: str) -> Rule:
         label = TIER_LABEL[tier]
         if cur.volume is None or cur.volume < float(p["min_tokens"]) or cur.rate is None:
             vol = 0.0 if cur.volume is None else cur.volume
-            return RuleResult(None, cur.rate, base.rate,
-                              f"too few tokens for a {label} hit rate: {vol:.0f} < {float(p['min_tokens']):.0f}")
+            return RuleResult(
+                None,
+                cur.rate,
+                base.rate,
+                f"too few tokens for a {label} hit rate: {vol:.0f} < {float(p['min_tokens']):.0f}",
+            )
         if base.volume is None or base.volume < float(p["min_baseline_tokens"]) or base.rate is None:
             return RuleResult(None, cur.rate, base.rate, f"no {label} baseline yet (too little history)")
         threshold = min(base.rate - float(p["abs_margin"]), base.rate * (1.0 - float(p["rel_margin"])))
@@ -56,8 +60,13 @@ def make_hit_rate_drop(tier: str) -> Rule:
         hints: tuple[Hint, ...] = ()
         if active:
             hints = hit_rate_hints(
-                data, window=(start, now), baseline=(b0, b1), current=cur.rate, baseline_rate=base.rate,
-                resets=cur.resets, params=p,
+                data,
+                window=(start, now),
+                baseline=(b0, b1),
+                current=cur.rate,
+                baseline_rate=base.rate,
+                resets=cur.resets,
+                params=p,
             )
         return RuleResult(active, cur.rate, base.rate, msg, hints)
 
@@ -79,7 +88,12 @@ def hit_rate_floor(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleRe
         b0, b1 = now - float(p["baseline_s"]), start
         base = hit_rate(data.series, "overall", b0, b1)
         hints = hit_rate_hints(
-            data, window=(start, now), baseline=(b0, b1), current=cur.rate, baseline_rate=base.rate,
-            resets=cur.resets, params=p,
+            data,
+            window=(start, now),
+            baseline=(b0, b1),
+            current=cur.rate,
+            baseline_rate=base.rate,
+            resets=cur.resets,
+            params=p,
         )
     return RuleResult(active, cur.rate, floor, msg, hints)

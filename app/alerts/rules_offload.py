@@ -32,8 +32,12 @@ def offload_thrash(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleRe
     msg = f"stored {stored / GIB:.2f} GiB, loaded back {loaded / GIB:.2f} GiB in the window"
     if stored < min_store or ratio is None:
         return RuleResult(False, ratio, None, msg)
-    return RuleResult(ratio < float(p["max_load_ratio"]), ratio, None,
-                      msg + f" (load/store {ratio:.1%}): the tier is written but not read")
+    return RuleResult(
+        ratio < float(p["max_load_ratio"]),
+        ratio,
+        None,
+        msg + f" (load/store {ratio:.1%}): the tier is written but not read",
+    )
 
 
 def offload_failures(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleResult:
@@ -59,8 +63,10 @@ def offload_failures(data: TargetData, now: float, p: Mapping[str, Any]) -> Rule
         )
         if rising:
             active = True
-            parts.append(f"{skipped.value:.0f} stores skipped ({now_rate:.2f}/s"
-                         + (f" vs {base_rate:.2f}/s before)" if base_rate is not None else ")"))
+            parts.append(
+                f"{skipped.value:.0f} stores skipped ({now_rate:.2f}/s"
+                + (f" vs {base_rate:.2f}/s before)" if base_rate is not None else ")")
+            )
     return RuleResult(active, fails, base_rate, "; ".join(parts) or "no failures")
 
 

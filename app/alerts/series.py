@@ -89,7 +89,7 @@ def _bounds(points: Sequence[Point], start: float, end: float, anchor_s: float) 
 def window_points(points: Sequence[Point], start: float, end: float, anchor_s: float) -> list[Point]:
     """Points in (start, end], preceded by the last point in (start - anchor_s, start] if any."""
     i0, i1 = _bounds(points, start, end, anchor_s)
-    return list(points[i0:i1 + 1])
+    return list(points[i0 : i1 + 1])
 
 
 def window_increase(
@@ -113,7 +113,7 @@ def window_increase(
             hi = bisect.bisect_right(s.reset_idx, i1)
             resets.extend(s.points[j][0] for j in s.reset_idx[lo:hi])
         else:
-            pts = s.points[i0:i1 + 1]
+            pts = s.points[i0 : i1 + 1]
             total += increase(pts)
             resets.extend(reset_times(pts))
         covered = max(covered, s.points[i1][0] - s.points[i0][0])

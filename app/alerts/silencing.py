@@ -18,6 +18,4 @@ def silence_matches(s: Mapping[str, Any], rule: str, instance_id: int | None, ho
 def is_silenced(
     silences: Sequence[Mapping[str, Any]], rule: str, instance_id: int | None, host_id: int | None, now: float
 ) -> bool:
-    return any(
-        float(s.get("until", 0)) > now and silence_matches(s, rule, instance_id, host_id) for s in silences
-    )
+    return any(float(s.get("until", 0)) > now and silence_matches(s, rule, instance_id, host_id) for s in silences)

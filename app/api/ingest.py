@@ -19,8 +19,9 @@ log = logging.getLogger("kvscope.ingest")
 
 def _store(ctx: AppContext, body: bytes, now: float) -> tuple[WriteResult, list[dict[str, Any]]]:
     """Validate and store a push, run the push hooks, collect the host's pending commands."""
-    batch = parse_batch(body, now, max_future_skew_s=ctx.settings.max_future_skew_s,
-                        max_past_age_s=ctx.settings.max_past_age_s)
+    batch = parse_batch(
+        body, now, max_future_skew_s=ctx.settings.max_future_skew_s, max_past_age_s=ctx.settings.max_past_age_s
+    )
     result = ctx.writer.write(batch, now)
     if result.duplicate:
         ctx.metrics.ingest_batches.labels("duplicate").inc()

@@ -32,9 +32,7 @@ def instance_state(inst: dict[str, Any], now: float, stale_after: float) -> str:
     return "up"
 
 
-def resolve_range(
-    now: float, start: float | None, end: float | None, step: float | None
-) -> tuple[float, float, float]:
+def resolve_range(now: float, start: float | None, end: float | None, step: float | None) -> tuple[float, float, float]:
     end_v = now if end is None else end
     start_v = end_v - DEFAULT_RANGE_S if start is None else start
     for name, v in (("start", start_v), ("end", end_v)):
@@ -85,8 +83,14 @@ def router(ctx: AppContext) -> APIRouter:
             raise HTTPException(404, f"no instance {instance}")
         s0, s1, st = resolve_range(ctx.now(), start, end, step)
         found = await run_in_threadpool(
-            series_points, ctx.engine, name=metric, start=s0, end=s1,
-            instance_id=instance, host_id=host, lookback=max(st, 60.0),
+            series_points,
+            ctx.engine,
+            name=metric,
+            start=s0,
+            end=s1,
+            instance_id=instance,
+            host_id=host,
+            lookback=max(st, 60.0),
         )
         out = []
         resets: list[float] = []
@@ -100,15 +104,24 @@ def router(ctx: AppContext) -> APIRouter:
             out.append({"labels": sp.labels, "points": [[t, v] for t, v in pts]})
         return JSONResponse(
             {
-                "metric": metric, "instance": instance, "host": host, "kind": kind,
+                "metric": metric,
+                "instance": instance,
+                "host": host,
+                "kind": kind,
                 "unit": "per_second" if kind == "counter" else "value",
-                "start": s0, "end": s1, "step": st, "series": out, "resets": sorted(set(resets)),
+                "start": s0,
+                "end": s1,
+                "step": st,
+                "series": out,
+                "resets": sorted(set(resets)),
             }
         )
 
     @r.get("/api/v1/events")
     def events(
-        instance: int | None = None, start: float | None = None, end: float | None = None,
+        instance: int | None = None,
+        start: float | None = None,
+        end: float | None = None,
         limit: int = Query(500, ge=1, le=10_000),
     ) -> JSONResponse:
         return JSONResponse(

@@ -12,7 +12,10 @@ from typing import Any
 from app.derived.panels import Panel, Trace
 
 EVENT_COLORS = {
-    "restart": "#d62728", "config_change": "#ff7f0e", "counter_reset": "#8c564b", "rollout": "#9467bd",
+    "restart": "#d62728",
+    "config_change": "#ff7f0e",
+    "counter_reset": "#8c564b",
+    "rollout": "#9467bd",
     "counter_clamped": "#bcbd22",
 }
 DASH = {"line": "solid", "area": "solid", "dash": "dash", "dot": "dot"}
@@ -32,9 +35,13 @@ def _axis_name(row: int) -> tuple[str, str]:
 def _trace(t: Trace, xs: list[int]) -> dict[str, Any]:
     yref, _ = _axis_name(t.row)
     tr: dict[str, Any] = {
-        "type": "scatter", "mode": "lines", "name": t.name + (" (derived)" if t.derived and
-                                                             "derived" not in t.name else ""),
-        "x": xs, "y": _clean(t.y), "yaxis": yref, "connectgaps": False,
+        "type": "scatter",
+        "mode": "lines",
+        "name": t.name + (" (derived)" if t.derived and "derived" not in t.name else ""),
+        "x": xs,
+        "y": _clean(t.y),
+        "yaxis": yref,
+        "connectgaps": False,
         "line": {"width": 1.6, "dash": DASH.get(t.style, "solid")},
         "hovertemplate": f"%{{y:.4g}} {t.unit}<extra>{t.name}</extra>",
     }
@@ -56,23 +63,44 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
         # plot); the legend sits under the x-axis title, anchored to the figure's bottom edge
         "margin": {"l": 64, "r": 16, "t": MODEBAR_PX, "b": 8},
         "showlegend": True,
-        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 0, "yref": "container",
-                   "yanchor": "bottom", "font": {"size": 11}},
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+            "font": {"size": 11},
+        },
         "hovermode": "x unified",
-        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
-        "xaxis": {"type": "date", "range": [int(g.start * 1000), int(g.end * 1000)],
-                  "title": {"text": "time (UTC)", "standoff": 4}, "automargin": True,
-                  "anchor": _axis_name(nrows - 1)[0]},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
+        "xaxis": {
+            "type": "date",
+            "range": [int(g.start * 1000), int(g.end * 1000)],
+            "title": {"text": "time (UTC)", "standoff": 4},
+            "automargin": True,
+            "anchor": _axis_name(nrows - 1)[0],
+        },
         "shapes": [],
         "annotations": [],
-        "meta": {"key": panel.key, "tier": g.tier, "step_s": g.step, "points": len(xs),
-                 "rate_window_s": g.rate_window if g.tier == "raw" else g.step},
+        "meta": {
+            "key": panel.key,
+            "tier": g.tier,
+            "step_s": g.step,
+            "points": len(xs),
+            "rate_window_s": g.rate_window if g.tier == "raw" else g.step,
+        },
     }
     for row, title in enumerate(panel.rows):
         top = 1.0 - row * (height + ROW_GAP)
         _, axis = _axis_name(row)
-        ax: dict[str, Any] = {"title": {"text": title}, "domain": [max(0.0, top - height), top],
-                              "rangemode": "tozero", "zeroline": True}
+        ax: dict[str, Any] = {
+            "title": {"text": title},
+            "domain": [max(0.0, top - height), top],
+            "rangemode": "tozero",
+            "zeroline": True,
+        }
         if row > 0:
             ax["anchor"] = "x"
         if row in panel.y_ranges:
@@ -81,20 +109,38 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
     data = [_trace(t, xs) for t in panel.traces]
     for row, y, label in panel.hlines:
         yref, _ = _axis_name(row)
-        layout["shapes"].append({
-            "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": yref, "y0": y, "y1": y,
-            "line": {"color": "#d62728", "width": 1.5, "dash": "dashdot"},
-        })
-        layout["annotations"].append({
-            "xref": "paper", "x": 1, "xanchor": "right", "yref": yref, "y": y, "yanchor": "bottom",
-            "text": label, "showarrow": False, "font": {"size": 10, "color": "#d62728"},
-        })
+        layout["shapes"].append(
+            {
+                "type": "line",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "yref": yref,
+                "y0": y,
+                "y1": y,
+                "line": {"color": "#d62728", "width": 1.5, "dash": "dashdot"},
+            }
+        )
+        layout["annotations"].append(
+            {
+                "xref": "paper",
+                "x": 1,
+                "xanchor": "right",
+                "yref": yref,
+                "y": y,
+                "yanchor": "bottom",
+                "text": label,
+                "showarrow": False,
+                "font": {"size": 10, "color": "#d62728"},
+            }
+        )
     _add_events(layout, data, events, g.start, g.end)
     return {"data": data, "layout": layout}
 
 
-def _add_events(layout: dict[str, Any], data: list[dict[str, Any]], events: list[dict[str, Any]], start: float,
-                end: float) -> None:
+def _add_events(
+    layout: dict[str, Any], data: list[dict[str, Any]], events: list[dict[str, Any]], start: float, end: float
+) -> None:
     inside = [e for e in events if start <= float(e["ts"]) <= end]
     if not inside:
         return
@@ -104,19 +150,36 @@ def _add_events(layout: dict[str, Any], data: list[dict[str, Any]], events: list
     for e in inside:
         x = round(float(e["ts"]) * 1000)
         color = EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f")
-        layout["shapes"].append({
-            "type": "line", "xref": "x", "x0": x, "x1": x, "yref": "paper", "y0": 0, "y1": 1,
-            "line": {"color": color, "width": 1, "dash": "dot"},
-        })
+        layout["shapes"].append(
+            {
+                "type": "line",
+                "xref": "x",
+                "x0": x,
+                "x1": x,
+                "yref": "paper",
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": color, "width": 1, "dash": "dot"},
+            }
+        )
         evx.append(x)
         texts.append(f"{e.get('kind')}: {str(e.get('message', ''))[:200]}")
         colors.append(color)
     layout["yaxis99"] = {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True}
-    data.append({
-        "type": "scatter", "mode": "markers", "name": "events", "x": evx, "y": [0.97] * len(evx),
-        "yaxis": "y99", "marker": {"symbol": "triangle-down", "size": 9, "color": colors},
-        "hovertext": texts, "hoverinfo": "text+x", "showlegend": False,
-    })
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "events",
+            "x": evx,
+            "y": [0.97] * len(evx),
+            "yaxis": "y99",
+            "marker": {"symbol": "triangle-down", "size": 9, "color": colors},
+            "hovertext": texts,
+            "hoverinfo": "text+x",
+            "showlegend": False,
+        }
+    )
 
 
 SPARK_MARKERS_BELOW = 30  # fewer present points than this: draw markers too (a lone point shows)
@@ -129,11 +192,17 @@ def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) ->
     clean = _clean(ys)
     present = [(x, y) for x, y in zip(xs, clean, strict=True) if y is not None]
     layout: dict[str, Any] = {
-        "margin": {"l": 36, "r": 6, "t": 4, "b": 4}, "showlegend": False,
-        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+        "margin": {"l": 36, "r": 6, "t": 4, "b": 4},
+        "showlegend": False,
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
         "xaxis": {"type": "date", "showgrid": False, "showticklabels": False, "ticks": "", "zeroline": False},
-        "yaxis": {"title": {"text": unit, "font": {"size": 9}, "standoff": 2}, "tickfont": {"size": 8},
-                  "nticks": 3, "zeroline": False},
+        "yaxis": {
+            "title": {"text": unit, "font": {"size": 9}, "standoff": 2},
+            "tickfont": {"size": 8},
+            "nticks": 3,
+            "zeroline": False,
+        },
         "meta": {"points": len(present)},
     }
     if present:
@@ -148,9 +217,17 @@ def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) ->
         layout["yaxis"]["range"] = [lo_y - pad, hi_y + pad]
     mode = "lines+markers" if len(present) < SPARK_MARKERS_BELOW else "lines"
     return {
-        "data": [{"type": "scatter", "mode": mode, "x": [round(t * 1000) for t in xs], "y": clean,
-                  "line": {"width": 1.4, "color": color}, "marker": {"size": 5, "color": color},
-                  "hovertemplate": f"%{{x|%H:%M:%S}} UTC: %{{y:.3g}} {unit}<extra></extra>",
-                  "connectgaps": False}],
+        "data": [
+            {
+                "type": "scatter",
+                "mode": mode,
+                "x": [round(t * 1000) for t in xs],
+                "y": clean,
+                "line": {"width": 1.4, "color": color},
+                "marker": {"size": 5, "color": color},
+                "hovertemplate": f"%{{x|%H:%M:%S}} UTC: %{{y:.3g}} {unit}<extra></extra>",
+                "connectgaps": False,
+            }
+        ],
         "layout": layout,
     }

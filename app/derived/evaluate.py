@@ -117,8 +117,7 @@ def add(values: Iterable[Values]) -> Values:
 def ratio(num: Values, den: Values, scale: float = 1.0) -> Values:
     """num / den x scale where den > 0, else None (no traffic: no ratio, not 0 %)."""
     return [
-        (a / b) * scale if a is not None and b is not None and b > 0 else None
-        for a, b in zip(num, den, strict=True)
+        (a / b) * scale if a is not None and b is not None and b > 0 else None for a, b in zip(num, den, strict=True)
     ]
 
 
@@ -126,9 +125,9 @@ def scale(values: Values, k: float) -> Values:
     return [v * k if v is not None else None for v in values]
 
 
-def sum_by(series: Sequence[TieredSeries], label: str, grid: Grid, fn: Callable[[TieredSeries, Grid], Values]) -> dict[
-    str, Values
-]:
+def sum_by(
+    series: Sequence[TieredSeries], label: str, grid: Grid, fn: Callable[[TieredSeries, Grid], Values]
+) -> dict[str, Values]:
     """fn on each series, summed per value of `label` (other labels such as engine summed away)."""
     groups: dict[str, list[Values]] = defaultdict(list)
     for s in series:
@@ -201,8 +200,7 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
     out: dict[float, Values] = {q: list(h) for q, h in zip(qs, heads, strict=True)} if heads else {q: [] for q in qs}
     les = [le for le, _ in per_le]
     cols = [vals[skip:] for _, vals in per_le]
-    rows: Iterable[Sequence[float | None]] = zip(*cols, strict=True) if cols else (
-        [] for _ in grid.times[skip:])
+    rows: Iterable[Sequence[float | None]] = zip(*cols, strict=True) if cols else ([] for _ in grid.times[skip:])
     sinks = [out[q].append for q in qs]
     for row in rows:
         if None in row:  # some buckets have no rate at this instant: the others still count
@@ -213,8 +211,15 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
         for sink, val in zip(sinks, got, strict=True):
             sink(val)
     if memo is not None:
-        memo_store(memo[1], memo[0], grid.times, grid.step, grid.rate_window,
-                   {fn: out[q] for fn, q in zip(fns, qs, strict=True)}, renew=not skip)
+        memo_store(
+            memo[1],
+            memo[0],
+            grid.times,
+            grid.step,
+            grid.rate_window,
+            {fn: out[q] for fn, q in zip(fns, qs, strict=True)},
+            renew=not skip,
+        )
     return out
 
 

@@ -65,9 +65,13 @@ def hit_rates(scope: Scope) -> Panel:
     g = scope.grid
     p = Panel("hitrates", "Hit rates (vLLM's definitions)", g, ["hit rate (%)"], y_ranges={0: (0.0, 100.0)})
     names = [
-        "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-        "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
-        "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:external_prefix_cache_hits_total",
+        "vllm:external_prefix_cache_queries_total",
+        "vllm:prompt_tokens_cached_total",
+        "vllm:prompt_tokens_total",
+        "vllm:prompt_tokens_by_source_total",
     ]
     got = scope.fetch(names)
 
@@ -76,8 +80,12 @@ def hit_rates(scope: Scope) -> Panel:
 
     pairs: list[tuple[str, str, str, str]] = [
         ("GPU prefix cache", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "#2ca02c"),
-        ("offload tier", "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
-         "#1f77b4"),
+        (
+            "offload tier",
+            "vllm:external_prefix_cache_hits_total",
+            "vllm:external_prefix_cache_queries_total",
+            "#1f77b4",
+        ),
     ]
     for label, hits, queries, color in pairs:
         h, q = r(hits), r(queries)
@@ -152,8 +160,9 @@ def pinned_memory(scope: Scope) -> Panel:
     p = Panel("pinned", "Pinned host memory", g, ["GiB"])
     configured = offload_size_bytes(scope.instance)
     if configured is not None:
-        p.traces.append(Trace("configured offload size", [configured / GIB] * len(g.times), "GiB", style="dash",
-                              color="#7f7f7f"))
+        p.traces.append(
+            Trace("configured offload size", [configured / GIB] * len(g.times), "GiB", style="dash", color="#7f7f7f")
+        )
     for name, label, color in (
         ("kvscope:pinned_offload_file_bytes", "shm offload files (size)", "#17becf"),
         ("kvscope:pinned_offload_resident_bytes", "shm offload files (resident)", "#1f77b4"),
@@ -176,8 +185,11 @@ def pinned_memory(scope: Scope) -> Panel:
         p.traces.append(Trace(limit_label, scale(limit, 1 / GIB), "GiB", color="#d62728", style="dash"))
         if used is not None:
             head = [a - b if a is not None and b is not None else None for a, b in zip(limit, used, strict=True)]
-            p.traces.append(Trace("headroom (limit - used)", scale(head, 1 / GIB), "GiB", color="#2ca02c",
-                                  style="dot", derived=True))
+            p.traces.append(
+                Trace(
+                    "headroom (limit - used)", scale(head, 1 / GIB), "GiB", color="#2ca02c", style="dot", derived=True
+                )
+            )
     if not p.has_data() and configured is None:
         p.empty = "no offload configured (kv_offloading_size is None) and no host memory readings"
     p.notes.append("Host-level readings: shared by every vLLM instance on this host.")
@@ -187,24 +199,32 @@ def pinned_memory(scope: Scope) -> Panel:
 def tier_occupancy(scope: Scope) -> Panel:
     g = scope.grid
     p = Panel("tiers", "Tier occupancy", g, ["occupancy (%)"], y_ranges={0: (0.0, 105.0)})
-    got = scope.fetch([
-        "vllm:kv_cache_usage_perc", "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_store_bytes_total",
-    ])
+    got = scope.fetch(
+        [
+            "vllm:kv_cache_usage_perc",
+            "vllm:kv_offload_cpu_cache_usage_perc",
+            "vllm:kv_offload_store_bytes_total",
+        ]
+    )
     gpu = total(got["vllm:kv_cache_usage_perc"], g, gauge_values)
     if gpu is not None:
         p.traces.append(Trace("GPU KV pool usage", scale(gpu, 100.0), "%", color="#2ca02c"))
     pin = total(got["vllm:kv_offload_cpu_cache_usage_perc"], g, gauge_values)
     if pin is not None:
-        p.traces.append(Trace("CPU tier pinned by in-flight transfers (vLLM gauge)", scale(pin, 100.0), "%",
-                              color="#1f77b4"))
+        p.traces.append(
+            Trace("CPU tier pinned by in-flight transfers (vLLM gauge)", scale(pin, 100.0), "%", color="#1f77b4")
+        )
     cap = offload_capacity_bytes(scope.instance)
     stored = total(got["vllm:kv_offload_store_bytes_total"], g, lambda s, gr: gauge_values(s, gr, "last"))
     if cap is not None and stored is not None:
         fill = [min(100.0, 100.0 * v / cap) if v is not None else None for v in stored]
-        p.traces.append(Trace("CPU tier fill estimate (derived)", fill, "%", style="dash", color="#ff7f0e",
-                              derived=True))
-        p.notes.append("Derived: bytes stored since the server started / CPU-tier capacity, capped at 100 % "
-                       "(LRU evicts once full). vLLM exports no residency gauge.")
+        p.traces.append(
+            Trace("CPU tier fill estimate (derived)", fill, "%", style="dash", color="#ff7f0e", derived=True)
+        )
+        p.notes.append(
+            "Derived: bytes stored since the server started / CPU-tier capacity, capped at 100 % "
+            "(LRU evicts once full). vLLM exports no residency gauge."
+        )
     if gpu is None and pin is None and cap is None:
         p.empty = _no_data_reason(scope, "KV usage gauges")
     p.notes.append("GPU usage counts cached-but-free prefix blocks as free: it is not prefix-cache occupancy.")
@@ -228,7 +248,8 @@ def latency(scope: Scope) -> Panel:
         for q, vals in itl.items():
             p.traces.append(Trace(f"ITL p{round(q * 100)}", scale(vals, 1000.0), "ms", style="dot"))
     for name, label, color in (
-        ("vllm:num_requests_running", "running", "#1f77b4"), ("vllm:num_requests_waiting", "waiting", "#9467bd"),
+        ("vllm:num_requests_running", "running", "#1f77b4"),
+        ("vllm:num_requests_waiting", "waiting", "#9467bd"),
     ):
         v = total(got[name], g, gauge_values)
         if v is not None:
@@ -247,10 +268,16 @@ def gpu(scope: Scope) -> Panel:
     if count is not None and count <= 0:
         p.empty = "no GPU on this host (the agent found none: gpu_count = 0)"
         return p
-    got = scope.fetch([
-        "kvscope:gpu_memory_used_bytes", "kvscope:gpu_memory_total_bytes", "kvscope:gpu_utilization_ratio",
-        "kvscope:gpu_pcie_rx_bytes_per_second", "kvscope:gpu_pcie_tx_bytes_per_second",
-    ], host=True)
+    got = scope.fetch(
+        [
+            "kvscope:gpu_memory_used_bytes",
+            "kvscope:gpu_memory_total_bytes",
+            "kvscope:gpu_utilization_ratio",
+            "kvscope:gpu_pcie_rx_bytes_per_second",
+            "kvscope:gpu_pcie_tx_bytes_per_second",
+        ],
+        host=True,
+    )
     for name, label, row, k, style in (
         ("kvscope:gpu_memory_used_bytes", "used", 0, 1 / GIB, "line"),
         ("kvscope:gpu_memory_total_bytes", "total", 0, 1 / GIB, "dash"),
@@ -263,8 +290,11 @@ def gpu(scope: Scope) -> Panel:
             unit = p.rows[row].split("(")[-1].rstrip(")")
             p.traces.append(Trace(f"{tag} {label}", scale(gauge_values(s, g), k), unit, row=row, style=style))
     if not p.has_data() and count is None:
-        p.empty = (_no_data_reason(scope, "GPU readings") if scope.state == "stale"
-                   else "no GPU readings from this host's agent (no NVML / nvidia-smi)")
+        p.empty = (
+            _no_data_reason(scope, "GPU readings")
+            if scope.state == "stale"
+            else "no GPU readings from this host's agent (no NVML / nvidia-smi)"
+        )
     return _finish(p, scope, "GPU readings")
 
 

@@ -48,8 +48,14 @@ class _Memo:
 class LiveValues:
     """Per-process memo of final raw-tier grid values. Thread-safe; bounded (LRU by series)."""
 
-    def __init__(self, freeze_lag_s: float = 10.0, ttl_s: float = 900.0, max_values: int = 8_000_000,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        freeze_lag_s: float = 10.0,
+        ttl_s: float = 900.0,
+        max_values: int = 8_000_000,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self.freeze_lag_s = freeze_lag_s
         self.ttl_s = ttl_s
         self.max_values = max_values
@@ -87,8 +93,18 @@ class LiveValues:
             self._entries.move_to_end(key)
             return memo
 
-    def store(self, series_id: int, step: float, window: float, fn: str, first_t: float, values: Values,
-              host_id: int, generation: int, renew: bool) -> None:
+    def store(
+        self,
+        series_id: int,
+        step: float,
+        window: float,
+        fn: str,
+        first_t: float,
+        values: Values,
+        host_id: int,
+        generation: int,
+        renew: bool,
+    ) -> None:
         """Keep `values` (instants first_t, first_t + step, ...: all final). Skipped when the host's
         data changed since `generation` was read. `renew`: computed from every point (a new ttl)."""
         arr = array("d", [_NAN if v is None else v for v in values])
@@ -98,8 +114,9 @@ class LiveValues:
             key = (series_id, step, window)
             memos = self._entries.setdefault(key, {})
             old = memos.get(fn)
-            expires = (self.clock() + self.ttl_s * self._rng.uniform(0.75, 1.25)) if renew or old is None \
-                else old.expires
+            expires = (
+                (self.clock() + self.ttl_s * self._rng.uniform(0.75, 1.25)) if renew or old is None else old.expires
+            )
             self._size += len(arr) - (len(old.values) if old else 0)
             memos[fn] = _Memo(first_t, arr, host_id, expires)
             self._by_host[host_id].add(key)
@@ -170,8 +187,9 @@ class LiveRawSeries(TieredSeries):
     handle: LiveHandle | None = None
 
 
-def grid_values(s: LiveRawSeries, times: Sequence[float], step: float, window: float, lookback: float, fn: str,
-                compute: Compute) -> Values:
+def grid_values(
+    s: LiveRawSeries, times: Sequence[float], step: float, window: float, lookback: float, fn: str, compute: Compute
+) -> Values:
     """`compute` on the step-aligned `times`, reusing the memo's final values and storing the new ones."""
     if not times:
         return []
@@ -179,7 +197,7 @@ def grid_values(s: LiveRawSeries, times: Sequence[float], step: float, window: f
     assert h is not None
     memo = h.cache.lookup(s.series_id, step, window, fn)
     head = _head(memo, times, step)
-    rest = times[len(head):]
+    rest = times[len(head) :]
     if head:
         h.cache.incremental += 1
     else:
@@ -191,8 +209,7 @@ def grid_values(s: LiveRawSeries, times: Sequence[float], step: float, window: f
         out = head
     n_final = _n_final(h, times)
     if n_final > len(head) or (memo is not None and memo.first_t < times[0] and n_final):
-        h.cache.store(s.series_id, step, window, fn, times[0], out[:n_final], h.host_id, h.generation,
-                      renew=not head)
+        h.cache.store(s.series_id, step, window, fn, times[0], out[:n_final], h.host_id, h.generation, renew=not head)
     return out
 
 
@@ -208,8 +225,9 @@ def derived_memo(series: Sequence[TieredSeries], tag: str) -> tuple[int, LiveHan
     return -1 - int.from_bytes(digest, "big"), handles[0]
 
 
-def memo_head(handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float,
-              fns: Sequence[str]) -> list[Values]:
+def memo_head(
+    handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float, fns: Sequence[str]
+) -> list[Values]:
     """The final values memoised for each of `fns` from times[0] on, cut to a common length."""
     heads: list[Values] = []
     for fn in fns:
@@ -221,13 +239,21 @@ def memo_head(handle: LiveHandle, key: int, times: Sequence[float], step: float,
     return [h[:n] for h in heads]
 
 
-def memo_store(handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float,
-               values: dict[str, Values], renew: bool) -> None:
+def memo_store(
+    handle: LiveHandle,
+    key: int,
+    times: Sequence[float],
+    step: float,
+    window: float,
+    values: dict[str, Values],
+    renew: bool,
+) -> None:
     n_final = _n_final(handle, times)
     if n_final:
         for fn, vals in values.items():
-            handle.cache.store(key, step, window, fn, times[0], vals[:n_final], handle.host_id, handle.generation,
-                               renew=renew)
+            handle.cache.store(
+                key, step, window, fn, times[0], vals[:n_final], handle.host_id, handle.generation, renew=renew
+            )
 
 
 def _head(memo: _Memo | None, times: Sequence[float], step: float) -> Values:
@@ -235,7 +261,7 @@ def _head(memo: _Memo | None, times: Sequence[float], step: float) -> Values:
     if memo is None or memo.first_t > times[0]:
         return []
     k0 = round((times[0] - memo.first_t) / step)
-    return [None if v != v else v for v in memo.values[k0:k0 + len(times)]]
+    return [None if v != v else v for v in memo.values[k0 : k0 + len(times)]]
 
 
 def _n_final(handle: LiveHandle, times: Sequence[float]) -> int:

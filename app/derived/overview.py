@@ -34,8 +34,9 @@ def instance_state(inst: dict[str, Any], now: float, stale_after: float, recent_
 
 def state_of(engine: Engine, inst: dict[str, Any], now: float, stale_after: float) -> str:
     window = max(300.0, 10 * stale_after)
-    recent = list_events(engine, instance_id=int(inst["id"]), start=now - window, end=now + 1,
-                         kinds=RESTART_KINDS, limit=5)
+    recent = list_events(
+        engine, instance_id=int(inst["id"]), start=now - window, end=now + 1, kinds=RESTART_KINDS, limit=5
+    )
     restarting = any(
         e["kind"] == "restart" or str((e.get("data") or {}).get("state", "")) in ("restarting", "preflight", "health")
         for e in recent
@@ -57,10 +58,14 @@ def describe_offload(inst: dict[str, Any]) -> str:
 
 def sparklines(scope: Scope) -> dict[str, list[float | None]]:
     g = scope.grid
-    got = scope.fetch_counters([
-        "vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
-        "vllm:time_to_first_token_seconds_bucket",
-    ])
+    got = scope.fetch_counters(
+        [
+            "vllm:prompt_tokens_cached_total",
+            "vllm:prompt_tokens_total",
+            "vllm:prompt_tokens_by_source_total",
+            "vllm:time_to_first_token_seconds_bucket",
+        ]
+    )
     cached = total(got["vllm:prompt_tokens_cached_total"], g, counter_rate)
     if cached is None and got["vllm:prompt_tokens_by_source_total"]:
         by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
@@ -76,8 +81,9 @@ def sparklines(scope: Scope) -> dict[str, list[float | None]]:
     return out
 
 
-def overview(engine: Engine, now: float, stale_after: float, raw_retention_s: float,
-             live: LiveValues | None = None) -> list[dict[str, Any]]:
+def overview(
+    engine: Engine, now: float, stale_after: float, raw_retention_s: float, live: LiveValues | None = None
+) -> list[dict[str, Any]]:
     """Hosts with their instances (state, config, sparkline values), for the overview page.
     With `live`, sparklines are raw points at 30 s through the live memo: a refresh computes only
     the new instants (~0.2 s for 50 instances), but the first overview after a start reads every
@@ -88,13 +94,26 @@ def overview(engine: Engine, now: float, stale_after: float, raw_retention_s: fl
     for inst in list_instances(engine):
         state = state_of(engine, inst, now, stale_after)
         cfg = inst.get("cache_config") or {}
-        scope = make_scope(engine, inst, start=now - SPARK_RANGE_S, end=now, now=now, state=state,
-                           raw_retention_s=raw_retention_s, px=SPARK_PX, live=live,
-                           tier="raw" if live is not None else None)
+        scope = make_scope(
+            engine,
+            inst,
+            start=now - SPARK_RANGE_S,
+            end=now,
+            now=now,
+            state=state,
+            raw_retention_s=raw_retention_s,
+            px=SPARK_PX,
+            live=live,
+            tier="raw" if live is not None else None,
+        )
         inst_out = {
-            **inst, "state": state, "kv_dtype": cfg.get("cache_dtype") or "n/a",
-            "block_size": cfg.get("block_size"), "offload": describe_offload(inst),
-            "spark_times": scope.grid.times, "sparks": sparklines(scope),
+            **inst,
+            "state": state,
+            "kv_dtype": cfg.get("cache_dtype") or "n/a",
+            "block_size": cfg.get("block_size"),
+            "offload": describe_offload(inst),
+            "spark_times": scope.grid.times,
+            "sparks": sparklines(scope),
         }
         host = hosts.get(int(inst["host_id"]))
         if host is not None:

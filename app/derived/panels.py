@@ -108,9 +108,15 @@ class Scope:
         if self.live is not None and self.grid.tier == "raw":
             return self._read_live(names, host)
         found = tiered_points(
-            self.engine, names=names, start=self.grid.start, end=self.grid.end, tier=self.grid.tier,
-            instance_id=None if host else self.instance_id, host_id=self.host_id if host else None,
-            lookback=self.lookback, lean=lean,
+            self.engine,
+            names=names,
+            start=self.grid.start,
+            end=self.grid.end,
+            tier=self.grid.tier,
+            instance_id=None if host else self.instance_id,
+            host_id=self.host_id if host else None,
+            lookback=self.lookback,
+            lean=lean,
         )
         by: dict[str, list[TieredSeries]] = defaultdict(list)
         for s in found:
@@ -121,8 +127,9 @@ class Scope:
         """Raw series with only the points past their memoised final values (see app.derived.live)."""
         live, g, engine = self.live, self.grid, self.engine
         assert live is not None
-        metas = series_meta(engine, names, instance_id=None if host else self.instance_id,
-                            host_id=self.host_id if host else None)
+        metas = series_meta(
+            engine, names, instance_id=None if host else self.instance_id, host_id=self.host_id if host else None
+        )
         generation = live.generation(self.host_id)
         full_lo = g.start - self.lookback
         finals = {sid: live.final_until(sid, g.step, g.rate_window) for sid, *_ in metas}
@@ -137,13 +144,16 @@ class Scope:
         by: dict[str, list[TieredSeries]] = defaultdict(list)
         for sid, name, labels, kind in metas:
             handle = LiveHandle(
-                live, self.host_id, generation, starts[sid], self.now,
+                live,
+                self.host_id,
+                generation,
+                starts[sid],
+                self.now,
                 load_full=partial(_points_of, engine, sid, full_lo, g.end),
             )
             if starts[sid] <= full_lo:
                 handle._full = points[sid]
-            by[name].append(LiveRawSeries(sid, name, labels, kind, "raw", 0.0, points.get(sid, []), [],
-                                          handle=handle))
+            by[name].append(LiveRawSeries(sid, name, labels, kind, "raw", 0.0, points.get(sid, []), [], handle=handle))
         return by
 
 
@@ -152,8 +162,17 @@ def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[tuple
 
 
 def make_scope(
-    engine: Engine, instance: dict[str, Any], *, start: float, end: float, now: float, state: str,
-    raw_retention_s: float, px: int = DEFAULT_PX, tier: str | None = None, live: LiveValues | None = None,
+    engine: Engine,
+    instance: dict[str, Any],
+    *,
+    start: float,
+    end: float,
+    now: float,
+    state: str,
+    raw_retention_s: float,
+    px: int = DEFAULT_PX,
+    tier: str | None = None,
+    live: LiveValues | None = None,
 ) -> Scope:
     chosen = tier or pick_tier(start, end, now, raw_retention_s, px)
     gap = scrape_gap(engine, int(instance["id"]), start, end) if chosen == "raw" else None

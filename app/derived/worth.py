@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from app.derived.panels import Scope, offload_size_bytes
 
 NAMES = [
-    "vllm:prompt_tokens_by_source_total", "vllm:kv_offload_load_bytes_total", "vllm:kv_offload_load_time_total",
-    "vllm:kv_offload_store_bytes_total", "vllm:kv_offload_store_time_total",
+    "vllm:prompt_tokens_by_source_total",
+    "vllm:kv_offload_load_bytes_total",
+    "vllm:kv_offload_load_time_total",
+    "vllm:kv_offload_store_bytes_total",
+    "vllm:kv_offload_store_time_total",
     "vllm:request_prefill_time_seconds_sum",
 ]
 
@@ -62,28 +65,52 @@ def compute_worth(scope: Scope) -> Worth:
     if store_b is not None and store_b > 0:
         thrash = max(0.0, store_b - (load_b or 0.0)) / store_b
     verdict, tone = _verdict(configured, reloaded, saved, thrash, store_b, load_tps, prefill_tps)
-    return Worth(configured, reloaded, recomputed, gpu_hit, load_b, load_t, store_b, load_gbps, load_tps,
-                 prefill_tps, saved, thrash, verdict, tone)
+    return Worth(
+        configured,
+        reloaded,
+        recomputed,
+        gpu_hit,
+        load_b,
+        load_t,
+        store_b,
+        load_gbps,
+        load_tps,
+        prefill_tps,
+        saved,
+        thrash,
+        verdict,
+        tone,
+    )
 
 
 def _verdict(
-    configured: bool, reloaded: float | None, saved: float | None, thrash: float | None, stored: float | None,
-    load_tps: float | None, prefill_tps: float | None,
+    configured: bool,
+    reloaded: float | None,
+    saved: float | None,
+    thrash: float | None,
+    stored: float | None,
+    load_tps: float | None,
+    prefill_tps: float | None,
 ) -> tuple[str, str]:
     if not configured:
         return "Offload is off on this instance: nothing to weigh.", "neutral"
     if not reloaded:
         if stored:
-            return (f"Not earning its RAM here: {stored / 1e9:.2f} GB stored, no token reloaded in this range.",
-                    "bad")
+            return (f"Not earning its RAM here: {stored / 1e9:.2f} GB stored, no token reloaded in this range.", "bad")
         return "No offload traffic in this range: no verdict yet.", "neutral"
     if load_tps is not None and prefill_tps is not None and load_tps < prefill_tps:
-        return (f"Costs more than it saves: reloading ran at {load_tps:,.0f} tok/s, slower than recomputing "
-                f"({prefill_tps:,.0f} tok/s).", "bad")
+        return (
+            f"Costs more than it saves: reloading ran at {load_tps:,.0f} tok/s, slower than recomputing "
+            f"({prefill_tps:,.0f} tok/s).",
+            "bad",
+        )
     if saved is not None and saved > 0:
         extra = f" ({thrash:.0%} of stored bytes never came back)" if thrash is not None else ""
         return f"Worth it: about {saved:,.1f} s of prefill saved by reloading {reloaded:,.0f} tokens{extra}.", "good"
     if saved is not None:
         return "Not worth it in this range: reloads did not save prefill time.", "bad"
-    return (f"Reloaded {reloaded:,.0f} tokens; prefill speed unknown (no request_prefill_time histogram), "
-            "so the time saved cannot be estimated.", "neutral")
+    return (
+        f"Reloaded {reloaded:,.0f} tokens; prefill speed unknown (no request_prefill_time histogram), "
+        "so the time saved cannot be estimated.",
+        "neutral",
+    )

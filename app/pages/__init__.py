@@ -92,6 +92,9 @@ def rollup_job(ctx: AppContext, now: float) -> None:
 
     s = ctx.settings
     run_rollups(
-        ctx.engine, now, raw_retention_s=s.raw_retention_h * 3600, m1_retention_s=s.rollup_1m_retention_d * 86400,
+        ctx.engine,
+        now,
+        raw_retention_s=s.raw_retention_h * 3600,
+        m1_retention_s=s.rollup_1m_retention_d * 86400,
         h1_retention_s=s.rollup_1h_retention_d * 86400,
     )

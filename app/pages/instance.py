@@ -33,30 +33,48 @@ def _instance(ctx: AppContext, instance_id: int) -> dict[str, Any]:
     return inst
 
 
-def _scope(ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int, tier: str | None = None,
-           live: bool = True) -> Scope:
+def _scope(
+    ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int, tier: str | None = None, live: bool = True
+) -> Scope:
     """live: named ranges reuse the final values of earlier refreshes (app.derived.live)."""
     now = ctx.now()
     state = state_of(ctx.engine, inst, now, ctx.settings.stale_after_s)
-    return make_scope(ctx.engine, inst, start=tr.start, end=tr.end, now=now, state=state,
-                      raw_retention_s=ctx.settings.raw_retention_h * 3600, px=px, tier=tier,
-                      live=live_values(ctx) if live and tr.name != "custom" else None)
+    return make_scope(
+        ctx.engine,
+        inst,
+        start=tr.start,
+        end=tr.end,
+        now=now,
+        state=state,
+        raw_retention_s=ctx.settings.raw_retention_h * 3600,
+        px=px,
+        tier=tier,
+        live=live_values(ctx) if live and tr.name != "custom" else None,
+    )
 
 
 def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[str, Any]]:
-    evs = list_events(ctx.engine, instance_id=int(inst["id"]), start=tr.start, end=tr.end, kinds=EVENT_KINDS,
-                      limit=300)
+    evs = list_events(ctx.engine, instance_id=int(inst["id"]), start=tr.start, end=tr.end, kinds=EVENT_KINDS, limit=300)
     host_evs = [
-        e for e in list_events(ctx.engine, host_id=int(inst["host_id"]), start=tr.start, end=tr.end,
-                               kinds=EVENT_KINDS, limit=300)
+        e
+        for e in list_events(
+            ctx.engine, host_id=int(inst["host_id"]), start=tr.start, end=tr.end, kinds=EVENT_KINDS, limit=300
+        )
         if e.get("instance_id") is None
     ]
     return sorted(evs + host_evs, key=lambda e: float(e["ts"]))
 
 
-def chart_data(ctx: AppContext, inst: dict[str, Any], key: str, tr: TimeRange, px: int = DEFAULT_PX,
-               scope: Scope | None = None, events: list[dict[str, Any]] | None = None,
-               tier: str | None = None) -> dict[str, Any]:
+def chart_data(
+    ctx: AppContext,
+    inst: dict[str, Any],
+    key: str,
+    tr: TimeRange,
+    px: int = DEFAULT_PX,
+    scope: Scope | None = None,
+    events: list[dict[str, Any]] | None = None,
+    tier: str | None = None,
+) -> dict[str, Any]:
     """One chart: the Plotly figure (or why it is empty), notes, the tier and step used."""
     if key not in CHARTS:
         raise HTTPException(404, f"no chart {key!r}: charts are {', '.join(CHARTS)}")
@@ -64,9 +82,15 @@ def chart_data(ctx: AppContext, inst: dict[str, Any], key: str, tr: TimeRange, p
     panel = CHARTS[key](sc)
     figure = None if panel.empty else build_figure(panel, events if events is not None else _events(ctx, inst, tr))
     return {
-        "key": key, "title": panel.title, "rows": len(panel.rows), "empty": panel.empty, "notes": panel.notes,
+        "key": key,
+        "title": panel.title,
+        "rows": len(panel.rows),
+        "empty": panel.empty,
+        "notes": panel.notes,
         "figure": figure,
-        "tier": sc.grid.tier, "step": sc.grid.step, "points": len(sc.grid.times),
+        "tier": sc.grid.tier,
+        "step": sc.grid.step,
+        "points": len(sc.grid.times),
     }
 
 
@@ -98,15 +122,26 @@ def router(ctx: AppContext) -> APIRouter:
             charts.append(c)
         worth = compute_worth(sc)
         return {
-            "inst": inst, "range": tr, "ranges": list(RANGES), "charts": charts, "worth": worth,
-            "state": sc.state, "offload": describe_offload(inst), "now": ctx.now(),
-            "simulated": bool(inst.get("simulated")), "events": events[-20:], "active_nav": "overview",
+            "inst": inst,
+            "range": tr,
+            "ranges": list(RANGES),
+            "charts": charts,
+            "worth": worth,
+            "state": sc.state,
+            "offload": describe_offload(inst),
+            "now": ctx.now(),
+            "simulated": bool(inst.get("simulated")),
+            "events": events[-20:],
+            "active_nav": "overview",
             "tier": sc.grid.tier,
         }
 
     @r.get("/instances/{instance_id}", response_class=HTMLResponse, include_in_schema=False)
     async def instance_page(
-        request: Request, instance_id: int, range: str | None = None, start: float | None = None,
+        request: Request,
+        instance_id: int,
+        range: str | None = None,
+        start: float | None = None,
         end: float | None = None,
     ) -> HTMLResponse:
         data = await run_page_work(ctx, lambda: page_context(instance_id, range, start, end))
@@ -114,7 +149,11 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse, include_in_schema=False)
     async def chart_fragment(
-        request: Request, instance_id: int, key: str, range: str | None = None, start: float | None = None,
+        request: Request,
+        instance_id: int,
+        key: str,
+        range: str | None = None,
+        start: float | None = None,
         end: float | None = None,
     ) -> HTMLResponse:
         def build() -> dict[str, Any]:
@@ -135,7 +174,10 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse, include_in_schema=False)
     async def worth_fragment(
-        request: Request, instance_id: int, range: str | None = None, start: float | None = None,
+        request: Request,
+        instance_id: int,
+        range: str | None = None,
+        start: float | None = None,
         end: float | None = None,
     ) -> HTMLResponse:
         def build() -> dict[str, Any]:
@@ -152,7 +194,11 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/api/v1/instances/{instance_id}/charts/{key}")
     async def chart_json(
-        instance_id: int, key: str, range: str | None = None, start: float | None = None, end: float | None = None,
+        instance_id: int,
+        key: str,
+        range: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
         px: int = Query(DEFAULT_PX, ge=50, le=4000, description="plot width in pixels"),
         tier: str | None = Query(None, pattern="^(raw|1m|1h)$", description="force a storage tier"),
     ) -> JSONResponse:

@@ -26,17 +26,16 @@ def _context(ctx: AppContext) -> dict[str, Any]:
     from app.pages import live_values
 
     now = ctx.now()
-    hosts = overview(ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600,
-                     live=live_values(ctx))
+    hosts = overview(
+        ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600, live=live_values(ctx)
+    )
     for h in hosts:
         for inst in h["instances"]:
             figs = {}
             if "hit" in inst["sparks"]:
                 figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", "#2ca02c"))
             if "ttft95" in inst["sparks"]:
-                figs["ttft95"] = figure_json(
-                    sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e")
-                )
+                figs["ttft95"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e"))
             inst["spark_figs"] = figs
     simulated = any(i.get("simulated") for h in hosts for i in h["instances"])
     return {"hosts": hosts, "now": now, "simulated": simulated, "active_nav": "overview"}

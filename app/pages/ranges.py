@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from fastapi import HTTPException
 
 RANGES: dict[str, float] = {
-    "15m": 900.0, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0, "30d": 30 * 86400.0,
+    "15m": 900.0,
+    "1h": 3600.0,
+    "6h": 6 * 3600.0,
+    "24h": 86400.0,
+    "7d": 7 * 86400.0,
+    "30d": 30 * 86400.0,
 }
 DEFAULT_RANGE = "1h"
 MAX_CUSTOM_S = 400 * 86400.0

@@ -16,8 +16,11 @@ class AbExperiment(Base):
         Index("ix_ab_experiments_instance", "instance_id", "created_at"),
         # At most one unfinished experiment per instance (enforced by the database).
         Index(
-            "uq_ab_experiments_active", "instance_id", unique=True,
-            sqlite_where=text("finished_at IS NULL"), postgresql_where=text("finished_at IS NULL"),
+            "uq_ab_experiments_active",
+            "instance_id",
+            unique=True,
+            sqlite_where=text("finished_at IS NULL"),
+            postgresql_where=text("finished_at IS NULL"),
         ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -44,18 +44,34 @@ def create_experiment(
         with engine.begin() as conn:
             res = conn.execute(
                 insert(_E).values(
-                    instance_id=instance_id, profile_a=profile_a, profile_b=profile_b, workload=workload,
-                    options=options or {}, runs_per_arm=runs_per_arm, seed=seed, state="pending", step="",
+                    instance_id=instance_id,
+                    profile_a=profile_a,
+                    profile_b=profile_b,
+                    workload=workload,
+                    options=options or {},
+                    runs_per_arm=runs_per_arm,
+                    seed=seed,
+                    state="pending",
+                    step="",
                     current_run=0,
-                    message="waiting to start", verdict={}, requested_by=requested_by,
-                    created_at=now, updated_at=now,
+                    message="waiting to start",
+                    verdict={},
+                    requested_by=requested_by,
+                    created_at=now,
+                    updated_at=now,
                 )
             )
             pk = res.inserted_primary_key
             assert pk is not None
             eid = int(pk[0])
-            _event(conn, eid, instance_id, now, f"A/B experiment #{eid} requested: {profile_a} vs {profile_b}"
-                   + (f" by {requested_by}" if requested_by else ""))
+            _event(
+                conn,
+                eid,
+                instance_id,
+                now,
+                f"A/B experiment #{eid} requested: {profile_a} vs {profile_b}"
+                + (f" by {requested_by}" if requested_by else ""),
+            )
     except IntegrityError:
         raise ExperimentConflict(
             f"instance {instance_id} has an A/B experiment in progress; wait for it or cancel it"
@@ -65,14 +81,27 @@ def create_experiment(
 
 def _event(conn: Any, eid: int, instance_id: int, now: float, message: str) -> None:
     host_id = conn.execute(select(_I.c.host_id).where(_I.c.id == instance_id)).scalar_one_or_none()
-    add_event(conn, ts=now, kind="ab", host_id=host_id, instance_id=instance_id, source="app",
-              message=message, data={"experiment_id": eid})
+    add_event(
+        conn,
+        ts=now,
+        kind="ab",
+        host_id=host_id,
+        instance_id=instance_id,
+        source="app",
+        message=message,
+        data={"experiment_id": eid},
+    )
 
 
 def _query() -> Any:
     return (
-        select(_E, _I.c.url.label("instance_url"), _I.c.host_id.label("host_id"), _H.c.name.label("host"),
-               _I.c.simulated.label("simulated"))
+        select(
+            _E,
+            _I.c.url.label("instance_url"),
+            _I.c.host_id.label("host_id"),
+            _H.c.name.label("host"),
+            _I.c.simulated.label("simulated"),
+        )
         .join(_I, _I.c.id == _E.c.instance_id)
         .join(_H, _H.c.id == _I.c.host_id)
     )
@@ -109,8 +138,10 @@ def claim_experiments(engine: Engine, owner: str, now: float, lease_s: float) ->
             .values(owner=owner, lease_until=now + lease_s)
         )
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(
-            _query().where(_E.c.finished_at.is_(None), _E.c.owner == owner).order_by(_E.c.id))]
+        return [
+            dict(r._mapping)
+            for r in conn.execute(_query().where(_E.c.finished_at.is_(None), _E.c.owner == owner).order_by(_E.c.id))
+        ]
 
 
 def update_experiment(
@@ -151,8 +182,15 @@ def create_runs(engine: Engine, experiment_id: int, plan: list[tuple[str, int | 
         for idx, (arm, version_id) in enumerate(plan):
             conn.execute(
                 insert(_R).values(
-                    experiment_id=experiment_id, idx=idx, arm=arm, version_id=version_id, state="pending",
-                    argv=[], record={}, summary={}, message="",
+                    experiment_id=experiment_id,
+                    idx=idx,
+                    arm=arm,
+                    version_id=version_id,
+                    state="pending",
+                    argv=[],
+                    record={},
+                    summary={},
+                    message="",
                 )
             )
 

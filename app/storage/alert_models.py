@@ -31,9 +31,7 @@ class AlertRow(Base):
     active_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
     rule: Mapped[str] = mapped_column(String(64))
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), nullable=True)
-    instance_id: Mapped[int | None] = mapped_column(
-        ForeignKey("instances.id", ondelete="CASCADE"), nullable=True
-    )
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"), nullable=True)
     state: Mapped[str] = mapped_column(String(16))  # pending | firing | resolved
     severity: Mapped[str] = mapped_column(String(16), default="warning")
     opened_at: Mapped[float] = mapped_column(Float)  # became pending

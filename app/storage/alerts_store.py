@@ -41,10 +41,16 @@ class NewDelivery:
 
 def _insert_transitions(conn: Connection, alert_id: int, transitions: Sequence[TransitionRow]) -> None:
     for tr in transitions:
-        conn.execute(insert(AlertTransition).values(
-            alert_id=alert_id, ts=tr.ts, from_state=tr.from_state, to_state=tr.to_state, value=tr.value,
-            message=tr.message[:4000],
-        ))
+        conn.execute(
+            insert(AlertTransition).values(
+                alert_id=alert_id,
+                ts=tr.ts,
+                from_state=tr.from_state,
+                to_state=tr.to_state,
+                value=tr.value,
+                message=tr.message[:4000],
+            )
+        )
 
 
 def _insert_deliveries(
@@ -52,10 +58,18 @@ def _insert_deliveries(
 ) -> list[int]:
     ids: list[int] = []
     for d in deliveries:
-        res = conn.execute(insert(AlertDelivery).values(
-            alert_id=alert_id, channel=d.channel, event=d.event, status="pending", attempts=0,
-            created_at=now, next_attempt_at=now, payload=d.payload,
-        ))
+        res = conn.execute(
+            insert(AlertDelivery).values(
+                alert_id=alert_id,
+                channel=d.channel,
+                event=d.event,
+                status="pending",
+                attempts=0,
+                created_at=now,
+                next_attempt_at=now,
+                payload=d.payload,
+            )
+        )
         pk = res.inserted_primary_key
         ids.append(int(pk[0]) if pk else 0)
     return ids
@@ -114,7 +128,8 @@ def cas_update(
     False (nothing written) when another process changed the alert first."""
     with engine.begin() as conn:
         res = conn.execute(
-            update(AlertRow).where(AlertRow.id == alert_id, AlertRow.version == version)
+            update(AlertRow)
+            .where(AlertRow.id == alert_id, AlertRow.version == version)
             .values(version=version + 1, **values)
         )
         if res.rowcount != 1:
@@ -128,8 +143,13 @@ def _alert_query() -> Any:
     i = Instance.__table__
     h = Host.__table__
     return (
-        select(A, i.c.url.label("instance_url"), i.c.model.label("model"), i.c.simulated.label("simulated"),
-               h.c.name.label("host"))
+        select(
+            A,
+            i.c.url.label("instance_url"),
+            i.c.model.label("model"),
+            i.c.simulated.label("simulated"),
+            h.c.name.label("host"),
+        )
         .outerjoin(i, i.c.id == A.c.instance_id)
         .outerjoin(h, h.c.id == A.c.host_id)
     )
@@ -180,7 +200,8 @@ def list_transitions(engine: Engine, *, alert_id: int | None = None, limit: int 
 def acknowledge(engine: Engine, alert_id: int, now: float, note: str = "") -> bool:
     with engine.begin() as conn:
         res = conn.execute(
-            update(AlertRow).where(AlertRow.id == alert_id, AlertRow.acked_at.is_(None))
+            update(AlertRow)
+            .where(AlertRow.id == alert_id, AlertRow.acked_at.is_(None))
             .values(acked_at=now, ack_note=note[:1000], version=AlertRow.version + 1)
         )
         return res.rowcount == 1
@@ -190,9 +211,10 @@ def prune(engine: Engine, before: float) -> int:
     """Delete alerts resolved before `before` (their transitions and deliveries go with them) and
     old test deliveries. Returns the number of alerts deleted."""
     with engine.begin() as conn:
-        old = [int(r[0]) for r in conn.execute(
-            select(A.c.id).where(A.c.state == "resolved", A.c.resolved_at < before)
-        ).all()]
+        old = [
+            int(r[0])
+            for r in conn.execute(select(A.c.id).where(A.c.state == "resolved", A.c.resolved_at < before)).all()
+        ]
         if old:
             conn.execute(delete(AlertTransition).where(AlertTransition.alert_id.in_(old)))
             conn.execute(delete(AlertDelivery).where(AlertDelivery.alert_id.in_(old)))
@@ -211,10 +233,12 @@ def add_deliveries(engine: Engine, alert_id: int | None, deliveries: Sequence[Ne
 def due_deliveries(engine: Engine, now: float, limit: int = 50) -> list[dict[str, Any]]:
     q = (
         select(D)
-        .where(or_(
-            and_(D.c.status == "pending", D.c.next_attempt_at <= now),
-            and_(D.c.status == "sending", D.c.claimed_until < now),  # a crashed sender's lease ran out
-        ))
+        .where(
+            or_(
+                and_(D.c.status == "pending", D.c.next_attempt_at <= now),
+                and_(D.c.status == "sending", D.c.claimed_until < now),  # a crashed sender's lease ran out
+            )
+        )
         .order_by(D.c.next_attempt_at, D.c.id)
         .limit(limit)
     )
@@ -240,7 +264,12 @@ def claim_delivery(engine: Engine, delivery_id: int, now: float, lease_s: float)
 
 
 def finish_delivery(
-    engine: Engine, delivery_id: int, *, status: str, now: float, error: str | None = None,
+    engine: Engine,
+    delivery_id: int,
+    *,
+    status: str,
+    now: float,
+    error: str | None = None,
     next_attempt_at: float | None = None,
 ) -> None:
     values: dict[str, Any] = {"status": status, "claimed_until": None, "last_error": (error or None)}
@@ -286,22 +315,35 @@ def unsent_alert_ids(engine: Engine, channel: str) -> set[int]:
     """Alerts with a delivery to `channel` still waiting (pending or being sent)."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(D.c.alert_id).where(
-                D.c.channel == channel, D.c.alert_id.is_not(None), D.c.status.in_(("pending", "sending"))
-            ).distinct()
+            select(D.c.alert_id)
+            .where(D.c.channel == channel, D.c.alert_id.is_not(None), D.c.status.in_(("pending", "sending")))
+            .distinct()
         ).all()
     return {int(r[0]) for r in rows}
 
 
 # ------------------------------------------------------------------ silences
 def add_silence(
-    engine: Engine, *, now: float, until: float, rule: str | None = None, instance_id: int | None = None,
-    host_id: int | None = None, reason: str = "",
+    engine: Engine,
+    *,
+    now: float,
+    until: float,
+    rule: str | None = None,
+    instance_id: int | None = None,
+    host_id: int | None = None,
+    reason: str = "",
 ) -> int:
     with engine.begin() as conn:
-        res = conn.execute(insert(AlertSilence).values(
-            created_at=now, until=until, rule=rule, instance_id=instance_id, host_id=host_id, reason=reason[:1000],
-        ))
+        res = conn.execute(
+            insert(AlertSilence).values(
+                created_at=now,
+                until=until,
+                rule=rule,
+                instance_id=instance_id,
+                host_id=host_id,
+                reason=reason[:1000],
+            )
+        )
         pk = res.inserted_primary_key
         return int(pk[0]) if pk else 0
 
@@ -313,8 +355,9 @@ def active_silences(engine: Engine, now: float) -> list[dict[str, Any]]:
 
 def expire_silence(engine: Engine, silence_id: int, now: float) -> bool:
     with engine.begin() as conn:
-        res = conn.execute(update(AlertSilence).where(AlertSilence.id == silence_id, AlertSilence.until > now)
-                           .values(until=now))
+        res = conn.execute(
+            update(AlertSilence).where(AlertSilence.id == silence_id, AlertSilence.until > now).values(until=now)
+        )
         return res.rowcount == 1
 
 
@@ -355,8 +398,11 @@ def series_points_many(
         pts: dict[int, list[tuple[float, float]]] = {sid: [] for sid in meta}
         rows = conn.execute(
             select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-            .where(SampleRow.series_id.in_(list(meta)), SampleRow.ts_ms >= int(start * 1000),
-                   SampleRow.ts_ms <= int(end * 1000))
+            .where(
+                SampleRow.series_id.in_(list(meta)),
+                SampleRow.ts_ms >= int(start * 1000),
+                SampleRow.ts_ms <= int(end * 1000),
+            )
             .order_by(SampleRow.series_id, SampleRow.ts_ms)
         )
         for sid, ts, v in rows:

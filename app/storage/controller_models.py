@@ -39,9 +39,7 @@ class ControllerInstanceProfile(Base):
 
     __tablename__ = "controller_instance_profiles"
     instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"), primary_key=True)
-    current_version_id: Mapped[int | None] = mapped_column(
-        ForeignKey("controller_profile_versions.id"), nullable=True
-    )
+    current_version_id: Mapped[int | None] = mapped_column(ForeignKey("controller_profile_versions.id"), nullable=True)
     lkg_version_id: Mapped[int | None] = mapped_column(ForeignKey("controller_profile_versions.id"), nullable=True)
     updated_at: Mapped[float] = mapped_column(Float)
 
@@ -53,8 +51,11 @@ class ControllerRollout(Base):
         Index("ix_controller_rollouts_state", "state"),
         # At most one unfinished rollout per instance (the database enforces it, not a race).
         Index(
-            "uq_controller_rollouts_active", "instance_id", unique=True,
-            sqlite_where=text("finished_at IS NULL"), postgresql_where=text("finished_at IS NULL"),
+            "uq_controller_rollouts_active",
+            "instance_id",
+            unique=True,
+            sqlite_where=text("finished_at IS NULL"),
+            postgresql_where=text("finished_at IS NULL"),
         ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

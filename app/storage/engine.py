@@ -41,11 +41,14 @@ def make_engine(url: str) -> Engine:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise UserError(f"cannot create the data folder {path.parent}: {exc.strerror}; "
-                                "set KVSCOPE_DATA_DIR to a writable folder") from None
+                raise UserError(
+                    f"cannot create the data folder {path.parent}: {exc.strerror}; "
+                    "set KVSCOPE_DATA_DIR to a writable folder"
+                ) from None
             if path.exists() and not _writable(path):
-                raise UserError(f"database file {path} is not writable; fix its permissions "
-                                "or set KVSCOPE_DATA_DIR") from None
+                raise UserError(
+                    f"database file {path} is not writable; fix its permissions or set KVSCOPE_DATA_DIR"
+                ) from None
             if not _writable(path.parent):
                 raise UserError(f"data folder {path.parent} is not writable; set KVSCOPE_DATA_DIR") from None
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
@@ -56,8 +59,10 @@ def make_engine(url: str) -> Engine:
     try:
         engine = create_engine(url, **kwargs)
     except (NoSuchModuleError, ImportError) as exc:
-        raise UserError(f"database URL {parsed.render_as_string()!r} needs a driver that is not installed "
-                        f"({exc}); for Postgres: pip install 'psycopg[binary]'") from None
+        raise UserError(
+            f"database URL {parsed.render_as_string()!r} needs a driver that is not installed "
+            f"({exc}); for Postgres: pip install 'psycopg[binary]'"
+        ) from None
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     return engine

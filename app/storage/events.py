@@ -22,8 +22,13 @@ def add_event(
 ) -> int:
     res = conn.execute(
         insert(Event).values(
-            ts=ts, kind=kind, message=message[:4000], host_id=host_id,
-            instance_id=instance_id, source=source, data=data or {},
+            ts=ts,
+            kind=kind,
+            message=message[:4000],
+            host_id=host_id,
+            instance_id=instance_id,
+            source=source,
+            data=data or {},
         )
     )
     pk = res.inserted_primary_key

@@ -97,7 +97,9 @@ class IngestWriter:
                     with conn.begin_nested():
                         conn.execute(
                             insert(IngestBatch).values(
-                                agent_id=batch.agent_id, seq=batch.seq, received_at=now,
+                                agent_id=batch.agent_id,
+                                seq=batch.seq,
+                                received_at=now,
                                 samples=sum(len(s.samples) for s in batch.scrapes) + len(batch.host_samples),
                             )
                         )
@@ -118,7 +120,11 @@ class IngestWriter:
                     if reset:
                         result.resets.append(scrape.instance)
                         add_event(
-                            conn, ts=scrape.ts, kind="counter_reset", host_id=host_id, instance_id=iid,
+                            conn,
+                            ts=scrape.ts,
+                            kind="counter_reset",
+                            host_id=host_id,
+                            instance_id=iid,
                             message=f"{len(reset)} counter(s) went down: treated as a reset (no negative rate)",
                             data={"series": reset[:20]},
                         )
@@ -130,8 +136,14 @@ class IngestWriter:
                     if ev.instance and iid_ev is None:
                         iid_ev = self._instance(conn, host_id, ev.instance, now)
                     add_event(
-                        conn, ts=ev.ts, kind=ev.kind, message=ev.message, host_id=host_id,
-                        instance_id=iid_ev, source="agent", data=ev.data,
+                        conn,
+                        ts=ev.ts,
+                        kind=ev.kind,
+                        message=ev.message,
+                        host_id=host_id,
+                        instance_id=iid_ev,
+                        source="agent",
+                        data=ev.data,
                     )
                 if rows:
                     self._insert_samples(conn, rows)
@@ -166,8 +178,11 @@ class IngestWriter:
                     with conn.begin_nested():
                         res = conn.execute(
                             insert(Host).values(
-                                name=batch.host, agent_id=batch.agent_id, agent_version=batch.agent_version,
-                                first_seen=now, last_push=now,
+                                name=batch.host,
+                                agent_id=batch.agent_id,
+                                agent_version=batch.agent_version,
+                                first_seen=now,
+                                last_push=now,
                             )
                         )
                     hid = int(res.inserted_primary_key[0])  # type: ignore[index]
@@ -177,9 +192,9 @@ class IngestWriter:
                 hid = int(row[0])
             self._hosts[batch.host] = hid
         conn.execute(
-            update(Host).where(Host.id == hid).values(
-                last_push=now, agent_id=batch.agent_id, agent_version=batch.agent_version
-            )
+            update(Host)
+            .where(Host.id == hid)
+            .values(last_push=now, agent_id=batch.agent_id, agent_version=batch.agent_version)
         )
         return hid
 
@@ -194,15 +209,21 @@ class IngestWriter:
                 with conn.begin_nested():
                     res = conn.execute(
                         insert(Instance).values(
-                            host_id=host_id, url=url, first_seen=now, cache_config={}, offload_config={},
+                            host_id=host_id,
+                            url=url,
+                            first_seen=now,
+                            cache_config={},
+                            offload_config={},
                             simulated=False,
                         )
                     )
                 iid = int(res.inserted_primary_key[0])  # type: ignore[index]
             except IntegrityError:  # another app process created it meanwhile (Postgres)
-                iid = int(conn.execute(
-                    select(Instance.id).where(Instance.host_id == host_id, Instance.url == url)
-                ).scalar_one())
+                iid = int(
+                    conn.execute(
+                        select(Instance.id).where(Instance.host_id == host_id, Instance.url == url)
+                    ).scalar_one()
+                )
         else:
             iid = int(row[0])
         self._instances[key] = iid
@@ -241,7 +262,11 @@ class IngestWriter:
             }
             if changed:
                 add_event(
-                    conn, ts=scrape.ts, kind="config_change", host_id=host_id, instance_id=iid,
+                    conn,
+                    ts=scrape.ts,
+                    kind="config_change",
+                    host_id=host_id,
+                    instance_id=iid,
                     message="cache config changed: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()),
                     data={"changed": changed},
                 )
@@ -277,9 +302,7 @@ class IngestWriter:
             rows.append((sid, ts_ms, s.value))
         return resets
 
-    def _series_id(
-        self, conn: Connection, host_id: int, iid: int | None, s: Sample, lk: str, kind: str
-    ) -> int:
+    def _series_id(self, conn: Connection, host_id: int, iid: int | None, s: Sample, lk: str, kind: str) -> int:
         t = cast(Table, Series.__table__)
         cond = and_(
             t.c.host_id == host_id,
@@ -292,10 +315,7 @@ class IngestWriter:
             sid = int(row[0])
             if kind == "counter" and sid not in self._last:
                 last = conn.execute(
-                    select(SampleRow.value)
-                    .where(SampleRow.series_id == sid)
-                    .order_by(SampleRow.ts_ms.desc())
-                    .limit(1)
+                    select(SampleRow.value).where(SampleRow.series_id == sid).order_by(SampleRow.ts_ms.desc()).limit(1)
                 ).first()
                 if last is not None:
                     self._last[sid] = float(last[0])
@@ -304,8 +324,12 @@ class IngestWriter:
             with conn.begin_nested():
                 res = conn.execute(
                     insert(Series).values(
-                        host_id=host_id, instance_id=iid, name=s.name, labels_key=lk,
-                        labels=dict(s.labels), kind=kind,
+                        host_id=host_id,
+                        instance_id=iid,
+                        name=s.name,
+                        labels_key=lk,
+                        labels=dict(s.labels),
+                        kind=kind,
                     )
                 )
             return int(res.inserted_primary_key[0])  # type: ignore[index]

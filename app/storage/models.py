@@ -72,9 +72,7 @@ class Series(Base):
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
-    instance_id: Mapped[int | None] = mapped_column(
-        ForeignKey("instances.id", ondelete="CASCADE"), nullable=True
-    )
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"), nullable=True)
     name: Mapped[str] = mapped_column(String(255))
     labels_key: Mapped[str] = mapped_column(Text)  # canonical JSON of the labels
     labels: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -120,9 +118,7 @@ class Event(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     ts: Mapped[float] = mapped_column(Float)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"), nullable=True)
-    instance_id: Mapped[int | None] = mapped_column(
-        ForeignKey("instances.id", ondelete="CASCADE"), nullable=True
-    )
+    instance_id: Mapped[int | None] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"), nullable=True)
     kind: Mapped[str] = mapped_column(String(32))
     source: Mapped[str] = mapped_column(String(16), default="app")  # agent | app | controller
     message: Mapped[str] = mapped_column(Text)

@@ -18,8 +18,9 @@ from app.storage.series_store import series_of
 SeriesMeta = tuple[int, str, dict[str, Any], str]  # id, name, labels, kind
 
 
-def series_meta(engine: Engine, names: Sequence[str], *, instance_id: int | None,
-                host_id: int | None) -> list[SeriesMeta]:
+def series_meta(
+    engine: Engine, names: Sequence[str], *, instance_id: int | None, host_id: int | None
+) -> list[SeriesMeta]:
     """Every series named in `names` of one instance (or host-level of one host), ascending by id."""
     with engine.connect() as conn:
         rows = conn.execute(series_of(names, instance_id=instance_id, host_id=host_id)).all()
@@ -38,8 +39,10 @@ def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> 
             # come back as (seconds, value) tuples built in C (SQLite divides: the same IEEE result)
             cur = conn.connection.cursor()
             try:
-                sql = ("SELECT ts_ms / 1000.0, value FROM samples "
-                       "WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms")
+                sql = (
+                    "SELECT ts_ms / 1000.0, value FROM samples "
+                    "WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
+                )
                 for sid, start in starts.items():
                     out[sid] = cur.execute(sql, (sid, int(start * 1000), hi)).fetchall()
             finally:
@@ -50,7 +53,8 @@ def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> 
             by_start.setdefault(int(start * 1000), []).append(sid)
         for lo, ids in by_start.items():
             q = (
-                t.select().with_only_columns(t.c.series_id, t.c.ts_ms, t.c.value)
+                t.select()
+                .with_only_columns(t.c.series_id, t.c.ts_ms, t.c.value)
                 .where(t.c.series_id.in_(ids), t.c.ts_ms >= lo, t.c.ts_ms <= hi)
                 .order_by(t.c.series_id, t.c.ts_ms)
             )

@@ -70,15 +70,13 @@ def edit_profile(
         if row is None:
             raise NotFound(f"no profile named {name!r}")
         pid, cur = int(row[0]), int(row[1])
-        latest = conn.execute(
-            select(_V.c.spec).where(_V.c.profile_id == pid, _V.c.version == cur)
-        ).scalar_one_or_none()
+        latest = conn.execute(select(_V.c.spec).where(_V.c.profile_id == pid, _V.c.version == cur)).scalar_one_or_none()
         if latest == spec:
             raise StoreConflict(f"profile {name!r} v{cur} already has exactly these settings")
         res = conn.execute(
-            update(_P).where(_P.c.id == pid, _P.c.current_version == cur).values(
-                current_version=cur + 1, updated_at=now
-            )
+            update(_P)
+            .where(_P.c.id == pid, _P.c.current_version == cur)
+            .values(current_version=cur + 1, updated_at=now)
         )
         if res.rowcount != 1:
             raise StoreConflict(f"profile {name!r} was edited meanwhile; reload and retry")
@@ -90,8 +88,15 @@ def edit_profile(
 
 def list_profiles(engine: Engine) -> list[dict[str, Any]]:
     q = (
-        select(_P.c.id, _P.c.name, _P.c.current_version, _P.c.created_at, _P.c.updated_at,
-               _V.c.id.label("version_id"), _V.c.spec)
+        select(
+            _P.c.id,
+            _P.c.name,
+            _P.c.current_version,
+            _P.c.created_at,
+            _P.c.updated_at,
+            _V.c.id.label("version_id"),
+            _V.c.spec,
+        )
         .join(_V, and_(_V.c.profile_id == _P.c.id, _V.c.version == _P.c.current_version))
         .order_by(_P.c.name)
     )
@@ -172,9 +177,17 @@ def create_rollout(
         with engine.begin() as conn:
             res = conn.execute(
                 insert(_R).values(
-                    instance_id=instance_id, version_id=version_id, lkg_version_id=lkg_version_id,
-                    state="requested", message=message, requested_by=requested_by,
-                    override_hybrid=override_hybrid, payload=payload, result={}, created_at=now, updated_at=now,
+                    instance_id=instance_id,
+                    version_id=version_id,
+                    lkg_version_id=lkg_version_id,
+                    state="requested",
+                    message=message,
+                    requested_by=requested_by,
+                    override_hybrid=override_hybrid,
+                    payload=payload,
+                    result={},
+                    created_at=now,
+                    updated_at=now,
                 )
             )
             pk = res.inserted_primary_key
@@ -182,15 +195,18 @@ def create_rollout(
             rid = int(pk[0])
             host_id = conn.execute(select(_I.c.host_id).where(_I.c.id == instance_id)).scalar_one()
             add_event(
-                conn, ts=now, kind="rollout", host_id=int(host_id), instance_id=instance_id, source="controller",
+                conn,
+                ts=now,
+                kind="rollout",
+                host_id=int(host_id),
+                instance_id=instance_id,
+                source="controller",
                 message=f"rollout #{rid} requested: {payload.get('profile', {}).get('name', '?')}"
                 + (f" by {requested_by}" if requested_by else ""),
                 data={"rollout_id": rid, "state": "requested"},
             )
     except IntegrityError:
-        raise StoreConflict(
-            f"instance {instance_id} has a rollout in progress; wait for it or cancel it"
-        ) from None
+        raise StoreConflict(f"instance {instance_id} has a rollout in progress; wait for it or cancel it") from None
     return rid
 
 
@@ -202,8 +218,12 @@ def set_payload(engine: Engine, rollout_id: int, payload: dict[str, Any]) -> Non
 def _rollout_query() -> Any:
     return (
         select(
-            _R, _V.c.version.label("profile_version"), _P.c.name.label("profile"),
-            _I.c.url.label("instance_url"), _I.c.host_id.label("host_id"), _H.c.name.label("host"),
+            _R,
+            _V.c.version.label("profile_version"),
+            _P.c.name.label("profile"),
+            _I.c.url.label("instance_url"),
+            _I.c.host_id.label("host_id"),
+            _H.c.name.label("host"),
         )
         .join(_V, _V.c.id == _R.c.version_id)
         .join(_P, _P.c.id == _V.c.profile_id)
@@ -229,9 +249,7 @@ def list_rollouts(engine: Engine, *, instance_id: int | None = None, limit: int 
 
 def active_rollout(engine: Engine, instance_id: int) -> dict[str, Any] | None:
     with engine.connect() as conn:
-        row = conn.execute(
-            _rollout_query().where(_R.c.instance_id == instance_id, _R.c.finished_at.is_(None))
-        ).first()
+        row = conn.execute(_rollout_query().where(_R.c.instance_id == instance_id, _R.c.finished_at.is_(None))).first()
     return dict(row._mapping) if row else None
 
 
@@ -258,14 +276,19 @@ def claim_for_host(
                 continue
             if state == "requested":
                 res = conn.execute(
-                    update(_R).where(_R.c.id == rid, _R.c.state == "requested").values(
-                        state="claimed", claimed_by=agent_id, claimed_at=now, updated_at=now
-                    )
+                    update(_R)
+                    .where(_R.c.id == rid, _R.c.state == "requested")
+                    .values(state="claimed", claimed_by=agent_id, claimed_at=now, updated_at=now)
                 )
                 if res.rowcount != 1:
                     continue
                 add_event(
-                    conn, ts=now, kind="rollout", host_id=host_id, instance_id=iid, source="controller",
+                    conn,
+                    ts=now,
+                    kind="rollout",
+                    host_id=host_id,
+                    instance_id=iid,
+                    source="controller",
                     message=f"rollout #{rid} handed to agent {agent_id}",
                     data={"rollout_id": rid, "state": "claimed"},
                 )
@@ -309,13 +332,16 @@ def apply_update(
         terminal = state in TERMINAL_STATES
         if terminal:
             values["finished_at"] = ts
-        res = conn.execute(
-            update(_R).where(_R.c.id == rollout_id, _R.c.finished_at.is_(None)).values(**values)
-        )
+        res = conn.execute(update(_R).where(_R.c.id == rollout_id, _R.c.finished_at.is_(None)).values(**values))
         if res.rowcount != 1:
             return False
         add_event(
-            conn, ts=ts, kind="rollout", host_id=host_id, instance_id=int(row.instance_id), source="controller",
+            conn,
+            ts=ts,
+            kind="rollout",
+            host_id=host_id,
+            instance_id=int(row.instance_id),
+            source="controller",
             message=f"rollout #{rollout_id} {state}" + (f": {message}" if message else ""),
             data={"rollout_id": rollout_id, "state": state},
         )
@@ -324,8 +350,9 @@ def apply_update(
     return True
 
 
-def finish_rollout(engine: Engine, rollout_id: int, state: str, message: str, now: float,
-                   *, only_from: tuple[str, ...]) -> bool:
+def finish_rollout(
+    engine: Engine, rollout_id: int, state: str, message: str, now: float, *, only_from: tuple[str, ...]
+) -> bool:
     """App-side ends (cancel a requested rollout, expire a silent one). CAS on the state."""
     with engine.begin() as conn:
         row = conn.execute(
@@ -341,8 +368,13 @@ def finish_rollout(engine: Engine, rollout_id: int, state: str, message: str, no
         if res.rowcount != 1:
             return False
         add_event(
-            conn, ts=now, kind="rollout", host_id=int(row.host_id), instance_id=int(row.instance_id),
-            source="controller", message=f"rollout #{rollout_id} {state}: {message}",
+            conn,
+            ts=now,
+            kind="rollout",
+            host_id=int(row.host_id),
+            instance_id=int(row.instance_id),
+            source="controller",
+            message=f"rollout #{rollout_id} {state}: {message}",
             data={"rollout_id": rollout_id, "state": state},
         )
     return True
@@ -352,8 +384,9 @@ def stale_rollouts(engine: Engine, *, updated_before: float) -> list[dict[str, A
     """Unfinished rollouts with no news since `updated_before`."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(_R.c.id, _R.c.state, _R.c.updated_at)
-            .where(_R.c.finished_at.is_(None), _R.c.updated_at < updated_before)
+            select(_R.c.id, _R.c.state, _R.c.updated_at).where(
+                _R.c.finished_at.is_(None), _R.c.updated_at < updated_before
+            )
         ).all()
     return [dict(r._mapping) for r in rows]
 

@@ -45,9 +45,12 @@ def mark_late(conn: Connection, rows: Sequence[tuple[int, int, float]]) -> int:
     for sid, ts, _ in rows:
         if ts < wm and (sid not in late or ts < late[sid]):
             late[sid] = ts
-    have = {int(s): int(f) for s, f in conn.execute(
-        select(RollupLate.series_id, RollupLate.from_ms).where(RollupLate.series_id.in_(list(late)))
-    )}
+    have = {
+        int(s): int(f)
+        for s, f in conn.execute(
+            select(RollupLate.series_id, RollupLate.from_ms).where(RollupLate.series_id.in_(list(late)))
+        )
+    }
     for sid, ts in late.items():
         if sid not in have:
             conn.execute(insert(RollupLate).values(series_id=sid, from_ms=ts))
@@ -59,9 +62,14 @@ def mark_late(conn: Connection, rows: Sequence[tuple[int, int, float]]) -> int:
 def reroll_late(engine: Engine, now_ms: int, raw_retention_ms: int, counters: set[int]) -> tuple[int, int]:
     """Re-roll every marked series (up to MAX_SERIES_PER_RUN). Returns (minutes, hours) rewritten."""
     with engine.connect() as conn:
-        marked = [(int(s), int(f)) for s, f in conn.execute(
-            select(RollupLate.series_id, RollupLate.from_ms).order_by(RollupLate.series_id).limit(MAX_SERIES_PER_RUN)
-        )]
+        marked = [
+            (int(s), int(f))
+            for s, f in conn.execute(
+                select(RollupLate.series_id, RollupLate.from_ms)
+                .order_by(RollupLate.series_id)
+                .limit(MAX_SERIES_PER_RUN)
+            )
+        ]
     minutes = hours = 0
     # raw samples are complete from here on (earlier job runs cut below their own now - retention)
     complete_from = now_ms - raw_retention_ms
@@ -88,14 +96,18 @@ def _reroll_series(conn: Connection, sid: int, from_ms: int, complete_from: int,
     if start >= wm_m:
         return 0, 0
     carry = _carry_before(conn, sid, start)
-    samples = [(int(t), float(v)) for t, v in conn.execute(
-        select(SampleRow.ts_ms, SampleRow.value)
-        .where(SampleRow.series_id == sid, SampleRow.ts_ms >= start, SampleRow.ts_ms < wm_m)
-        .order_by(SampleRow.ts_ms)
-    )]
+    samples = [
+        (int(t), float(v))
+        for t, v in conn.execute(
+            select(SampleRow.ts_ms, SampleRow.value)
+            .where(SampleRow.series_id == sid, SampleRow.ts_ms >= start, SampleRow.ts_ms < wm_m)
+            .order_by(SampleRow.ts_ms)
+        )
+    ]
     buckets, new_carry = fold_minutes(samples, carry, counter)
-    conn.execute(delete(Rollup1m).where(Rollup1m.series_id == sid, Rollup1m.bucket_ms >= start,
-                                        Rollup1m.bucket_ms < wm_m))
+    conn.execute(
+        delete(Rollup1m).where(Rollup1m.series_id == sid, Rollup1m.bucket_ms >= start, Rollup1m.bucket_ms < wm_m)
+    )
     if buckets:
         conn.execute(insert(Rollup1m), [_bucket_row(sid, ms, b) for ms, b in buckets])
     if samples and new_carry is not None:
@@ -106,14 +118,18 @@ def _reroll_series(conn: Connection, sid: int, from_ms: int, complete_from: int,
     h_start = start - start % HOUR_MS
     if wm_h is not None and h_start < wm_h:
         t = Rollup1m.__table__
-        mins = [(int(ms), Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc))
-                for ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(
-                    select(t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
-                    .where(t.c.series_id == sid, t.c.bucket_ms >= h_start, t.c.bucket_ms < wm_h)
-                    .order_by(t.c.bucket_ms))]
+        mins = [
+            (int(ms), Bucket(ms / 1000.0, int(n), vmin, vmax, vsum, vlast, inc))
+            for ms, n, vmin, vmax, vsum, vlast, inc in conn.execute(
+                select(t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
+                .where(t.c.series_id == sid, t.c.bucket_ms >= h_start, t.c.bucket_ms < wm_h)
+                .order_by(t.c.bucket_ms)
+            )
+        ]
         folded = fold_hours(mins)
-        conn.execute(delete(Rollup1h).where(Rollup1h.series_id == sid, Rollup1h.bucket_ms >= h_start,
-                                            Rollup1h.bucket_ms < wm_h))
+        conn.execute(
+            delete(Rollup1h).where(Rollup1h.series_id == sid, Rollup1h.bucket_ms >= h_start, Rollup1h.bucket_ms < wm_h)
+        )
         if folded:
             conn.execute(insert(Rollup1h), [_bucket_row(sid, ms, b) for ms, b in folded])
         hours = len(folded)
@@ -127,13 +143,16 @@ def _carry_before(conn: Connection, sid: int, start: int) -> tuple[int, float] |
     raw = conn.execute(
         select(SampleRow.ts_ms, SampleRow.value)
         .where(SampleRow.series_id == sid, SampleRow.ts_ms < start, SampleRow.ts_ms >= start - MINUTE_MS)
-        .order_by(SampleRow.ts_ms.desc()).limit(1)
+        .order_by(SampleRow.ts_ms.desc())
+        .limit(1)
     ).first()
     if raw is not None:
         return int(raw[0]), float(raw[1])
     prev = conn.execute(
-        select(Rollup1m.vlast).where(Rollup1m.series_id == sid, Rollup1m.bucket_ms < start)
-        .order_by(Rollup1m.bucket_ms.desc()).limit(1)
+        select(Rollup1m.vlast)
+        .where(Rollup1m.series_id == sid, Rollup1m.bucket_ms < start)
+        .order_by(Rollup1m.bucket_ms.desc())
+        .limit(1)
     ).first()
     if prev is not None:
         return start - 1, float(prev[0])

@@ -113,11 +113,20 @@ def fold_hours(minutes: Sequence[tuple[int, Bucket]]) -> list[tuple[int, Bucket]
         if cur is None or not acc:
             return
         incs = [b.inc for b in acc]
-        out.append((cur, Bucket(
-            cur / 1000, sum(b.n for b in acc), min(b.vmin for b in acc), max(b.vmax for b in acc),
-            sum(b.vsum for b in acc), acc[-1].vlast,
-            None if any(i is None for i in incs) else sum(i for i in incs if i is not None),
-        )))
+        out.append(
+            (
+                cur,
+                Bucket(
+                    cur / 1000,
+                    sum(b.n for b in acc),
+                    min(b.vmin for b in acc),
+                    max(b.vmax for b in acc),
+                    sum(b.vsum for b in acc),
+                    acc[-1].vlast,
+                    None if any(i is None for i in incs) else sum(i for i in incs if i is not None),
+                ),
+            )
+        )
 
     for ms, b in minutes:
         h = ms - ms % HOUR_MS
@@ -162,7 +171,12 @@ class RollupReport:
 
 
 def run_rollups(
-    engine: Engine, now: float, *, raw_retention_s: float, m1_retention_s: float, h1_retention_s: float,
+    engine: Engine,
+    now: float,
+    *,
+    raw_retention_s: float,
+    m1_retention_s: float,
+    h1_retention_s: float,
     max_chunks: int = 1000,
 ) -> RollupReport:
     """Roll raw samples up to 1 min and 1 h up to `now - grace`, then apply retention."""
@@ -216,15 +230,28 @@ def run_rollups(
     raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
     for chunk in id_chunks(ids, RETENTION_CHUNK):  # short write transactions: pushes go in between
         with engine.begin() as conn:
-            rep.raw_deleted += conn.execute(
-                delete(SampleRow).where(SampleRow.series_id.in_(chunk), SampleRow.ts_ms < raw_cut)
-            ).rowcount or 0
-            rep.minutes_deleted += conn.execute(delete(Rollup1m).where(
-                Rollup1m.series_id.in_(chunk), Rollup1m.bucket_ms < now_ms - int(m1_retention_s * 1000))
-            ).rowcount or 0
-            rep.hours_deleted += conn.execute(delete(Rollup1h).where(
-                Rollup1h.series_id.in_(chunk), Rollup1h.bucket_ms < now_ms - int(h1_retention_s * 1000))
-            ).rowcount or 0
+            rep.raw_deleted += (
+                conn.execute(
+                    delete(SampleRow).where(SampleRow.series_id.in_(chunk), SampleRow.ts_ms < raw_cut)
+                ).rowcount
+                or 0
+            )
+            rep.minutes_deleted += (
+                conn.execute(
+                    delete(Rollup1m).where(
+                        Rollup1m.series_id.in_(chunk), Rollup1m.bucket_ms < now_ms - int(m1_retention_s * 1000)
+                    )
+                ).rowcount
+                or 0
+            )
+            rep.hours_deleted += (
+                conn.execute(
+                    delete(Rollup1h).where(
+                        Rollup1h.series_id.in_(chunk), Rollup1h.bucket_ms < now_ms - int(h1_retention_s * 1000)
+                    )
+                ).rowcount
+                or 0
+            )
     return rep
 
 
@@ -236,7 +263,7 @@ def id_chunks(ids: Sequence[int], size: int = 5000) -> Iterable[list[int]]:
     """Series ids in slices: an IN list lets the database seek each series' primary-key range
     (samples and rollups are keyed by series, then time); a slice keeps under bind limits."""
     for i in range(0, len(ids), size):
-        yield list(ids[i:i + size])
+        yield list(ids[i : i + size])
 
 
 def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
@@ -275,11 +302,13 @@ def _roll_hours(conn: Connection, dialect: str, start: int, end: int) -> int:
     acc: list[tuple[int, Bucket]] = []
     found: list[Any] = []
     for ids in id_chunks(_all_series(conn)):
-        found.extend(conn.execute(
-            select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
-            .where(t.c.series_id.in_(ids), t.c.bucket_ms >= start, t.c.bucket_ms < end)
-            .order_by(t.c.series_id, t.c.bucket_ms)
-        ).all())
+        found.extend(
+            conn.execute(
+                select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
+                .where(t.c.series_id.in_(ids), t.c.bucket_ms >= start, t.c.bucket_ms < end)
+                .order_by(t.c.series_id, t.c.bucket_ms)
+            ).all()
+        )
     for sid, ms, n, vmin, vmax, vsum, vlast, inc in found:
         if sid != cur_sid:
             if cur_sid is not None:
@@ -307,8 +336,16 @@ def _group_by_series(result: Iterable[Any]) -> Iterable[tuple[int, list[tuple[in
 
 
 def _bucket_row(sid: int, ms: int, b: Bucket) -> dict[str, Any]:
-    return {"series_id": sid, "bucket_ms": ms, "n": b.n, "vmin": b.vmin, "vmax": b.vmax,
-            "vsum": b.vsum, "vlast": b.vlast, "inc": b.inc}
+    return {
+        "series_id": sid,
+        "bucket_ms": ms,
+        "n": b.n,
+        "vmin": b.vmin,
+        "vmax": b.vmax,
+        "vsum": b.vsum,
+        "vlast": b.vlast,
+        "inc": b.inc,
+    }
 
 
 # ------------------------------------------------------------------ the tiered query
@@ -325,8 +362,16 @@ def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: 
 
 
 def tiered_points(
-    engine: Engine, *, names: Sequence[str], start: float, end: float, tier: str,
-    instance_id: int | None = None, host_id: int | None = None, lookback: float = 0.0, lean: bool = False,
+    engine: Engine,
+    *,
+    names: Sequence[str],
+    start: float,
+    end: float,
+    tier: str,
+    instance_id: int | None = None,
+    host_id: int | None = None,
+    lookback: float = 0.0,
+    lean: bool = False,
 ) -> list[TieredSeries]:
     """Every series named in `names` of an instance (or host-level of a host), from one tier,
     over [start - lookback, end]. One query for the series, one for the points. `lean`: rollup
@@ -342,9 +387,8 @@ def tiered_points(
         ids = sorted(meta)
         pts: dict[int, list[Any]] = {sid: [] for sid in ids}
         if tier == "raw":
-            rq = (
-                select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-                .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
+            rq = select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value).where(
+                SampleRow.series_id.in_(ids), SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi
             )
             for sid, ts, v in conn.execute(rq).all():
                 pts[int(sid)].append((ts / 1000.0, float(v)))
@@ -358,10 +402,18 @@ def tiered_points(
         data = pts[sid]
         if tier == "raw":
             data.sort(key=itemgetter(0))  # rollup buckets come ascending from _rollup_buckets
-        out.append(TieredSeries(
-            series_id=sid, name=name, labels=labels, kind=kind, tier=tier, res=TIER_RES[tier],
-            points=data if tier == "raw" else [], buckets=data if tier != "raw" else [],
-        ))
+        out.append(
+            TieredSeries(
+                series_id=sid,
+                name=name,
+                labels=labels,
+                kind=kind,
+                tier=tier,
+                res=TIER_RES[tier],
+                points=data if tier == "raw" else [],
+                buckets=data if tier != "raw" else [],
+            )
+        )
     return out
 
 
@@ -416,9 +468,11 @@ def _rollup_buckets(
     carries: dict[int, tuple[int, float]] = {}
     if wm_m is not None and raw_from == wm_m:
         carries = {
-            int(sid): (int(ts), float(v)) for sid, ts, v in conn.execute(
-                select(RollupCarry.series_id, RollupCarry.ts_ms, RollupCarry.value)
-                .where(RollupCarry.series_id.in_(ids))
+            int(sid): (int(ts), float(v))
+            for sid, ts, v in conn.execute(
+                select(RollupCarry.series_id, RollupCarry.ts_ms, RollupCarry.value).where(
+                    RollupCarry.series_id.in_(ids)
+                )
             )
         }
     rq = (
@@ -452,8 +506,10 @@ def _stored_buckets_sqlite(
     cur = conn.connection.cursor()
     try:
         if lean:
-            sql = (f"SELECT bucket_ms / 1000.0, inc FROM {table} "
-                   "WHERE series_id = ? AND bucket_ms >= ? AND bucket_ms < ? ORDER BY bucket_ms")
+            sql = (
+                f"SELECT bucket_ms / 1000.0, inc FROM {table} "
+                "WHERE series_id = ? AND bucket_ms >= ? AND bucket_ms < ? ORDER BY bucket_ms"
+            )
             zi, zf = repeat(0), repeat(0.0)
             for sid in ids:
                 rows = cur.execute(sql, (sid, lo, hi)).fetchall()
@@ -461,8 +517,10 @@ def _stored_buckets_sqlite(
                     ts, inc = zip(*rows, strict=True)
                     out[sid] = list(map(make, zip(ts, zi, zf, zf, zf, zf, inc, strict=False)))  # repeat() is endless
         else:
-            sql = (f"SELECT bucket_ms / 1000.0, n, vmin, vmax, vsum, vlast, inc FROM {table} "
-                   "WHERE series_id = ? AND bucket_ms >= ? AND bucket_ms < ? ORDER BY bucket_ms")
+            sql = (
+                f"SELECT bucket_ms / 1000.0, n, vmin, vmax, vsum, vlast, inc FROM {table} "
+                "WHERE series_id = ? AND bucket_ms >= ? AND bucket_ms < ? ORDER BY bucket_ms"
+            )
             for sid in ids:
                 out[sid] = list(map(make, cur.execute(sql, (sid, lo, hi))))
     finally:
@@ -475,10 +533,15 @@ def scrape_gap(engine: Engine, instance_id: int, start: float, end: float, limit
     lo, hi = int(start * 1000), int(end * 1000)
     with engine.connect() as conn:
         for (sid,) in conn.execute(select(Series.id).where(Series.instance_id == instance_id).order_by(Series.id)):
-            ts = [int(r[0]) for r in conn.execute(
-                select(SampleRow.ts_ms).where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
-                .order_by(SampleRow.ts_ms.desc()).limit(limit)
-            )]
+            ts = [
+                int(r[0])
+                for r in conn.execute(
+                    select(SampleRow.ts_ms)
+                    .where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
+                    .order_by(SampleRow.ts_ms.desc())
+                    .limit(limit)
+                )
+            ]
             if len(ts) >= 2:
                 gaps = sorted(ts[i] - ts[i + 1] for i in range(len(ts) - 1))
                 return gaps[len(gaps) // 2] / 1000.0

@@ -87,7 +87,10 @@ def series_points(
             ).all()
             out.append(
                 SeriesPoints(
-                    series_id=int(sid), name=name, labels=dict(labels or {}), kind=str(kind),
+                    series_id=int(sid),
+                    name=name,
+                    labels=dict(labels or {}),
+                    kind=str(kind),
                     points=[(ts / 1000.0, float(v)) for ts, v in pts],
                 )
             )
@@ -97,6 +100,7 @@ def series_points(
 def metric_names(engine: Engine, instance_id: int) -> list[str]:
     s = cast(Table, Series.__table__)
     with engine.connect() as conn:
-        return [r[0] for r in conn.execute(
-            select(s.c.name).where(s.c.instance_id == instance_id).distinct().order_by(s.c.name)
-        )]
+        return [
+            r[0]
+            for r in conn.execute(select(s.c.name).where(s.c.instance_id == instance_id).distinct().order_by(s.c.name))
+        ]

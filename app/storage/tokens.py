@@ -27,9 +27,7 @@ def create_token(engine: Engine, name: str, now: float) -> str:
     try:
         with engine.begin() as conn:
             conn.execute(
-                insert(AgentToken).values(
-                    name=name, token_hash=hash_token(token), prefix=token[:10], created_at=now
-                )
+                insert(AgentToken).values(name=name, token_hash=hash_token(token), prefix=token[:10], created_at=now)
             )
     except IntegrityError:
         raise UserError(f"a token named {name!r} exists already; pick another name") from None
@@ -40,9 +38,7 @@ def lookup_token(engine: Engine, token: str) -> str | None:
     """The name of a live token, or None."""
     with engine.connect() as conn:
         row = conn.execute(
-            select(AgentToken.name).where(
-                AgentToken.token_hash == hash_token(token), AgentToken.revoked_at.is_(None)
-            )
+            select(AgentToken.name).where(AgentToken.token_hash == hash_token(token), AgentToken.revoked_at.is_(None))
         ).first()
     return row[0] if row else None
 
@@ -55,9 +51,7 @@ def touch_token(engine: Engine, name: str, now: float) -> None:
 def revoke_token(engine: Engine, name: str, now: float) -> bool:
     with engine.begin() as conn:
         res = conn.execute(
-            update(AgentToken)
-            .where(AgentToken.name == name, AgentToken.revoked_at.is_(None))
-            .values(revoked_at=now)
+            update(AgentToken).where(AgentToken.name == name, AgentToken.revoked_at.is_(None)).values(revoked_at=now)
         )
     return bool(res.rowcount)
 
@@ -66,8 +60,11 @@ def list_tokens(engine: Engine) -> list[dict[str, object]]:
     with engine.connect() as conn:
         rows = conn.execute(
             select(
-                AgentToken.name, AgentToken.prefix, AgentToken.created_at,
-                AgentToken.revoked_at, AgentToken.last_used,
+                AgentToken.name,
+                AgentToken.prefix,
+                AgentToken.created_at,
+                AgentToken.revoked_at,
+                AgentToken.last_used,
             ).order_by(AgentToken.id)
         ).all()
     return [dict(r._mapping) for r in rows]

@@ -35,11 +35,13 @@ def recent_points(engine: Engine, names: Sequence[str], start: float, end: float
     hi = int(end * 1000)
     with engine.connect() as conn:
         meta = {
-            int(r[0]): WindowSeries(int(r[0]), int(r[1]), None if r[2] is None else int(r[2]), str(r[3]),
-                                    dict(r[4] or {}), str(r[5]))
+            int(r[0]): WindowSeries(
+                int(r[0]), int(r[1]), None if r[2] is None else int(r[2]), str(r[3]), dict(r[4] or {}), str(r[5])
+            )
             for r in conn.execute(
-                select(s.c.id, s.c.host_id, s.c.instance_id, s.c.name, s.c.labels, s.c.kind)
-                .where(s.c.name.in_(list(names)))
+                select(s.c.id, s.c.host_id, s.c.instance_id, s.c.name, s.c.labels, s.c.kind).where(
+                    s.c.name.in_(list(names))
+                )
             )
         }
         if not meta:

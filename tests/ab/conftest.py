@@ -57,8 +57,9 @@ def agent_step(ctx: Any, host_id: int, now: float, fail: set[str] = frozenset())
         name = cmd["payload"]["profile"]["name"]
         state = "rolled_back" if name in fail else "healthy"
         msg = "verification probe: HTTP 500 on the reload request; rolled back" if state == "rolled_back" else ""
-        rs.apply_update(ctx.engine, rollout_id=cmd["id"], host_id=host_id, state=state, ts=now, message=msg,
-                        data={}, now=now)
+        rs.apply_update(
+            ctx.engine, rollout_id=cmd["id"], host_id=host_id, state=state, ts=now, message=msg, data={}, now=now
+        )
 
 
 @pytest.fixture
@@ -78,8 +79,17 @@ def setup(app: Any, client: Any, token: str, batch_factory: Any, clock: Any) -> 
     return {"ctx": ctx, "iid": iid, "host_id": host_id}
 
 
-def drive(orch: Orchestrator, ctx: Any, host_id: int, clock: Any, eid: int, *, fail: set[str] = frozenset(),  # type: ignore[assignment]
-          max_ticks: int = 200, on_tick: Callable[[int], None] | None = None) -> dict[str, Any]:
+def drive(
+    orch: Orchestrator,
+    ctx: Any,
+    host_id: int,
+    clock: Any,
+    eid: int,
+    *,
+    fail: set[str] = frozenset(),  # type: ignore[assignment]
+    max_ticks: int = 200,
+    on_tick: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     for i in range(max_ticks):
         orch.tick(clock())
         agent_step(ctx, host_id, clock(), fail)

@@ -21,8 +21,14 @@ from typing import Any
 from agent.workloads import prompts
 from agent.workloads.spec import WorkloadSpec
 
-LAPTOP = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-          "--max-model-len", "2048"]
+LAPTOP = [
+    "--profile",
+    "laptop8gb-qwen3-reranker-0.6b",
+    "--kv-cache-memory-bytes",
+    "268435456",
+    "--max-model-len",
+    "2048",
+]
 NO_OFFLOAD: list[str] = []
 OFFLOAD_05 = ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
 
@@ -37,8 +43,13 @@ def _engine(argv: list[str]) -> Any:
 
 
 def modeled_probe_record(
-    argv: list[str], *, spec: WorkloadSpec | None = None, run_key: str = "run", seed: int = 0,
-    run_sigma: float = 0.03, request_sigma: float = 0.05,
+    argv: list[str],
+    *,
+    spec: WorkloadSpec | None = None,
+    run_key: str = "run",
+    seed: int = 0,
+    run_sigma: float = 0.03,
+    request_sigma: float = 0.05,
 ) -> dict[str, Any]:
     """One run's record: the model's (deterministic) timings times seeded jitter."""
     spec = spec or WorkloadSpec(kind="probe", prefix_tokens=1500, evict_prefixes=2, repetitions=5)
@@ -86,11 +97,19 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
             requests.append({"tag": tag, "ok": False, "error": r.error or "no answer", "status": 500})
             return
         gaps = [b - a for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
-        requests.append({
-            "tag": tag, "ok": True, "ttft_s": r.ttft, "itl_s": (sum(gaps) / len(gaps)) if gaps else None,
-            "e2e_s": r.finished_at - r.arrival, "prompt_tokens": r.prompt_len,
-            "output_tokens": len(r.token_times), "status": 200, "error": None,
-        })
+        requests.append(
+            {
+                "tag": tag,
+                "ok": True,
+                "ttft_s": r.ttft,
+                "itl_s": (sum(gaps) / len(gaps)) if gaps else None,
+                "e2e_s": r.finished_at - r.arrival,
+                "prompt_tokens": r.prompt_len,
+                "output_tokens": len(r.token_times),
+                "status": 200,
+                "error": None,
+            }
+        )
         if tag != "warmup":
             tokens["local_cache_hit"] += r.gpu_hit_tokens
             tokens["external_kv_transfer"] += r.ext_tokens
@@ -108,31 +127,45 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
 
             n_evict = evict_count(eng.cfg.kv_cache_size_tokens, spec.evict_tokens or spec.prefix_tokens)
         for k in range(n_evict):
-            send(prompts.text(f"{run_key}-r{rep}-evict{k}", spec.evict_tokens or spec.prefix_tokens), "evict",
-                 spec.max_tokens)
+            send(
+                prompts.text(f"{run_key}-r{rep}-evict{k}", spec.evict_tokens or spec.prefix_tokens),
+                "evict",
+                spec.max_tokens,
+            )
         send(target, "reload", spec.max_tokens)
     total = sum(tokens.values())
     offload = eng.cfg.offload
     return {
-        "ok": True, "error": None, "run_key": run_key, "workload": spec.to_dict(), "reset": "ok",
+        "ok": True,
+        "error": None,
+        "run_key": run_key,
+        "workload": spec.to_dict(),
+        "reset": "ok",
         "server": {"model": "Qwen/Qwen3-Reranker-0.6B", "version": "sim", "simulated": True},
         "requests": [r for r in requests if r["tag"] != "warmup"],
         "elapsed_s": t - t0,
         "counters": {
-            "valid": True, "problems": [], "tokens_by_source": tokens,
+            "valid": True,
+            "problems": [],
+            "tokens_by_source": tokens,
             "share_by_source": {k: v / total for k, v in tokens.items()} if total else {},
             "configured_offload_bytes": offload.cpu_bytes if offload is not None else 0,
         },
     }
 
 
-def modeled_experiment(argv_a: list[str], argv_b: list[str], seed: int, n_boot: int = 1000,
-                       runs: int = 3) -> dict[str, Any]:
+def modeled_experiment(
+    argv_a: list[str], argv_b: list[str], seed: int, n_boot: int = 1000, runs: int = 3
+) -> dict[str, Any]:
     """A/B of two argvs on the model: interleaved runs, the verdict and the records per arm."""
     from app.ab.verdict import compute_verdict
 
     recs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     for i, arm in enumerate(["A", "B"] * runs):
         recs[arm].append(modeled_probe_record(argv_a if arm == "A" else argv_b, run_key=f"s{seed}-{i}", seed=seed))
-    return {"verdict": compute_verdict("probe", recs["A"], recs["B"], seed=seed, n_boot=n_boot,
-                                       profile_a="no-offload", profile_b="offload-0.5"), **recs}
+    return {
+        "verdict": compute_verdict(
+            "probe", recs["A"], recs["B"], seed=seed, n_boot=n_boot, profile_a="no-offload", profile_b="offload-0.5"
+        ),
+        **recs,
+    }

@@ -32,8 +32,12 @@ def test_runner_runs_reports_and_dedups() -> None:
         return {"ok": True, "requests": [], "kind": spec.kind}
 
     r = WorkloadRunner(run=run, clock=lambda: 5.0, allowed=lambda url: url == "http://v")
-    cmd = Command(id=-1, kind="workload", instance="http://v",
-                  payload={"key": [3, 1], "run_key": "ab3-1", "workload": {"kind": "probe"}})
+    cmd = Command(
+        id=-1,
+        kind="workload",
+        instance="http://v",
+        payload={"key": [3, 1], "run_key": "ab3-1", "workload": {"kind": "probe"}},
+    )
     r.submit(cmd, 0.0)
     r.submit(cmd, 0.0)  # the app re-sends until the record arrives: run once
     (ev,) = _wait_events(r)
@@ -46,10 +50,15 @@ def test_runner_runs_reports_and_dedups() -> None:
 def test_runner_refuses_bad_and_foreign_commands_with_a_record() -> None:
     r = WorkloadRunner(run=lambda *a, **k: {"ok": True}, allowed=lambda url: url == "http://v")
     r.submit(Command(id=-2, kind="workload", instance="http://v", payload={}), 0.0)
-    r.submit(Command(id=-3, kind="workload", instance="http://other",
-                     payload={"key": [1, 0], "workload": {"kind": "probe"}}), 0.0)
-    r.submit(Command(id=-4, kind="workload", instance="http://v",
-                     payload={"key": [1, 1], "workload": {"kind": "nope"}}), 0.0)
+    r.submit(
+        Command(
+            id=-3, kind="workload", instance="http://other", payload={"key": [1, 0], "workload": {"kind": "probe"}}
+        ),
+        0.0,
+    )
+    r.submit(
+        Command(id=-4, kind="workload", instance="http://v", payload={"key": [1, 1], "workload": {"kind": "nope"}}), 0.0
+    )
     evs = r.drain_events()
     errors = [e.data["ab_run"]["record"]["error"] for e in evs]
     assert "needs key and workload" in errors[0]
@@ -75,8 +84,12 @@ def test_runner_cancel_and_crash() -> None:
     r.submit(Command(id=-11, kind="workload_cancel", instance="http://v", payload={"key": [1, 0]}), 0.0)
     (ev,) = _wait_events(r)
     assert ev.data["ab_run"]["record"]["cancelled"] is True
-    r.submit(Command(id=-12, kind="workload", instance="http://v",
-                     payload={"key": [1, 1], "run_key": "boom", "workload": wl}), 0.0)
+    r.submit(
+        Command(
+            id=-12, kind="workload", instance="http://v", payload={"key": [1, 1], "run_key": "boom", "workload": wl}
+        ),
+        0.0,
+    )
     (ev,) = _wait_events(r)
     assert "workload runner error: RuntimeError: bug" in ev.data["ab_run"]["record"]["error"]
     r.close()
@@ -89,11 +102,13 @@ def test_command_ids_never_collide() -> None:
     assert len(ids) == 29 * 100 * 2 and max(ids) < 0
 
 
-def test_agent_executor_hands_commands_to_the_right_host_until_the_record_comes(setup: dict[str, Any],
-                                                                                  clock: Any) -> None:
+def test_agent_executor_hands_commands_to_the_right_host_until_the_record_comes(
+    setup: dict[str, Any], clock: Any
+) -> None:
     ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
-    eid = st.create_experiment(ctx.engine, instance_id=iid, profile_a="a", profile_b="b", workload={},
-                               runs_per_arm=1, seed=0, now=clock())
+    eid = st.create_experiment(
+        ctx.engine, instance_id=iid, profile_a="a", profile_b="b", workload={}, runs_per_arm=1, seed=0, now=clock()
+    )
     ex = AgentExecutor(ctx.engine)
     stop = {"v": False}
     ex.start((eid, 0), "http://127.0.0.1:8000", WorkloadSpec(kind="probe"), "rk", lambda: stop["v"])
@@ -108,9 +123,16 @@ def test_agent_executor_hands_commands_to_the_right_host_until_the_record_comes(
     assert kinds == ["workload", "workload_cancel"]
 
     def batch(key: Any, record: Any) -> PushBatch:
-        return PushBatch(agent_id="agent-1", host="rig1", seq=1, sent_at=clock(), events=[
-            AgentEvent(ts=clock(), kind="note", message="x", data={"ab_run": {"key": key, "record": record}}),
-            AgentEvent(ts=clock(), kind="note", message="unrelated", data={"other": 1})])
+        return PushBatch(
+            agent_id="agent-1",
+            host="rig1",
+            seq=1,
+            sent_at=clock(),
+            events=[
+                AgentEvent(ts=clock(), kind="note", message="x", data={"ab_run": {"key": key, "record": record}}),
+                AgentEvent(ts=clock(), kind="note", message="unrelated", data={"other": 1}),
+            ],
+        )
 
     ex.on_push(batch([eid, 0], {"ok": True}), host_id + 1, clock())  # another host: ignored
     ex.on_push(batch([eid, 9], {"ok": True}), host_id, clock())  # unknown run: ignored

@@ -55,8 +55,11 @@ def test_api_create_errors(client: Any, setup: dict[str, Any]) -> None:
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay"}}, 422, "trace_path"),
         ({"instance": iid, "b": "offload-0.5", "runs": 99}, 422, "runs per arm"),
         ({"instance": iid, "b": "offload-0.5", "executor": "gpu"}, 422, "executor must be auto, app or agent"),
-        ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay", "trace_path": "/etc/passwd"}}, 422,
-         "not trace_path"),
+        (
+            {"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay", "trace_path": "/etc/passwd"}},
+            422,
+            "not trace_path",
+        ),
         ([1, 2], 422, "JSON object"),
     ]
     for body, status, msg in cases:
@@ -72,8 +75,9 @@ def test_api_create_errors(client: Any, setup: dict[str, Any]) -> None:
 
 def test_api_run_export_and_keep(client: Any, setup: dict[str, Any], model_orch: Orchestrator, clock: Any) -> None:
     iid = setup["iid"]
-    r = client.post("/api/v1/experiments", json={"instance": iid, "b": "offload-0.5", "runs": 2, "seed": 3,
-                                                 "workload": SPEC})
+    r = client.post(
+        "/api/v1/experiments", json={"instance": iid, "b": "offload-0.5", "runs": 2, "seed": 3, "workload": SPEC}
+    )
     assert r.status_code == 201, r.text
     exp = r.json()
     assert exp["state"] == "pending" and exp["profile_a"] == "no-offload" and exp["progress"]["runs_done"] == 0
@@ -114,21 +118,34 @@ def _csrf(html: str) -> str:
     return m.group(1)
 
 
-def test_pages_start_progress_result_cancel(client: Any, setup: dict[str, Any], model_orch: Orchestrator,
-                                            clock: Any) -> None:
+def test_pages_start_progress_result_cancel(
+    client: Any, setup: dict[str, Any], model_orch: Orchestrator, clock: Any
+) -> None:
     iid = setup["iid"]
     page = client.get(f"/instances/{iid}/experiment")
     assert page.status_code == 200 and "Start A/B" in page.text
-    assert '<option selected>no-offload</option>' in page.text.replace("\n", "")
+    assert "<option selected>no-offload</option>" in page.text.replace("\n", "")
     token = _csrf(page.text)
     origin = {"origin": "http://testserver"}
     r = client.post("/experiments", data={"instance": str(iid), "b": "nope", "csrf": token}, headers=origin)
     assert r.status_code == 404 and "no profile named" in r.text
     r = client.post("/experiments", data={"instance": str(iid), "b": "offload-0.5", "csrf": "bad"}, headers=origin)
     assert r.status_code == 403
-    r = client.post("/experiments", data={
-        "instance": str(iid), "b": "offload-0.5", "runs": "2", "kind": "probe", "prefix_tokens": "1500",
-        "evict_prefixes": "2", "repetitions": "3", "csrf": token}, headers=origin, follow_redirects=False)
+    r = client.post(
+        "/experiments",
+        data={
+            "instance": str(iid),
+            "b": "offload-0.5",
+            "runs": "2",
+            "kind": "probe",
+            "prefix_tokens": "1500",
+            "evict_prefixes": "2",
+            "repetitions": "3",
+            "csrf": token,
+        },
+        headers=origin,
+        follow_redirects=False,
+    )
     assert r.status_code == 303
     url = r.headers["location"]
     eid = int(url.rsplit("/", 1)[1])
@@ -145,13 +162,15 @@ def test_pages_start_progress_result_cancel(client: Any, setup: dict[str, Any], 
     assert client.get(f"{url}/progress").headers.get("HX-Refresh") == "true"
     listing = client.get("/experiments")
     assert f'href="/experiments/{eid}"' in listing.text
-    r = client.post(f"/experiments/{eid}/keep", data={"arm": "A", "csrf": _csrf(done.text)}, headers=origin,
-                    follow_redirects=False)
+    r = client.post(
+        f"/experiments/{eid}/keep", data={"arm": "A", "csrf": _csrf(done.text)}, headers=origin, follow_redirects=False
+    )
     assert r.status_code == 303 and r.headers["location"].startswith("/rollouts/")
 
 
-def test_cli_runs_an_experiment_to_the_verdict(client: Any, setup: dict[str, Any], model_orch: Orchestrator,
-                                               clock: Any, monkeypatch: Any, capsys: Any) -> None:
+def test_cli_runs_an_experiment_to_the_verdict(
+    client: Any, setup: dict[str, Any], model_orch: Orchestrator, clock: Any, monkeypatch: Any, capsys: Any
+) -> None:
     def ticking_client(url: str) -> Any:
         client.headers["Content-Type"] = "application/json"
         return client
@@ -164,8 +183,21 @@ def test_cli_runs_an_experiment_to_the_verdict(client: Any, setup: dict[str, Any
     monkeypatch.setattr(ab_cli, "follow", follow)
     from kvscope.cli import main
 
-    rc = main(["ab", "--instance", str(setup["iid"]), "--b", "offload-0.5", "--runs", "2", "--prefix-tokens", "1500",
-               "--repetitions", "3"])
+    rc = main(
+        [
+            "ab",
+            "--instance",
+            str(setup["iid"]),
+            "--b",
+            "offload-0.5",
+            "--runs",
+            "2",
+            "--prefix-tokens",
+            "1500",
+            "--repetitions",
+            "3",
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert "B is better" in out.out and "run 2 B done" in out.out
@@ -180,8 +212,9 @@ def test_cli_pieces(tmp_path: Any) -> None:
     assert ab_cli.bar(0, 0, width=2) == "[..] 0/0 runs"
     import argparse
 
-    ns = argparse.Namespace(workload="replay", trace=tmp_path / "missing.jsonl",
-                            **{n: None for n, _t, _h in ab_cli.WORKLOAD_OPTS})
+    ns = argparse.Namespace(
+        workload="replay", trace=tmp_path / "missing.jsonl", **{n: None for n, _t, _h in ab_cli.WORKLOAD_OPTS}
+    )
     with pytest.raises(UserError, match="cannot read trace"):
         ab_cli.workload_from_args(ns)
     (tmp_path / "t.jsonl").write_text('{"prompt": "hello there", "offset_s": 0.5}\n\n{"prompt": "again"}\n')

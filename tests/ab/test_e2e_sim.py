@@ -114,15 +114,18 @@ def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
             f'state_dir = "{tmp_path / "ctl"}"\n[[instance]]\nurl = "{url}"\ncommand = {cmd!r}\n'
             f"initial_args = {initial_args!r}\nhealth_deadline_s = 60\n"
             f'proc_root = "{BOX / "proc"}"\ncgroup_root = "{BOX / "sys" / "fs" / "cgroup"}"\n'
-            "[instance.env]\nVLLM_SERVER_DEV_MODE = \"1\"\n".replace("'", '"')
+            '[instance.env]\nVLLM_SERVER_DEV_MODE = "1"\n'.replace("'", '"')
         )
         insts, _ = load_config(cfg)
         ctl = Controller(insts, shm_free=lambda _p: 16 * GIB)
         ctl.start_instances()
         ctl.start_worker()
-        agent = Agent(AgentConfig(vllm_urls=[url], server="http://testserver", token=token,
-                                  state_dir=tmp_path / f"agent-{port}"),
-                      client=httpx.Client(), sink=ctl, push_client=client)
+        agent = Agent(
+            AgentConfig(vllm_urls=[url], server="http://testserver", token=token, state_dir=tmp_path / f"agent-{port}"),
+            client=httpx.Client(),
+            sink=ctl,
+            push_client=client,
+        )
         made.append(agent)
         health = insts[0].launcher.wait_healthy(url, 60)  # type: ignore[attr-defined]
         assert health.ok, health.reason
@@ -148,13 +151,22 @@ def _profile(client: Any, name: str, spec: dict[str, Any]) -> None:
 @pytest.mark.parametrize("executor", ["app", "agent"])
 def test_offload_b_wins_on_reload_ttft_and_only_b_reloads(rig_factory: Any, executor: str) -> None:
     make, client = rig_factory
-    rig = make(["--profile", "laptop8gb-qwen3-reranker-0.6b"], ["--kv-cache-memory-bytes", "268435456",
-                                                                 "--max-model-len", "2048"])
+    rig = make(
+        ["--profile", "laptop8gb-qwen3-reranker-0.6b"],
+        ["--kv-cache-memory-bytes", "268435456", "--max-model-len", "2048"],
+    )
     _profile(client, "laptop-no-offload", LAPTOP_POOL)
     _profile(client, "laptop-offload-0.5", {**LAPTOP_POOL, "offload_size_gib": 0.5})
     assert rig.apply("laptop-no-offload")["state"] == "healthy"
-    exp = rig.experiment({"b": "laptop-offload-0.5", "runs": 3, "seed": 7, "executor": executor, "workload": {
-        "kind": "probe", "prefix_tokens": 1500, "evict_prefixes": 2, "repetitions": 3}})
+    exp = rig.experiment(
+        {
+            "b": "laptop-offload-0.5",
+            "runs": 3,
+            "seed": 7,
+            "executor": executor,
+            "workload": {"kind": "probe", "prefix_tokens": 1500, "evict_prefixes": 2, "repetitions": 3},
+        }
+    )
     assert exp["state"] == "completed", exp["message"]
     assert exp["profile_a"] == "laptop-no-offload"
     v = exp["verdict"]
@@ -180,11 +192,20 @@ def test_failing_arm_hybrid_offload_forced_ends_failed_back_on_previous(rig_fact
     base = ["--num-gpu-blocks-override", "8", "--max-model-len", "4096"]
     rig = make(["--profile", "rtx4070-qwen3.5-4b", "--hybrid-failure", "crash"], base)
     _profile(client, "hyb-base", {"max_model_len": 4096, "extra_args": ["--num-gpu-blocks-override", "8"]})
-    _profile(client, "hyb-off8", {"offload_size_gib": 8, "max_model_len": 4096,
-                                  "extra_args": ["--num-gpu-blocks-override", "8"]})
+    _profile(
+        client,
+        "hyb-off8",
+        {"offload_size_gib": 8, "max_model_len": 4096, "extra_args": ["--num-gpu-blocks-override", "8"]},
+    )
     assert rig.apply("hyb-base")["state"] == "healthy"
-    exp = rig.experiment({"b": "hyb-off8", "runs": 2, "override_hybrid": True, "workload": {
-        "kind": "probe", "prefix_tokens": 1500, "evict_prefixes": 2, "repetitions": 1}})
+    exp = rig.experiment(
+        {
+            "b": "hyb-off8",
+            "runs": 2,
+            "override_hybrid": True,
+            "workload": {"kind": "probe", "prefix_tokens": 1500, "evict_prefixes": 2, "repetitions": 1},
+        }
+    )
     assert exp["state"] == "failed"
     assert "arm B (hyb-off8) did not come up" in exp["message"] and "rolled_back" in exp["message"]
     assert "previous profile" in exp["message"]

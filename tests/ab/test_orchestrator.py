@@ -20,8 +20,9 @@ def test_a_then_b_interleaved_verdict_and_back_on_a(setup: dict[str, Any], clock
     ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
     ex = ModelExecutor(ctx, iid)
     orch = Orchestrator(ctx.engine, RolloutsPort(ctx), ex, Limits(n_boot=500))
-    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=3, seed=4,
-                           requested_by="test")
+    eid = start_experiment(
+        ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=3, seed=4, requested_by="test"
+    )
     exp = drive(orch, ctx, host_id, clock, eid)
     assert exp["state"] == "completed", exp["message"]
     assert exp["profile_a"] == "no-offload"  # A defaulted to the current profile
@@ -48,8 +49,9 @@ def test_a_then_b_interleaved_verdict_and_back_on_a(setup: dict[str, Any], clock
 def test_failing_arm_ends_the_experiment_and_leaves_the_previous_profile(setup: dict[str, Any], clock: Any) -> None:
     ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
     orch = Orchestrator(ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, iid), Limits(n_boot=200))
-    eid = start_experiment(ctx, instance_id=iid, profile_b="hybrid-offload", workload=SPEC, runs_per_arm=2,
-                           override_hybrid=True)
+    eid = start_experiment(
+        ctx, instance_id=iid, profile_b="hybrid-offload", workload=SPEC, runs_per_arm=2, override_hybrid=True
+    )
     exp = drive(orch, ctx, host_id, clock, eid, fail={"hybrid-offload"})
     assert exp["state"] == "failed"
     assert "arm B (hybrid-offload) did not come up" in exp["message"]
@@ -69,8 +71,9 @@ def test_cancel_mid_run_restores_the_previous_profile(setup: dict[str, Any], clo
     ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
     ex = ModelExecutor(ctx, iid, hold=True)
     orch = Orchestrator(ctx.engine, RolloutsPort(ctx), ex, Limits(n_boot=200))
-    eid = start_experiment(ctx, instance_id=iid, profile_a="offload-0.5", profile_b="no-offload", workload=SPEC,
-                           runs_per_arm=2)
+    eid = start_experiment(
+        ctx, instance_id=iid, profile_a="offload-0.5", profile_b="no-offload", workload=SPEC, runs_per_arm=2
+    )
 
     def maybe_cancel(i: int) -> None:
         exp = st.get_experiment(ctx.engine, eid)
@@ -121,8 +124,9 @@ def test_two_app_processes_one_owner_and_takeover_after_the_lease(setup: dict[st
     ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
     ex1 = ModelExecutor(ctx, iid, hold=True)
     one = Orchestrator(ctx.engine, RolloutsPort(ctx), ex1, Limits(n_boot=200), owner="p1", lease_s=30)
-    two = Orchestrator(ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, iid), Limits(n_boot=200), owner="p2",
-                       lease_s=30)
+    two = Orchestrator(
+        ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, iid), Limits(n_boot=200), owner="p2", lease_s=30
+    )
     eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=1)
     for _ in range(5):  # both tick; p1 claimed it first and keeps it
         one.tick(clock())

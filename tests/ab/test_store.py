@@ -16,9 +16,16 @@ pytestmark = pytest.mark.both_databases
 
 
 def _instance(engine: Any) -> int:
-    IngestWriter(engine).write(PushBatch(agent_id="a", host="h", seq=1, sent_at=1000.0,
-                                         scrapes=[Scrape(instance="http://127.0.0.1:8000", ts=1000.0, ok=True)]),
-                               1000.0)
+    IngestWriter(engine).write(
+        PushBatch(
+            agent_id="a",
+            host="h",
+            seq=1,
+            sent_at=1000.0,
+            scrapes=[Scrape(instance="http://127.0.0.1:8000", ts=1000.0, ok=True)],
+        ),
+        1000.0,
+    )
     from app.storage.series_store import list_instances
 
     return int(list_instances(engine)[0]["id"])
@@ -26,22 +33,38 @@ def _instance(engine: Any) -> int:
 
 def test_experiment_lifecycle_in_the_store(engine: Any) -> None:
     iid = _instance(engine)
-    eid = st.create_experiment(engine, instance_id=iid, profile_a="a", profile_b="b", workload={"kind": "probe"},
-                               runs_per_arm=2, seed=1, now=1.0, requested_by="me", options={"override_hybrid": True})
+    eid = st.create_experiment(
+        engine,
+        instance_id=iid,
+        profile_a="a",
+        profile_b="b",
+        workload={"kind": "probe"},
+        runs_per_arm=2,
+        seed=1,
+        now=1.0,
+        requested_by="me",
+        options={"override_hybrid": True},
+    )
     with pytest.raises(st.ExperimentConflict, match="in progress"):
-        st.create_experiment(engine, instance_id=iid, profile_a="a", profile_b="b", workload={}, runs_per_arm=1,
-                             seed=0, now=2.0)
+        st.create_experiment(
+            engine, instance_id=iid, profile_a="a", profile_b="b", workload={}, runs_per_arm=1, seed=0, now=2.0
+        )
     exp = st.get_experiment(engine, eid)
     assert exp is not None and exp["state"] == "pending" and exp["options"] == {"override_hybrid": True}
     assert exp["instance_url"] == "http://127.0.0.1:8000" and exp["host"] == "h"
     assert not st.update_experiment(engine, eid, 3.0, expect_state="running", state="restoring")
-    assert st.update_experiment(engine, eid, 3.0, expect_state="pending", state="running", step="switch",
-                                event="started")
+    assert st.update_experiment(
+        engine, eid, 3.0, expect_state="pending", state="running", step="switch", event="started"
+    )
     assert not st.update_experiment(engine, eid, 3.0, expect_step="run", step="running")
     st.create_runs(engine, eid, [("A", 10), ("B", 11), ("A", 10), ("B", 11)])
     runs = st.list_runs(engine, eid)
     assert [(r["idx"], r["arm"], r["version_id"], r["state"]) for r in runs] == [
-        (0, "A", 10, "pending"), (1, "B", 11, "pending"), (2, "A", 10, "pending"), (3, "B", 11, "pending")]
+        (0, "A", 10, "pending"),
+        (1, "B", 11, "pending"),
+        (2, "A", 10, "pending"),
+        (3, "B", 11, "pending"),
+    ]
     assert st.update_run(engine, runs[1]["id"], expect_state="pending", state="done", record={"x": [1, 2]})
     assert not st.update_run(engine, runs[1]["id"], expect_state="pending", state="failed")
     got = st.get_run(engine, eid, 1)
@@ -53,8 +76,9 @@ def test_experiment_lifecycle_in_the_store(engine: Any) -> None:
     assert not st.update_experiment(engine, eid, 10.0, state="failed")  # finished: frozen
     assert st.unfinished_experiments(engine) == []
     # finished: the instance may start another one
-    st.create_experiment(engine, instance_id=iid, profile_a="a", profile_b="b", workload={}, runs_per_arm=1,
-                         seed=0, now=11.0)
+    st.create_experiment(
+        engine, instance_id=iid, profile_a="a", profile_b="b", workload={}, runs_per_arm=1, seed=0, now=11.0
+    )
     assert [e["id"] for e in st.list_experiments(engine, instance_id=iid)][1] == eid
     kinds = {e["kind"] for e in list_events(engine, instance_id=iid)}
     assert "ab" in kinds

@@ -21,22 +21,42 @@ GIB = 1024**3
 
 
 def _record(rng: random.Random, ttft_ms: float, tokens_per_s: float, ext_share: float, pinned: int) -> dict[str, Any]:
-    reqs = [{"tag": "shared", "ok": True, "ttft_s": rng.gauss(ttft_ms, ttft_ms * 0.05) / 1000,
-             "itl_s": rng.gauss(0.006, 0.0002), "output_tokens": 32} for _ in range(30)]
+    reqs = [
+        {
+            "tag": "shared",
+            "ok": True,
+            "ttft_s": rng.gauss(ttft_ms, ttft_ms * 0.05) / 1000,
+            "itl_s": rng.gauss(0.006, 0.0002),
+            "output_tokens": 32,
+        }
+        for _ in range(30)
+    ]
     reqs.append({"tag": "shared", "ok": False, "error": "HTTP 500: boom"})
     total = 30 * 1000
     return {
-        "ok": True, "requests": reqs, "elapsed_s": 30 * 32 / tokens_per_s, "reset": "ok",
+        "ok": True,
+        "requests": reqs,
+        "elapsed_s": 30 * 32 / tokens_per_s,
+        "reset": "ok",
         "server": {"version": "0.32.0", "model": "m", "simulated": False},
         "counters": {
-            "valid": True, "prompt_tokens": total,
+            "valid": True,
+            "prompt_tokens": total,
             "tokens_by_source": {"external_kv_transfer": total * ext_share, "local_compute": total * (1 - ext_share)},
             "share_by_source": {"external_kv_transfer": ext_share, "local_compute": 1 - ext_share},
-            "configured_offload_bytes": pinned, "store_bytes": 1e9 if pinned else 0,
+            "configured_offload_bytes": pinned,
+            "store_bytes": 1e9 if pinned else 0,
             "load_gbps": 12.0 if pinned else None,
-            "server": {"ttft": {"count": 30, "p50_s": ttft_ms / 1000, "p95_s": ttft_ms * 1.3 / 1000,
-                                "p99_s": ttft_ms * 1.5 / 1000, "mean_s": ttft_ms / 1000},
-                       "itl": {"count": 900, "mean_s": 0.006}},
+            "server": {
+                "ttft": {
+                    "count": 30,
+                    "p50_s": ttft_ms / 1000,
+                    "p95_s": ttft_ms * 1.3 / 1000,
+                    "p99_s": ttft_ms * 1.5 / 1000,
+                    "mean_s": ttft_ms / 1000,
+                },
+                "itl": {"count": 900, "mean_s": 0.006},
+            },
         },
     }
 
@@ -88,8 +108,16 @@ def test_a_worse_mixed_and_observe() -> None:
 
 def test_figures_cover_every_kind() -> None:
     rng = random.Random(2)
-    runs = [{"idx": i, "arm": arm, "state": "done", "record": _record(rng, 100, 900, 0.2, 0),
-             "summary": summarise_run(_record(rng, 100, 900, 0.2, 0))} for i, arm in enumerate("ABAB")]
+    runs = [
+        {
+            "idx": i,
+            "arm": arm,
+            "state": "done",
+            "record": _record(rng, 100, 900, 0.2, 0),
+            "summary": summarise_run(_record(rng, 100, 900, 0.2, 0)),
+        }
+        for i, arm in enumerate("ABAB")
+    ]
     for kind in ("probe", "prefix-repetition", "observe"):
         figs = experiment_figures(kind, runs)
         ids = [f["id"] for f in figs]
@@ -104,10 +132,21 @@ def test_host_pinned_bytes_sums_files_and_takes_the_peak(engine: Any) -> None:
     w = IngestWriter(engine)
     for i, (f1, f2) in enumerate([(1e8, 2e8), (3e8, 2e8), (1e8, 1e8)]):
         ts = 1000.0 + i
-        w.write(PushBatch(agent_id="a", host="h", seq=i + 1, sent_at=ts, host_ts=ts, host_types={
-            "kvscope:pinned_offload_resident_bytes": "gauge"}, host_samples=[
-            Sample("kvscope:pinned_offload_resident_bytes", {"file": "vllm_offload_1.mmap"}, f1),
-            Sample("kvscope:pinned_offload_resident_bytes", {"file": "vllm_offload_2.mmap"}, f2)]), ts)
+        w.write(
+            PushBatch(
+                agent_id="a",
+                host="h",
+                seq=i + 1,
+                sent_at=ts,
+                host_ts=ts,
+                host_types={"kvscope:pinned_offload_resident_bytes": "gauge"},
+                host_samples=[
+                    Sample("kvscope:pinned_offload_resident_bytes", {"file": "vllm_offload_1.mmap"}, f1),
+                    Sample("kvscope:pinned_offload_resident_bytes", {"file": "vllm_offload_2.mmap"}, f2),
+                ],
+            ),
+            ts,
+        )
     from app.storage.series_store import list_hosts
 
     host_id = int(list_hosts(engine)[0]["id"])

@@ -50,8 +50,10 @@ def test_a_probe_that_does_not_evict_says_so() -> None:
     from tests.ab.modeled import modeled_probe_record
 
     spec = WorkloadSpec(kind="probe", prefix_tokens=500, evict_prefixes=1, repetitions=3)  # 1,000 < 2,336 tokens
-    recs = {arm: [modeled_probe_record(argv, spec=spec, run_key=f"{arm}{i}") for i in range(2)]
-            for arm, argv in (("A", NO_OFFLOAD), ("B", OFFLOAD_05))}
+    recs = {
+        arm: [modeled_probe_record(argv, spec=spec, run_key=f"{arm}{i}") for i in range(2)]
+        for arm, argv in (("A", NO_OFFLOAD), ("B", OFFLOAD_05))
+    }
     v = compute_verdict("probe", recs["A"], recs["B"], seed=0, n_boot=200)
     assert any("in arm A the reload requests were about as fast as GPU hits" in c for c in v["caveats"])
     ok = modeled_experiment(NO_OFFLOAD, OFFLOAD_05, seed=1)["verdict"]

@@ -30,21 +30,24 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 
 
 # ---------------------------------------------------------------- spec
-@pytest.mark.parametrize(("data", "msg"), [
-    ({"kind": "nope"}, "workload kind must be one of"),
-    ({"repetitions": 0}, "repetitions must be between"),
-    ({"prefix_tokens": "many"}, "prefix_tokens must be a whole number"),
-    ({"prefix_tokens": 2.5}, "whole number"),
-    ({"max_tokens": True}, "whole number"),
-    ({"zipf_s": float("nan")}, "zipf_s must be between"),
-    ({"stream": "yes"}, "stream must be true or false"),
-    ({"distribution": "pareto"}, "distribution must be one of"),
-    ({"colour": 1}, "unknown workload field(s): colour"),
-    ({"kind": "replay"}, "needs trace_path"),
-    ({"kind": "replay", "records": [{"prompt": ""}]}, "non-empty \"prompt\""),
-    ({"kind": "replay", "records": [{"prompt": "x", "offset_s": -1}]}, "offset_s must be between"),
-    ({"kind": "replay", "records": "x"}, "non-empty list"),
-])
+@pytest.mark.parametrize(
+    ("data", "msg"),
+    [
+        ({"kind": "nope"}, "workload kind must be one of"),
+        ({"repetitions": 0}, "repetitions must be between"),
+        ({"prefix_tokens": "many"}, "prefix_tokens must be a whole number"),
+        ({"prefix_tokens": 2.5}, "whole number"),
+        ({"max_tokens": True}, "whole number"),
+        ({"zipf_s": float("nan")}, "zipf_s must be between"),
+        ({"stream": "yes"}, "stream must be true or false"),
+        ({"distribution": "pareto"}, "distribution must be one of"),
+        ({"colour": 1}, "unknown workload field(s): colour"),
+        ({"kind": "replay"}, "needs trace_path"),
+        ({"kind": "replay", "records": [{"prompt": ""}]}, 'non-empty "prompt"'),
+        ({"kind": "replay", "records": [{"prompt": "x", "offset_s": -1}]}, "offset_s must be between"),
+        ({"kind": "replay", "records": "x"}, "non-empty list"),
+    ],
+)
 def test_spec_refuses_bad_input_with_one_line(data: dict[str, Any], msg: str) -> None:
     with pytest.raises(ValueError) as exc:
         parse_workload(data)
@@ -108,13 +111,30 @@ def test_streaming_request_timings_usage_and_modeled_ttft() -> None:
     def handler(req: httpx.Request) -> httpx.Response:
         body = json.loads(req.content)
         assert body["stream"] and body["model"] == "m" and body["temperature"] == 0
-        return httpx.Response(200, headers={"x-kvscope-sim-ttft-ms": "35.5", "x-other": "1"}, content=_sse(
-            {"choices": [{"text": ""}]}, {"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]},
-            {"choices": [{"text": "c"}]}, {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3}},
-            b"[DONE]"))
+        return httpx.Response(
+            200,
+            headers={"x-kvscope-sim-ttft-ms": "35.5", "x-other": "1"},
+            content=_sse(
+                {"choices": [{"text": ""}]},
+                {"choices": [{"text": "a"}]},
+                {"choices": [{"text": "b"}]},
+                {"choices": [{"text": "c"}]},
+                {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 3}},
+                b"[DONE]",
+            ),
+        )
 
-    res = send_completion(_client(handler), "http://x", model="m", prompt="p", max_tokens=3, stream=True,
-                          timeout_s=5, tag="cold", clock=Ticker())
+    res = send_completion(
+        _client(handler),
+        "http://x",
+        model="m",
+        prompt="p",
+        max_tokens=3,
+        stream=True,
+        timeout_s=5,
+        tag="cold",
+        clock=Ticker(),
+    )
     assert res.ok and res.tag == "cold" and res.status == 200
     assert res.ttft_s == pytest.approx(0.01) and res.itl_s == pytest.approx(0.01)
     assert (res.prompt_tokens, res.output_tokens) == (12, 3)
@@ -122,17 +142,25 @@ def test_streaming_request_timings_usage_and_modeled_ttft() -> None:
     assert res.server_headers == {"x-kvscope-sim-ttft-ms": "35.5"}
 
 
-@pytest.mark.parametrize(("handler", "stream", "msg"), [
-    (lambda r: httpx.Response(500, json={"error": {"message": "EngineCore died"}}), True, "HTTP 500: EngineCore died"),
-    (lambda r: httpx.Response(400, json={"message": "too long"}), False, "HTTP 400: too long"),
-    (lambda r: httpx.Response(503, text="<html>busy"), False, "HTTP 503: <html>busy"),
-    (lambda r: httpx.Response(200, text="not json"), False, "unreadable answer"),
-    (lambda r: httpx.Response(200, content=_sse({"error": "boom"})), True, "stream error"),
-    (lambda r: httpx.Response(200, content=b""), True, "stream ended without data"),
-])
+@pytest.mark.parametrize(
+    ("handler", "stream", "msg"),
+    [
+        (
+            lambda r: httpx.Response(500, json={"error": {"message": "EngineCore died"}}),
+            True,
+            "HTTP 500: EngineCore died",
+        ),
+        (lambda r: httpx.Response(400, json={"message": "too long"}), False, "HTTP 400: too long"),
+        (lambda r: httpx.Response(503, text="<html>busy"), False, "HTTP 503: <html>busy"),
+        (lambda r: httpx.Response(200, text="not json"), False, "unreadable answer"),
+        (lambda r: httpx.Response(200, content=_sse({"error": "boom"})), True, "stream error"),
+        (lambda r: httpx.Response(200, content=b""), True, "stream ended without data"),
+    ],
+)
 def test_failed_requests_are_results_not_exceptions(handler: Any, stream: bool, msg: str) -> None:
-    res = send_completion(_client(handler), "http://x", model=None, prompt="p", max_tokens=3, stream=stream,
-                          timeout_s=5, tag="reload")
+    res = send_completion(
+        _client(handler), "http://x", model=None, prompt="p", max_tokens=3, stream=stream, timeout_s=5, tag="reload"
+    )
     assert not res.ok and msg in (res.error or "")
     assert res.model_ttft_s is None
 
@@ -144,21 +172,33 @@ def test_timeout_and_connection_errors() -> None:
     def dead(r: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=r)
 
-    res = send_completion(_client(slow), "http://x", model=None, prompt="p", max_tokens=1, stream=True,
-                          timeout_s=2, tag="reload")
+    res = send_completion(
+        _client(slow), "http://x", model=None, prompt="p", max_tokens=1, stream=True, timeout_s=2, tag="reload"
+    )
     assert not res.ok and "no answer within 2 s (timeout)" in (res.error or "")
-    res = send_completion(_client(dead), "http://x", model=None, prompt="p", max_tokens=1, stream=False,
-                          timeout_s=2, tag="reload")
+    res = send_completion(
+        _client(dead), "http://x", model=None, prompt="p", max_tokens=1, stream=False, timeout_s=2, tag="reload"
+    )
     assert not res.ok and "ConnectError" in (res.error or "")
 
 
 def test_non_streaming_ttft_is_the_whole_request() -> None:
     def handler(r: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {"prompt_tokens": 5,
-                                                                                "completion_tokens": 1}})
+        return httpx.Response(
+            200, json={"choices": [{"text": "x"}], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+        )
 
-    res = send_completion(_client(handler), "http://x", model=None, prompt="p", max_tokens=1, stream=False,
-                          timeout_s=2, tag="hit", clock=Ticker())
+    res = send_completion(
+        _client(handler),
+        "http://x",
+        model=None,
+        prompt="p",
+        max_tokens=1,
+        stream=False,
+        timeout_s=2,
+        tag="hit",
+        clock=Ticker(),
+    )
     assert res.ok and res.ttft_s == res.e2e_s and res.itl_s is None and res.output_tokens == 1
 
 
@@ -191,10 +231,16 @@ def test_offload_fixture_gives_transfer_rates_and_pinned_size() -> None:
 
 
 def test_delta_flags_counters_that_went_down() -> None:
-    before = Snapshot(counters={"vllm:prompt_tokens_total": 100.0}, by_source={"local_compute": 100.0},
-                      buckets={"vllm:time_to_first_token_seconds": {0.1: 5.0, float("inf"): 5.0}})
-    after = Snapshot(counters={"vllm:prompt_tokens_total": 20.0}, by_source={"local_compute": 20.0},
-                     buckets={"vllm:time_to_first_token_seconds": {0.1: 1.0, float("inf"): 1.0}})
+    before = Snapshot(
+        counters={"vllm:prompt_tokens_total": 100.0},
+        by_source={"local_compute": 100.0},
+        buckets={"vllm:time_to_first_token_seconds": {0.1: 5.0, float("inf"): 5.0}},
+    )
+    after = Snapshot(
+        counters={"vllm:prompt_tokens_total": 20.0},
+        by_source={"local_compute": 20.0},
+        buckets={"vllm:time_to_first_token_seconds": {0.1: 1.0, float("inf"): 1.0}},
+    )
     d = delta(before, after, 1.0)
     assert d["valid"] is False and d["prompt_tokens"] is None and len(d["problems"]) == 3
     assert "ttft" not in d["server"]
@@ -239,13 +285,22 @@ class FakeVllm:
         if req.url.path == "/metrics":
             if self.fail_metrics:
                 return httpx.Response(500)
-            return httpx.Response(200, text=(
-                "# TYPE vllm:prompt_tokens counter\n"
-                f'vllm:prompt_tokens_total{{model_name="m",engine="0"}} {self.prompt_tokens}\n'))
+            return httpx.Response(
+                200,
+                text=(
+                    "# TYPE vllm:prompt_tokens counter\n"
+                    f'vllm:prompt_tokens_total{{model_name="m",engine="0"}} {self.prompt_tokens}\n'
+                ),
+            )
         body = json.loads(req.content)
         self.prompt_tokens += len(body["prompt"].split())
-        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {
-            "prompt_tokens": len(body["prompt"].split()), "completion_tokens": 1}})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"text": "x"}],
+                "usage": {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": 1},
+            },
+        )
 
 
 class FakeTime:
@@ -263,12 +318,18 @@ class FakeTime:
 
 def test_runner_brackets_the_run_and_reports_a_real_server_as_client_timed() -> None:
     fake = FakeVllm()
-    spec = parse_workload({"kind": "probe", "prefix_tokens": 20, "evict_prefixes": 1, "repetitions": 2,
-                           "stream": False})
+    spec = parse_workload(
+        {"kind": "probe", "prefix_tokens": 20, "evict_prefixes": 1, "repetitions": 2, "stream": False}
+    )
     rec = execute_run("http://v", spec, run_key="k", client=_client(fake))
     assert rec["ok"] and rec["reset"] == "ok" and rec["timing_source"] == "client"
-    assert rec["server"] == {"model": "m", "model_root": "/models/m", "version": "0.32.0", "simulated": False,
-                             "max_model_len": 2048}
+    assert rec["server"] == {
+        "model": "m",
+        "model_root": "/models/m",
+        "version": "0.32.0",
+        "simulated": False,
+        "max_model_len": 2048,
+    }
     assert [r["tag"] for r in rec["requests"]] == ["cold", "hit", "evict", "reload"] * 2
     assert rec["counters"]["prompt_tokens"] == 8 * 20  # warm-up outside the bracket
     assert fake.paths.index("/reset_prefix_cache") < fake.paths.index("/v1/completions")
@@ -277,35 +338,68 @@ def test_runner_brackets_the_run_and_reports_a_real_server_as_client_timed() -> 
 
 
 def test_runner_without_metrics_is_a_failed_run() -> None:
-    rec = execute_run("http://v", parse_workload({"kind": "probe", "prefix_tokens": 20, "stream": False}),
-                      run_key="k", client=_client(FakeVllm(fail_metrics=True)))
+    rec = execute_run(
+        "http://v",
+        parse_workload({"kind": "probe", "prefix_tokens": 20, "stream": False}),
+        run_key="k",
+        client=_client(FakeVllm(fail_metrics=True)),
+    )
     assert not rec["ok"] and "cannot read /metrics before the run" in rec["error"]
 
 
 def test_replay_waits_for_recorded_offsets_and_observe_waits_its_window() -> None:
     fake, ft = FakeVllm(), FakeTime()
-    spec = WorkloadSpec(kind="replay", concurrency=1, speed=2.0, stream=False,
-                        records=[{"prompt": "a b", "offset_s": 0.0}, {"prompt": "c d e", "offset_s": 4.0},
-                                 {"prompt": "f", "max_tokens": 2}])
+    spec = WorkloadSpec(
+        kind="replay",
+        concurrency=1,
+        speed=2.0,
+        stream=False,
+        records=[
+            {"prompt": "a b", "offset_s": 0.0},
+            {"prompt": "c d e", "offset_s": 4.0},
+            {"prompt": "f", "max_tokens": 2},
+        ],
+    )
     from agent.workloads import observe, replay
 
-    ctx = RunContext(client=_client(fake), base_url="http://v", model="m", spec=spec, run_key="r",
-                     clock=ft.clock, sleep=ft.sleep, t0=ft.t)
+    ctx = RunContext(
+        client=_client(fake),
+        base_url="http://v",
+        model="m",
+        spec=spec,
+        run_key="r",
+        clock=ft.clock,
+        sleep=ft.sleep,
+        t0=ft.t,
+    )
     replay.run(ctx)
     assert [r.prompt_tokens for r in ctx.results] == [2, 3, 1]
     assert sum(ft.slept) == pytest.approx(2.0)  # offset 4 s at 2x speed
     ft2 = FakeTime()
-    octx = RunContext(client=_client(fake), base_url="http://v", model="m",
-                      spec=WorkloadSpec(kind="observe", window_s=5.0), run_key="o", clock=ft2.clock,
-                      sleep=ft2.sleep, t0=ft2.t)
+    octx = RunContext(
+        client=_client(fake),
+        base_url="http://v",
+        model="m",
+        spec=WorkloadSpec(kind="observe", window_s=5.0),
+        run_key="o",
+        clock=ft2.clock,
+        sleep=ft2.sleep,
+        t0=ft2.t,
+    )
     observe.run(octx)
     assert sum(ft2.slept) == pytest.approx(5.0) and octx.results == []
 
 
 def test_observe_run_has_no_synthetic_requests_and_no_reset() -> None:
     fake, ft = FakeVllm(), FakeTime()
-    rec = execute_run("http://v", WorkloadSpec(kind="observe", window_s=3.0), run_key="o", client=_client(fake),
-                      clock=ft.clock, sleep=ft.sleep)
+    rec = execute_run(
+        "http://v",
+        WorkloadSpec(kind="observe", window_s=3.0),
+        run_key="o",
+        client=_client(fake),
+        clock=ft.clock,
+        sleep=ft.sleep,
+    )
     assert rec["ok"] and rec["reset"] == "skipped" and rec["requests"] == []
     assert "/v1/completions" not in fake.paths and rec["elapsed_s"] == pytest.approx(3.0)
 
@@ -330,8 +424,18 @@ def test_prefix_repetition_runs_concurrently_over_shared_prefixes() -> None:
             with lock:
                 state["in_flight"] -= 1
 
-    spec = parse_workload({"kind": "prefix-repetition", "num_prefixes": 3, "prefix_tokens": 40, "suffix_tokens": 5,
-                           "requests": 24, "concurrency": 4, "distribution": "round-robin", "stream": False})
+    spec = parse_workload(
+        {
+            "kind": "prefix-repetition",
+            "num_prefixes": 3,
+            "prefix_tokens": 40,
+            "suffix_tokens": 5,
+            "requests": 24,
+            "concurrency": 4,
+            "distribution": "round-robin",
+            "stream": False,
+        }
+    )
     rec = execute_run("http://v", spec, run_key="pr", client=_client(handler))
     assert rec["ok"] and len(rec["requests"]) == 24
     assert [r["tag"] for r in rec["requests"]].count("first") == 3

@@ -20,8 +20,14 @@ from agent.workloads.spec import parse_workload
 from app.ab.results import summarise_run
 
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
-LAPTOP = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-          "--max-model-len", "2048"]
+LAPTOP = [
+    "--profile",
+    "laptop8gb-qwen3-reranker-0.6b",
+    "--kv-cache-memory-bytes",
+    "268435456",
+    "--max-model-len",
+    "2048",
+]
 OFFLOAD = ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
 PROBE = {"kind": "probe", "prefix_tokens": 1500, "repetitions": 2}  # evicting prefixes: auto
 
@@ -40,8 +46,23 @@ def sim(tmp_path: Path) -> Iterator[Any]:
         port = free_port()
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1" if dev_mode else "0"}
         log = (tmp_path / f"sim-{port}.log").open("wb")
-        p = subprocess.Popen([KVSCOPE, "sim", *LAPTOP, *extra, "--port", str(port), "--sim-shm-dir", str(tmp_path),
-                              "--sim-time-scale", "5"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(
+            [
+                KVSCOPE,
+                "sim",
+                *LAPTOP,
+                *extra,
+                "--port",
+                str(port),
+                "--sim-shm-dir",
+                str(tmp_path),
+                "--sim-time-scale",
+                "5",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         procs.append(p)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60  # a bound on a real process start, not a timing assertion
@@ -97,8 +118,17 @@ def test_probe_run_without_and_with_offload(sim: Any) -> None:
 
 def test_reset_unavailable_outside_dev_mode_and_prefix_repetition(sim: Any) -> None:
     url = sim(*OFFLOAD, dev_mode=False)
-    spec = parse_workload({"kind": "prefix-repetition", "num_prefixes": 4, "prefix_tokens": 600, "requests": 16,
-                           "concurrency": 4, "suffix_tokens": 8, "max_tokens": 8})
+    spec = parse_workload(
+        {
+            "kind": "prefix-repetition",
+            "num_prefixes": 4,
+            "prefix_tokens": 600,
+            "requests": 16,
+            "concurrency": 4,
+            "suffix_tokens": 8,
+            "max_tokens": 8,
+        }
+    )
     rec = execute_run(url, spec, run_key="pr")
     assert rec["ok"], rec.get("error")
     assert rec["reset"].startswith("unavailable")

@@ -35,8 +35,10 @@ def main(argv: list[str]) -> int:
         with open(log, "a") as f:
             f.write(" ".join(argv) + "\n")
     if MODE == "nodriver":
-        print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-              "Make sure that the latest NVIDIA driver is installed and running.")
+        print(
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running."
+        )
         return 9
     if argv and argv[0] == "dmon":
         for line in DMON:

@@ -31,8 +31,9 @@ class FakeVllm:
     def metrics(self) -> str:
         self.scrapes += 1
         value = self.prompt_tokens(self.scrapes)
-        return re.sub(r"^(vllm:prompt_tokens_total\{[^}]*\}) \S+$", lambda m: f"{m.group(1)} {value}",
-                      self.text, flags=re.M)
+        return re.sub(
+            r"^(vllm:prompt_tokens_total\{[^}]*\}) \S+$", lambda m: f"{m.group(1)} {value}", self.text, flags=re.M
+        )
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -71,8 +72,9 @@ class ServedFake:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                resp = outer.handler(httpx.Request("GET", "http://fake" + self.path,
-                                                   headers={"accept": self.headers.get("accept", "")}))
+                resp = outer.handler(
+                    httpx.Request("GET", "http://fake" + self.path, headers={"accept": self.headers.get("accept", "")})
+                )
                 body = resp.content
                 self.send_response(resp.status_code)
                 for k, v in resp.headers.items():

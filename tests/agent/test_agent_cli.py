@@ -63,8 +63,9 @@ def test_parse_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
         (["agent", "--server", "http://a", "--token", "t", "--vllm-url", "localhost:8000"], "must start with http"),
     ],
 )
-def test_agent_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
-                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_agent_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KVSCOPE_SERVER", raising=False)
     monkeypatch.delenv("KVSCOPE_AGENT_TOKEN", raising=False)
     assert main([*argv, "--state-dir", str(tmp_path)]) == 2
@@ -72,8 +73,19 @@ def test_agent_usage_errors(argv: list[str], message: str, capsys: pytest.Captur
 
 
 def test_launcher_config_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    rc = main(["agent", "--server", "http://127.0.0.1:9", "--token", "t", "--state-dir", str(tmp_path),
-               "--launcher-config", str(tmp_path / "missing.toml")])
+    rc = main(
+        [
+            "agent",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "t",
+            "--state-dir",
+            str(tmp_path),
+            "--launcher-config",
+            str(tmp_path / "missing.toml"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "missing.toml" in err or "controller" in err
@@ -85,12 +97,21 @@ def test_capture_masks_identifiers(tmp_path: Path) -> None:
     with ServedFake(FakeVllm()) as srv:
         assert main(["agent", "capture", str(tmp_path / "cap"), "--vllm-url", srv.url, "--no-gpu"]) == 0
     files = sorted(p.name for p in (tmp_path / "cap").iterdir())
-    assert files == ["capture.json", "vllm0__health.txt", "vllm0__metrics.prom", "vllm0__v1_models.json",
-                     "vllm0__version.json"]
+    assert files == [
+        "capture.json",
+        "vllm0__health.txt",
+        "vllm0__metrics.prom",
+        "vllm0__v1_models.json",
+        "vllm0__version.json",
+    ]
     models = (tmp_path / "cap" / "vllm0__v1_models.json").read_text()
     assert "modelperm-bc3d0d9a6491de96" not in models and "modelperm-0000000000000001" in models
     m = Masker(hostnames=["gpu-box-7.lab.example"])
-    masked = m.mask("GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217 on gpu-box-7.lab.example /home/alice/models "
-                    "10.1.2.3 127.0.0.1 <serial>1324021012345</serial> GPU-5C8B1E3A-7D42-9F10-C2E6-84A0B3D9F217")
-    assert masked == ("GPU-00000000-0000-0000-0000-000000000001 on host-1 /home/user1/models 192.0.2.2 127.0.0.1 "
-                      "<serial>SERIAL-1</serial> GPU-00000000-0000-0000-0000-000000000001")
+    masked = m.mask(
+        "GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217 on gpu-box-7.lab.example /home/alice/models "
+        "10.1.2.3 127.0.0.1 <serial>1324021012345</serial> GPU-5C8B1E3A-7D42-9F10-C2E6-84A0B3D9F217"
+    )
+    assert masked == (
+        "GPU-00000000-0000-0000-0000-000000000001 on host-1 /home/user1/models 192.0.2.2 127.0.0.1 "
+        "<serial>SERIAL-1</serial> GPU-00000000-0000-0000-0000-000000000001"
+    )

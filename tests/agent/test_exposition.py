@@ -54,10 +54,16 @@ def test_kept_families_are_the_dashboard_ones() -> None:
     text = next(p for p in FIXTURES if "native-cpu-offload" in p.name).read_text()
     names = {n for n, _l, _v in parse(text, KEEP_PREFIXES).samples}
     for needed in (
-        "vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total",
-        "vllm:prompt_tokens_by_source_total", "vllm:kv_cache_usage_perc", "vllm:kv_offload_load_bytes_total",
-        "vllm:cache_config_info", "vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running",
-        "vllm:num_preemptions_total", "process_start_time_seconds",
+        "vllm:prefix_cache_hits_total",
+        "vllm:external_prefix_cache_queries_total",
+        "vllm:prompt_tokens_by_source_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:kv_offload_load_bytes_total",
+        "vllm:cache_config_info",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:num_requests_running",
+        "vllm:num_preemptions_total",
+        "process_start_time_seconds",
     ):
         assert needed in names
     assert not any(n.startswith(("python_", "http_")) for n in names)
@@ -65,11 +71,11 @@ def test_kept_families_are_the_dashboard_ones() -> None:
 
 def test_escapes_and_odd_spacing() -> None:
     text = (
-        '# TYPE m gauge\n'
+        "# TYPE m gauge\n"
         'm{a="x\\"y",b="line\\nbreak",c="back\\\\slash"} 1.5\n'
         'm{ a = "sp" , b="}{,=" } 2 1700000000000\n'
         '  m{a="lead"} 3\n'
-        'm 4\n'
+        "m 4\n"
     )
     exp = parse(text)
     assert exp.bad_lines == 0
@@ -83,7 +89,7 @@ def test_escapes_and_odd_spacing() -> None:
         'vllm:x{a="1" 5\n',  # no closing brace
         'vllm:x{a="1"} \n',  # no value
         'vllm:x{a="1"} abc\n',  # not a number
-        'vllm:x{a=1} 5\n',  # unquoted
+        "vllm:x{a=1} 5\n",  # unquoted
         'vllm:x{a="1",a="2"} 5\n',  # repeated label
         'vllm:x{a="1"} 5 6 7\n',  # too many fields
         "vllm:x\n",  # a name alone
@@ -107,7 +113,7 @@ def test_truncated_and_binary_garbage_never_raise() -> None:
     for cut in (0, 1, 100, 1000, len(text) // 2, len(text) - 3):
         exp = parse(text[:cut], KEEP_PREFIXES)
         assert exp.bad_lines <= 1
-    junk = "\x00\xff{}}}{{\n# TYPE\n#TYPE x\n{=}\n\"\"\n" * 50
+    junk = '\x00\xff{}}}{{\n# TYPE\n#TYPE x\n{=}\n""\n' * 50
     exp = parse(junk)
     assert exp.samples == []
     assert exp.bad_lines > 0

@@ -31,7 +31,10 @@ def test_same_reply_as_httpx(served: ServedFake) -> None:
     finally:
         f.close()
     assert (a.status_code, a.content, a.headers["x-kvscope-simulated"]) == (
-        b.status_code, b.content, b.headers["x-kvscope-simulated"])
+        b.status_code,
+        b.content,
+        b.headers["x-kvscope-simulated"],
+    )
 
 
 def test_keep_alive_reuses_one_connection_and_survives_a_server_restart() -> None:

@@ -17,8 +17,18 @@ from agent.host_sources import HostReading
 
 SMI = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
 FAKE = Path(__file__).resolve().parent / "fake_nvidia_smi.py"
-FIXTURE_FIELDS = ["index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "temperature.gpu",
-                  "power.draw", "pcie.link.gen.current", "pcie.link.width.current"]
+FIXTURE_FIELDS = [
+    "index",
+    "uuid",
+    "name",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+    "temperature.gpu",
+    "power.draw",
+    "pcie.link.gen.current",
+    "pcie.link.width.current",
+]
 MIB = 1024 * 1024
 
 
@@ -31,14 +41,27 @@ def test_number_units(text: str) -> None:
     assert number(text) == 11342
 
 
-@pytest.mark.parametrize("text", ["[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]",
-                                  "[Requested functionality has been deprecated]", "-", "", "garbage"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[N/A]",
+        "N/A",
+        "[Not Supported]",
+        "[Unknown Error]",
+        "[Insufficient Permissions]",
+        "[Requested functionality has been deprecated]",
+        "-",
+        "",
+        "garbage",
+    ],
+)
 def test_number_missing(text: str) -> None:
     assert number(text) is None
 
 
-@pytest.mark.parametrize("name", ["nvidia_smi_query_4070.csv", "nvidia_smi_query_4070_units.csv",
-                                  "nvidia_smi_query_2gpu.csv"])
+@pytest.mark.parametrize(
+    "name", ["nvidia_smi_query_4070.csv", "nvidia_smi_query_4070_units.csv", "nvidia_smi_query_2gpu.csv"]
+)
 def test_query_fixtures(name: str) -> None:
     rows = parse_query_csv((SMI / name).read_text(), FIXTURE_FIELDS)
     assert rows and all(r["index"].isdigit() for r in rows)
@@ -55,9 +78,10 @@ def test_query_fixtures(name: str) -> None:
 
 
 def test_missing_values_do_not_fail_the_row() -> None:
-    line = "0, GPU-x, NVIDIA A100, 100, 200, [N/A], 50, [Not Supported], [Requested functionality has been " \
-           "deprecated], 16"
-    rows = parse_query_csv(line + "\nField \"x\" is not a valid field to query.\n", FIXTURE_FIELDS)
+    line = (
+        "0, GPU-x, NVIDIA A100, 100, 200, [N/A], 50, [Not Supported], [Requested functionality has been deprecated], 16"
+    )
+    rows = parse_query_csv(line + '\nField "x" is not a valid field to query.\n', FIXTURE_FIELDS)
     assert len(rows) == 1
     r = HostReading()
     rows_to_reading(rows, "pcie.link.gen.current", r)
@@ -74,7 +98,7 @@ def test_dmon_fixture_latest_per_gpu() -> None:
 
 def _wrapper(tmp_path: Path, mode: str, log: Path) -> str:
     exe = tmp_path / "nvidia-smi"
-    exe.write_text(f"#!/bin/sh\nFAKE_SMI_MODE={mode} FAKE_SMI_LOG={log} exec {sys.executable} {FAKE} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nFAKE_SMI_MODE={mode} FAKE_SMI_LOG={log} exec {sys.executable} {FAKE} "$@"\n')
     exe.chmod(0o755)
     return str(exe)
 
@@ -93,8 +117,13 @@ def test_smi_fallback_long_lived_processes(tmp_path: Path, mode: str, gen_field:
     log = tmp_path / "spawns.log"
     src = SmiSource(exe=_wrapper(tmp_path, mode, log), interval_s=0.2)
     try:
-        r = _read_until(src, lambda r: any(s.name == "kvscope:gpu_pcie_rx_bytes_per_second" for s in r.samples)
-                        and any(s.name == "kvscope:gpu_memory_used_bytes" for s in r.samples))
+        r = _read_until(
+            src,
+            lambda r: (
+                any(s.name == "kvscope:gpu_pcie_rx_bytes_per_second" for s in r.samples)
+                and any(s.name == "kvscope:gpu_memory_used_bytes" for s in r.samples)
+            ),
+        )
         assert src.gen_field == gen_field
         v = _vals(r)
         g0 = (("gpu", "0"), ("name", "NVIDIA L40S"))

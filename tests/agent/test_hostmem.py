@@ -76,8 +76,12 @@ def test_mincore_counts_resident_pages_of_a_real_file(tmp_path: Path) -> None:
 
 
 def _source(tree: str, shm: Path, method: str = "blocks") -> HostMemorySource:
-    return HostMemorySource(proc_root=TREES / tree / "proc", cgroup_root=TREES / tree / "sys/fs/cgroup",
-                            shm_root=shm, resident_method=method)
+    return HostMemorySource(
+        proc_root=TREES / tree / "proc",
+        cgroup_root=TREES / tree / "sys/fs/cgroup",
+        shm_root=shm,
+        resident_method=method,
+    )
 
 
 @pytest.mark.parametrize("method", ["blocks", "mincore"])

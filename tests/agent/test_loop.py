@@ -59,8 +59,11 @@ def _multi(tmp_path: Path, **kw: Any) -> tuple[Agent, dict[str, FakeVllm]]:
     def route(req: httpx.Request) -> httpx.Response:
         return fakes[f"http://{req.url.host}:{req.url.port}"].handler(req)
 
-    agent = Agent(AgentConfig(list(fakes), state_dir=tmp_path / "st", host_name="rig"),
-                  client=httpx.Client(transport=httpx.MockTransport(route)), **kw)
+    agent = Agent(
+        AgentConfig(list(fakes), state_dir=tmp_path / "st", host_name="rig"),
+        client=httpx.Client(transport=httpx.MockTransport(route)),
+        **kw,
+    )
     return agent, fakes
 
 
@@ -85,7 +88,8 @@ def test_host_errors_reported_on_change_only(tmp_path: Path) -> None:
     src.mode = "error"
     r = coll.read_all(2.0)
     assert [e.kind for e in r.events] == ["scrape_error"] and [s.name for s in r.samples] == [
-        "kvscope:host_memory_total_bytes"]
+        "kvscope:host_memory_total_bytes"
+    ]
     assert coll.read_all(3.0).events == []
     src.mode = "raise"
     r = coll.read_all(4.0)
@@ -115,9 +119,12 @@ def test_commands_reach_the_sink_and_updates_ride_on_the_next_batch(tmp_path: Pa
 
     sink = Sink()
     fakes = {"http://a:8000": FakeVllm()}
-    agent = Agent(AgentConfig(list(fakes), server="http://app", token="T", state_dir=tmp_path / "st"),
-                  client=fakes["http://a:8000"].client(), sink=sink,
-                  push_client=httpx.Client(transport=httpx.MockTransport(app)))
+    agent = Agent(
+        AgentConfig(list(fakes), server="http://app", token="T", state_dir=tmp_path / "st"),
+        client=fakes["http://a:8000"].client(),
+        sink=sink,
+        push_client=httpx.Client(transport=httpx.MockTransport(app)),
+    )
     agent.tick(1000.0)
     agent.flush(1000.0)
     assert [(c.id, c.payload) for c in sink.got] == [(7, {"profile": "x"})]
@@ -150,8 +157,10 @@ def test_servers_are_read_concurrently(tmp_path: Path) -> None:
             raise httpx.ReadTimeout("a was read before b", request=req)
         return fake.handler(req)
 
-    agent = Agent(AgentConfig(["http://a:8000", "http://b:8000"], state_dir=tmp_path / "st"),
-                  client=httpx.Client(transport=httpx.MockTransport(route)))
+    agent = Agent(
+        AgentConfig(["http://a:8000", "http://b:8000"], state_dir=tmp_path / "st"),
+        client=httpx.Client(transport=httpx.MockTransport(route)),
+    )
     try:
         batch = agent.build_batch(1000.0)
     finally:

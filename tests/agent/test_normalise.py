@@ -92,10 +92,19 @@ vllm:prompt_tokens_cached_by_source_total{engine="1",model_name="m",source="devi
 lmcache:hit_tokens_total{worker="3"} 9
 """
     v = _values(_norm(text))
-    assert v[("vllm:prompt_tokens_cached_by_source_total",
-              (("engine", "0"), ("model_name", "m"), ("new_label", "x"), ("source", "quantum_tier")))] == 5
-    assert v[("vllm:prompt_tokens_cached_by_source_total",
-              (("engine", "1"), ("model_name", "m"), ("source", "device")))] == 6
+    assert (
+        v[
+            (
+                "vllm:prompt_tokens_cached_by_source_total",
+                (("engine", "0"), ("model_name", "m"), ("new_label", "x"), ("source", "quantum_tier")),
+            )
+        ]
+        == 5
+    )
+    assert (
+        v[("vllm:prompt_tokens_cached_by_source_total", (("engine", "1"), ("model_name", "m"), ("source", "device")))]
+        == 6
+    )
     assert v[("lmcache:hit_tokens_total", (("worker", "3"),))] == 9
 
 

@@ -29,14 +29,16 @@ def live(app: Any) -> Iterator[LiveServer]:
 
 
 @pytest.mark.parametrize("push_kind", ["stdlib", "httpx"])
-def test_outage_every_sample_once_in_order(live: LiveServer, token: str, engine: Any, clock: Any,
-                                           tmp_path: Path, push_kind: str) -> None:
+def test_outage_every_sample_once_in_order(
+    live: LiveServer, token: str, engine: Any, clock: Any, tmp_path: Path, push_kind: str
+) -> None:
     fake = FakeVllm()
     # stdlib: what `kvscope agent` uses; its keep-alive connection goes stale when the app stops
     push: Any = StdlibFetcher() if push_kind == "stdlib" else httpx.Client(trust_env=False)
     agent = Agent(
         AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=tmp_path / "state"),
-        client=fake.client(), push_client=push,
+        client=fake.client(),
+        push_client=push,
     )
     t0 = clock() - 100
     ticks, down_from, down_to = 14, 3, 9  # the app is down for ticks 3..8 (6 pushes)
@@ -64,29 +66,35 @@ def test_outage_every_sample_once_in_order(live: LiveServer, token: str, engine:
         agent.close()
 
     [inst] = list_instances(engine)
-    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + ticks,
-                             instance_id=inst["id"])
+    [series] = series_points(
+        engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + ticks, instance_id=inst["id"]
+    )
     assert series.points == [(round((t0 + i) * 1000) / 1000, fake.prompt_tokens(i + 1)) for i in range(ticks)]
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(IngestBatch)).scalar() == ticks
 
 
-def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: Any, clock: Any,
-                                         tmp_path: Path) -> None:
+def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: Any, clock: Any, tmp_path: Path) -> None:
     fake = FakeVllm()
     state = tmp_path / "state"
     t0 = clock() - 50
     refused = httpx.Client(trust_env=False)
-    dead = Agent(AgentConfig(["http://vllm:8000"], server="http://127.0.0.1:9", token=token, state_dir=state),
-                 client=fake.client(), push_client=refused)
+    dead = Agent(
+        AgentConfig(["http://vllm:8000"], server="http://127.0.0.1:9", token=token, state_dir=state),
+        client=fake.client(),
+        push_client=refused,
+    )
     for i in range(3):
         dead.tick(t0 + i)
         dead.flush(t0 + i)
     dead.close()
     refused.close()
     push = httpx.Client(trust_env=False)
-    agent = Agent(AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=state),
-                  client=fake.client(), push_client=push)
+    agent = Agent(
+        AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=state),
+        client=fake.client(),
+        push_client=push,
+    )
     try:
         assert agent.agent_id == dead.agent_id and len(agent.spool) == 3
         agent.tick(t0 + 3)
@@ -95,13 +103,11 @@ def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: A
         push.close()
         agent.close()
     [inst] = list_instances(engine)
-    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 4,
-                             instance_id=inst["id"])
+    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 4, instance_id=inst["id"])
     assert [v for _t, v in series.points] == [fake.prompt_tokens(i + 1) for i in range(4)]
 
 
-def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: Any, clock: Any,
-                                              tmp_path: Path) -> None:
+def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: Any, clock: Any, tmp_path: Path) -> None:
     """The app stores a batch but the reply never reaches the agent: the re-sent batch is a duplicate."""
     lose_reply = {"left": 1}
 
@@ -113,8 +119,11 @@ def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: A
         return httpx.Response(r.status_code, content=r.content)
 
     fake = FakeVllm()
-    agent = Agent(AgentConfig(["http://vllm:8000"], server="http://app", token=token, state_dir=tmp_path / "st"),
-                  client=fake.client(), push_client=httpx.Client(transport=httpx.MockTransport(via_app)))
+    agent = Agent(
+        AgentConfig(["http://vllm:8000"], server="http://app", token=token, state_dir=tmp_path / "st"),
+        client=fake.client(),
+        push_client=httpx.Client(transport=httpx.MockTransport(via_app)),
+    )
     t0 = clock() - 10
     try:
         agent.tick(t0)
@@ -124,8 +133,7 @@ def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: A
     finally:
         agent.close()
     [inst] = list_instances(engine)
-    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2,
-                             instance_id=inst["id"])
+    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2, instance_id=inst["id"])
     assert [v for _t, v in series.points] == [fake.prompt_tokens(1), fake.prompt_tokens(2)]
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(IngestBatch)).scalar() == 2

@@ -57,8 +57,13 @@ class App:
             return httpx.Response(self.status, json={"error": "nope"})
         assert req.headers["authorization"] == "Bearer T"
         self.got.append(json.loads(req.content)["seq"])
-        return httpx.Response(200, json={"accepted": True, "commands": [
-            {"id": 1, "kind": "rollout", "instance": "http://v", "payload": {"a": 1}}]})
+        return httpx.Response(
+            200,
+            json={
+                "accepted": True,
+                "commands": [{"id": 1, "kind": "rollout", "instance": "http://v", "payload": {"a": 1}}],
+            },
+        )
 
 
 def _pusher(tmp_path: Path, app: App) -> Pusher:

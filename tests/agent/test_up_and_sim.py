@@ -54,9 +54,23 @@ def test_up_serves_app_and_agent_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with ServedFake(FakeVllm()) as fake:
         p = subprocess.Popen(
-            [*KVSCOPE, "up", "--vllm-url", fake.url, "--data-dir", str(tmp_path / "data"), "--port", str(port),
-             "--no-gpu", "--interval", "0.2s"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            [
+                *KVSCOPE,
+                "up",
+                "--vllm-url",
+                fake.url,
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(port),
+                "--no-gpu",
+                "--interval",
+                "0.2s",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
         )
         try:
             assert p.stdout is not None
@@ -92,22 +106,34 @@ def sim(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     shm = tmp_path / "shm"
     shm.mkdir()
     p = subprocess.Popen(
-        [*KVSCOPE, "sim", "--port", str(port), "--kv-offloading-size", "1", "--sim-shm-dir", str(shm),
-         "--uvicorn-log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            *KVSCOPE,
+            "sim",
+            "--port",
+            str(port),
+            "--kv-offloading-size",
+            "1",
+            "--sim-shm-dir",
+            str(shm),
+            "--uvicorn-log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: p.poll() is None and httpx.get(url + "/health", timeout=2).status_code == 200,
-              what="kvscope sim")
+        _wait(lambda: p.poll() is None and httpx.get(url + "/health", timeout=2).status_code == 200, what="kvscope sim")
         yield url, shm
     finally:
         _stop(p, signal.SIGTERM)
 
 
 @pytest.mark.slow
-def test_sim_to_agent_to_app(sim: tuple[str, Path], app: Any, token: str, engine: Any, clock: Any,
-                             tmp_path: Path) -> None:
+def test_sim_to_agent_to_app(
+    sim: tuple[str, Path], app: Any, token: str, engine: Any, clock: Any, tmp_path: Path
+) -> None:
     url, shm = sim
     live = LiveServer(app)
     live.start()
@@ -115,7 +141,8 @@ def test_sim_to_agent_to_app(sim: tuple[str, Path], app: Any, token: str, engine
     push = httpx.Client(trust_env=False)
     agent = Agent(
         AgentConfig([url], server=live.url, token=token, state_dir=tmp_path / "state"),
-        client=vllm_client, push_client=push,
+        client=vllm_client,
+        push_client=push,
         host=HostCollector([HostMemorySource(shm_root=shm)]),
     )
     t0 = clock() - 30
@@ -123,9 +150,11 @@ def test_sim_to_agent_to_app(sim: tuple[str, Path], app: Any, token: str, engine
         agent.tick(t0)
         prompt = "the same long shared prefix " * 60
         for i in range(3):
-            r = vllm_client.post(url + "/v1/completions", timeout=30,
-                                 json={"model": agent.readers[0].meta.model, "prompt": prompt + str(i),
-                                       "max_tokens": 4})
+            r = vllm_client.post(
+                url + "/v1/completions",
+                timeout=30,
+                json={"model": agent.readers[0].meta.model, "prompt": prompt + str(i), "max_tokens": 4},
+            )
             assert r.status_code == 200, r.text
         agent.tick(t0 + 1)
         res = agent.flush(t0 + 1)
@@ -138,13 +167,14 @@ def test_sim_to_agent_to_app(sim: tuple[str, Path], app: Any, token: str, engine
     [inst] = list_instances(engine)
     assert inst["simulated"] is True and inst["url"] == url
     assert inst["cache_config"].get("kv_offloading_size") not in (None, "None")
-    [pt] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2,
-                         instance_id=inst["id"])
+    [pt] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2, instance_id=inst["id"])
     (_, before), (_, after) = pt.points
     assert after > before  # the three requests' prompt tokens arrived
-    by_src = series_points(engine, name="vllm:prompt_tokens_by_source_total", start=t0 - 1, end=t0 + 2,
-                           instance_id=inst["id"])
+    by_src = series_points(
+        engine, name="vllm:prompt_tokens_by_source_total", start=t0 - 1, end=t0 + 2, instance_id=inst["id"]
+    )
     assert {s.labels["source"] for s in by_src} >= {"local_compute", "local_cache_hit"}
-    files = series_points(engine, name="kvscope:pinned_offload_file_bytes", start=t0 - 1, end=t0 + 2,
-                          host_id=inst["host_id"])
+    files = series_points(
+        engine, name="kvscope:pinned_offload_file_bytes", start=t0 - 1, end=t0 + 2, host_id=inst["host_id"]
+    )
     assert files and files[0].labels["file"].startswith("vllm_offload_")

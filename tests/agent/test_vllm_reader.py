@@ -93,7 +93,7 @@ def test_metrics_fail_alone_when_models_fails() -> None:
         if req.url.path == "/v1/models":
             raise httpx.ReadTimeout("slow", request=req)
         if req.url.path == "/metrics":
-            return httpx.Response(200, text="vllm:num_requests_running{engine=\"0\"} 2\n")
+            return httpx.Response(200, text='vllm:num_requests_running{engine="0"} 2\n')
         return httpx.Response(200, json={"version": "1"})
 
     s, _ = VllmReader("http://v", httpx.Client(transport=httpx.MockTransport(handler))).scrape(1.0)

@@ -65,17 +65,27 @@ class Alertmanager:
 def alertmanager(tmp: Path) -> Iterator[Alertmanager]:
     binary = find_alertmanager()
     if binary is None:
-        pytest.skip("prometheus-alertmanager is not installed (scripts/setup.d/30-alertmanager.sh could not "
-                    "install it: apt-get install prometheus-alertmanager)")
+        pytest.skip(
+            "prometheus-alertmanager is not installed (scripts/setup.d/30-alertmanager.sh could not "
+            "install it: apt-get install prometheus-alertmanager)"
+        )
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "alertmanager.yml").write_text(CONFIG)
     port = _free_port()
     log = tmp / "alertmanager.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [binary, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                binary,
+                f"--config.file={tmp / 'alertmanager.yml'}",
+                f"--storage.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:

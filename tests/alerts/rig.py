@@ -37,8 +37,9 @@ class Rig:
 
     def _push(self, scrapes: list[dict[str, Any]]) -> None:
         self.seq += 1
-        r = self.client.post("/api/v1/ingest", json=batch(self.seq, self.t, scrapes),
-                             headers={"Authorization": f"Bearer {self.token}"})
+        r = self.client.post(
+            "/api/v1/ingest", json=batch(self.seq, self.t, scrapes), headers={"Authorization": f"Bearer {self.token}"}
+        )
         assert r.status_code == 200, r.text
 
     def backfill(self, seconds: float, step: float, mix: Mix, chunk: int = 240) -> None:
@@ -52,7 +53,7 @@ class Rig:
             scrapes.append(scrape(INSTANCE, t, self.server))
         self.clock.t = end
         for i in range(0, len(scrapes), chunk):
-            self._push(scrapes[i:i + chunk])
+            self._push(scrapes[i : i + chunk])
 
     def live(self, seconds: float, mix: Mix, rule: str = "hit_rate_drop_overall") -> None:
         """Scrape every scrape_s; evaluate (and deliver) at every multiple of eval_s."""

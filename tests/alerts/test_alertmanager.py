@@ -28,10 +28,22 @@ def am(tmp_path: Path) -> Iterator[Alertmanager]:
 
 def _alert(now: float, state: str = "firing") -> dict[str, Any]:
     return {
-        "id": 7, "key": "hit_rate_drop_overall|instance:3", "rule": "hit_rate_drop_overall", "severity": "warning",
-        "state": state, "host": "rig1", "instance_url": "http://10.0.0.5:8000", "instance_id": 3, "model": "qwen3-8b",
-        "simulated": True, "opened_at": now - 200, "fired_at": now - 60, "resolved_at": now if state == "resolved"
-        else None, "value": 0.12, "baseline": 0.61, "message": "overall hit rate 12.0% over the last 5 min vs 61.0%",
+        "id": 7,
+        "key": "hit_rate_drop_overall|instance:3",
+        "rule": "hit_rate_drop_overall",
+        "severity": "warning",
+        "state": state,
+        "host": "rig1",
+        "instance_url": "http://10.0.0.5:8000",
+        "instance_id": 3,
+        "model": "qwen3-8b",
+        "simulated": True,
+        "opened_at": now - 200,
+        "fired_at": now - 60,
+        "resolved_at": now if state == "resolved" else None,
+        "value": 0.12,
+        "baseline": 0.61,
+        "message": "overall hit rate 12.0% over the last 5 min vs 61.0%",
         "hints": [{"kind": "workload_shift", "message": "workload shift: request rate 2.00/s -> 6.00/s (+200%)"}],
     }
 
@@ -49,8 +61,13 @@ def test_firing_then_resolved_through_the_v2_api(am: Alertmanager, engine: Any) 
     assert rep.sent == 1, rep.errors
     (got,) = _ours(am)
     assert got["labels"] == {
-        "alertname": "kvscope_hit_rate_drop_overall", "rule": "hit_rate_drop_overall", "severity": "warning",
-        "source": "kvscope", "host": "rig1", "instance": "http://10.0.0.5:8000", "model": "qwen3-8b",
+        "alertname": "kvscope_hit_rate_drop_overall",
+        "rule": "hit_rate_drop_overall",
+        "severity": "warning",
+        "source": "kvscope",
+        "host": "rig1",
+        "instance": "http://10.0.0.5:8000",
+        "model": "qwen3-8b",
         "simulated": "true",
     }
     ann = got["annotations"]
@@ -64,8 +81,9 @@ def test_firing_then_resolved_through_the_v2_api(am: Alertmanager, engine: Any) 
     assert len(_ours(am)) == 1
     # resolved: endsAt = resolve time; Alertmanager no longer lists it as active
     done = time.time()
-    store.add_deliveries(engine, None, [store.NewDelivery("am", "resolved",
-                                                          snapshot(_alert(done, "resolved"), "resolved"))], done)
+    store.add_deliveries(
+        engine, None, [store.NewDelivery("am", "resolved", snapshot(_alert(done, "resolved"), "resolved"))], done
+    )
     assert run_deliveries(engine, [ch], done, cfg).sent == 1
     deadline = time.monotonic() + 10
     while _ours(am) and time.monotonic() < deadline:  # Alertmanager applies the update asynchronously

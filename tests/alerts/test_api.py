@@ -30,8 +30,12 @@ def live(tmp_path: Any, clock: Any, hook: Receiver) -> Iterator[tuple[Any, Any]]
     from app.storage.tokens import create_token
     from tests.conftest import make_batch
 
-    settings = load_settings(None, data_dir=str(tmp_path / "d"), run_scheduler=False,
-                             alert_channels=[{"name": "hook", "kind": "webhook", "url": hook.url}])
+    settings = load_settings(
+        None,
+        data_dir=str(tmp_path / "d"),
+        run_scheduler=False,
+        alert_channels=[{"name": "hook", "kind": "webhook", "url": hook.url}],
+    )
     app = create_app(settings, clock=clock, start_jobs=False)
     ctx = app.state.ctx
     token = create_token(ctx.engine, "a", clock())
@@ -69,13 +73,16 @@ def test_alerts_json_and_detail(live: tuple[Any, Any], clock: Any) -> None:
     assert c.get("/api/v1/alerts", params={"state": "resolved"}).json()["alerts"] == []
 
 
-@pytest.mark.parametrize(("url", "status", "words"), [
-    ("/api/v1/alerts?state=bogus", 400, "state must be one of"),
-    ("/api/v1/alerts?rule=nope", 400, "unknown rule"),
-    ("/api/v1/alerts?limit=0", 422, "limit"),
-    ("/api/v1/alerts/999", 404, "no alert 999"),
-    ("/api/v1/alerts/abc", 422, "alert_id"),
-])
+@pytest.mark.parametrize(
+    ("url", "status", "words"),
+    [
+        ("/api/v1/alerts?state=bogus", 400, "state must be one of"),
+        ("/api/v1/alerts?rule=nope", 400, "unknown rule"),
+        ("/api/v1/alerts?limit=0", 422, "limit"),
+        ("/api/v1/alerts/999", 404, "no alert 999"),
+        ("/api/v1/alerts/abc", 422, "alert_id"),
+    ],
+)
 def test_bad_requests_get_4xx_with_a_message(live: tuple[Any, Any], url: str, status: int, words: str) -> None:
     c, _ = live
     r = c.get(url)
@@ -86,27 +93,34 @@ def test_ack_and_silence_through_the_api(live: tuple[Any, Any], clock: Any, hook
     c, ctx = live
     _fire_stale(ctx, clock)
     (a,) = c.get("/api/v1/alerts").json()["alerts"]
-    assert c.post(f"/api/v1/alerts/{a['id']}/ack", json={"note": "on it"}).json() == {"acknowledged": True,
-                                                                                     "already": False}
+    assert c.post(f"/api/v1/alerts/{a['id']}/ack", json={"note": "on it"}).json() == {
+        "acknowledged": True,
+        "already": False,
+    }
     assert c.post(f"/api/v1/alerts/{a['id']}/ack", json={}).json()["already"] is True
     assert c.post("/api/v1/alerts/999/ack", json={}).status_code == 404
     r = c.post(f"/api/v1/alerts/{a['id']}/ack", data={"note": "x"})  # a cross-site form could send this
     assert r.status_code == 415 and "application/json" in r.json()["error"]
     assert c.get("/api/v1/alerts").json()["alerts"][0]["acked"] is True
-    for body, status in (({"minutes": -1}, 400), ({"minutes": "x"}, 400), ({"minutes": 5, "rule": "nope"}, 400),
-                         ({"minutes": 5, "instance": 42}, 404), ({"minutes": 5, "host": 42}, 404)):
+    for body, status in (
+        ({"minutes": -1}, 400),
+        ({"minutes": "x"}, 400),
+        ({"minutes": 5, "rule": "nope"}, 400),
+        ({"minutes": 5, "instance": 42}, 404),
+        ({"minutes": 5, "host": 42}, 404),
+    ):
         r = c.post("/api/v1/alerts/silences", json=body)
         assert r.status_code == status, (body, r.text)
         assert r.json()["error"]
-    assert c.post("/api/v1/alerts/silences", content=b"{", headers={"content-type": "application/json"}
-                  ).status_code == 400
+    assert (
+        c.post("/api/v1/alerts/silences", content=b"{", headers={"content-type": "application/json"}).status_code == 400
+    )
     r = c.post("/api/v1/alerts/silences", json={"minutes": 30, "rule": "agent_stale", "reason": "maintenance"})
     assert r.status_code == 201
     assert c.get("/api/v1/alerts").json()["alerts"][0]["silenced"] is True
 
 
-def test_silenced_alerts_do_not_notify_and_leave_the_banner(live: tuple[Any, Any], clock: Any,
-                                                             hook: Receiver) -> None:
+def test_silenced_alerts_do_not_notify_and_leave_the_banner(live: tuple[Any, Any], clock: Any, hook: Receiver) -> None:
     c, ctx = live
     r = c.post("/api/v1/alerts/silences", json={"minutes": 60, "host": 1})
     assert r.status_code == 201
@@ -141,15 +155,23 @@ def test_pages_render_and_forms_work(live: tuple[Any, Any], clock: Any, hook: Re
     assert c.get("/alerts/999").status_code == 404
     # acknowledge from the page (same origin, signed token) then silence for a duration
     tok = _token(c)
-    r = c.post(f"/alerts/{a['id']}/ack", data={"note": "x", "csrf": tok}, headers={"origin": "http://testserver"},
-               follow_redirects=False)
+    r = c.post(
+        f"/alerts/{a['id']}/ack",
+        data={"note": "x", "csrf": tok},
+        headers={"origin": "http://testserver"},
+        follow_redirects=False,
+    )
     assert r.status_code == 303 and r.headers["location"].startswith(f"/alerts/{a['id']}?msg=acknowledged")
-    r = c.post("/alerts/silences", data={"rule": "agent_stale", "host": "1", "minutes": "15", "csrf": tok},
-               follow_redirects=False)
+    r = c.post(
+        "/alerts/silences",
+        data={"rule": "agent_stale", "host": "1", "minutes": "15", "csrf": tok},
+        follow_redirects=False,
+    )
     assert r.status_code == 303
     assert c.get("/api/v1/alerts").json()["alerts"][0]["silenced"] is True
-    r = c.post("/alerts/silences", data={"minutes": "1", "back": "https://evil.example/", "csrf": tok},
-               follow_redirects=False)
+    r = c.post(
+        "/alerts/silences", data={"minutes": "1", "back": "https://evil.example/", "csrf": tok}, follow_redirects=False
+    )
     assert r.headers["location"].startswith("/alerts?msg=")  # no open redirect
     assert "Expire" in c.get("/alerts").text  # the active silence is listed with its button
     # cross-site form posts, and posts without the signed token, are refused
@@ -172,8 +194,11 @@ def test_per_instance_overrides_from_the_ui(live: tuple[Any, Any], clock: Any) -
     c, ctx = live
     assert "hit_rate_drop_overall" in c.get("/alerts/rules").text
     tok = _token(c, "/alerts/rules")
-    r = c.post("/alerts/rules/1/hit_rate_drop_overall",
-               data={"for_s": "30", "abs_margin": "0.2", "enabled": "on", "csrf": tok}, follow_redirects=False)
+    r = c.post(
+        "/alerts/rules/1/hit_rate_drop_overall",
+        data={"for_s": "30", "abs_margin": "0.2", "enabled": "on", "csrf": tok},
+        follow_redirects=False,
+    )
     assert r.status_code == 303 and "saved" in r.headers["location"]
     from app.alerts.params import effective
     from app.storage.alerts_store import all_overrides
@@ -203,14 +228,21 @@ def test_settings_validate_rules_and_channels(tmp_path: Any) -> None:
     with pytest.raises(UserError, match="has no parameter"):
         load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {"budget": 1}})
     with pytest.raises(UserError, match="unique"):
-        load_settings(None, data_dir=str(tmp_path), alert_channels=[
-            {"name": "a", "kind": "ntfy", "url": "https://ntfy.sh/x"},
-            {"name": "a", "kind": "slack", "url": "https://hooks.slack.com/x"}])
+        load_settings(
+            None,
+            data_dir=str(tmp_path),
+            alert_channels=[
+                {"name": "a", "kind": "ntfy", "url": "https://ntfy.sh/x"},
+                {"name": "a", "kind": "slack", "url": "https://hooks.slack.com/x"},
+            ],
+        )
     with pytest.raises(UserError, match="http"):
         load_settings(None, data_dir=str(tmp_path), alert_channels=[{"name": "a", "kind": "ntfy", "url": "ftp://x"}])
     cfg = tmp_path / "kvscope.toml"
-    cfg.write_text('[alert_rules.hit_rate_drop_overall]\nfor_s = 60\n\n[[alert_channels]]\nname = "am"\n'
-                   'kind = "alertmanager"\nurl = "http://127.0.0.1:9093"\nmin_severity = "warning"\n')
+    cfg.write_text(
+        '[alert_rules.hit_rate_drop_overall]\nfor_s = 60\n\n[[alert_channels]]\nname = "am"\n'
+        'kind = "alertmanager"\nurl = "http://127.0.0.1:9093"\nmin_severity = "warning"\n'
+    )
     s = load_settings(cfg, data_dir=str(tmp_path))
     assert s.alert_rules["hit_rate_drop_overall"]["for_s"] == 60.0
     assert s.alert_channels[0].kind == "alertmanager" and not s.alert_channels[0].wants("ttft_p95", "info")

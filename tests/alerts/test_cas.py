@@ -123,13 +123,25 @@ def test_stale_version_loses_and_writes_nothing(engines: tuple[Any, Any], clock:
     _evaluator(a, ch).run(t0 + 600)
     (row,) = store.open_alerts(b).values()
     # process A resolves it first ...
-    assert store.cas_update(a, row["id"], row["version"], {"state": "resolved", "active_key": None},
-                            [store.TransitionRow("firing", "resolved", t0 + 700)],
-                            [store.NewDelivery("hook", "resolved", {"rule": "agent_stale"})], t0 + 700)
+    assert store.cas_update(
+        a,
+        row["id"],
+        row["version"],
+        {"state": "resolved", "active_key": None},
+        [store.TransitionRow("firing", "resolved", t0 + 700)],
+        [store.NewDelivery("hook", "resolved", {"rule": "agent_stale"})],
+        t0 + 700,
+    )
     # ... process B, still holding the old version, loses: no second transition, no second delivery
-    assert not store.cas_update(b, row["id"], row["version"], {"state": "resolved", "active_key": None},
-                                [store.TransitionRow("firing", "resolved", t0 + 701)],
-                                [store.NewDelivery("hook", "resolved", {"rule": "agent_stale"})], t0 + 701)
+    assert not store.cas_update(
+        b,
+        row["id"],
+        row["version"],
+        {"state": "resolved", "active_key": None},
+        [store.TransitionRow("firing", "resolved", t0 + 701)],
+        [store.NewDelivery("hook", "resolved", {"rule": "agent_stale"})],
+        t0 + 701,
+    )
     assert len([t for t in store.list_transitions(a, alert_id=row["id"]) if t["to_state"] == "resolved"]) == 1
     assert len([d for d in store.list_deliveries(a, alert_id=row["id"]) if d["event"] == "resolved"]) == 1
     # a new episode can open once the old one resolved (active_key released)
@@ -145,8 +157,9 @@ def test_delivery_claim_is_exclusive(engines: tuple[Any, Any], clock: Any) -> No
     assert store.claim_delivery(b, did, now + 61, 60)  # the first sender's lease ran out (crashed)
 
 
-def test_a_target_that_fails_to_load_keeps_its_alerts(engines: tuple[Any, Any], clock: Any,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_target_that_fails_to_load_keeps_its_alerts(
+    engines: tuple[Any, Any], clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a, _ = engines
     t0 = clock()
     _seed(a, t0)
@@ -178,4 +191,3 @@ def test_old_resolved_alerts_are_pruned(engines: tuple[Any, Any], clock: Any) ->
     assert store.get_alert(a, row["id"]) is None
     assert store.list_transitions(a, alert_id=row["id"]) == []
     assert store.list_deliveries(a, alert_id=row["id"]) == []
-

@@ -18,10 +18,23 @@ from app.storage import alerts_store as store
 from .receiver import Receiver, receiver
 
 ALERT = {
-    "id": 4, "key": "offload_thrash|instance:2", "rule": "offload_thrash", "severity": "critical", "state": "firing",
-    "host": "rig1", "instance_url": "http://127.0.0.1:8000", "instance_id": 2, "model": "m", "simulated": True,
-    "opened_at": 1000.0, "fired_at": 1300.0, "resolved_at": None, "value": 0.0, "baseline": None,
-    "message": "stored 30 GiB, loaded back 0.00 GiB", "hints": [{"kind": "offload_saturated", "message": "full"}],
+    "id": 4,
+    "key": "offload_thrash|instance:2",
+    "rule": "offload_thrash",
+    "severity": "critical",
+    "state": "firing",
+    "host": "rig1",
+    "instance_url": "http://127.0.0.1:8000",
+    "instance_id": 2,
+    "model": "m",
+    "simulated": True,
+    "opened_at": 1000.0,
+    "fired_at": 1300.0,
+    "resolved_at": None,
+    "value": 0.0,
+    "baseline": None,
+    "message": "stored 30 GiB, loaded back 0.00 GiB",
+    "hints": [{"kind": "offload_saturated", "message": "full"}],
 }
 
 
@@ -49,17 +62,25 @@ def test_webhook_body_is_the_documented_json(engine: Any, hook: Receiver, clock:
     assert body["sent_at"] == clock()
     a = body["alert"]
     assert {k: a[k] for k in ("id", "rule", "title", "severity", "instance", "host", "simulated", "value")} == {
-        "id": 4, "rule": "offload_thrash", "title": "Offload thrash", "severity": "critical",
-        "instance": "http://127.0.0.1:8000", "host": "rig1", "simulated": True, "value": 0.0,
+        "id": 4,
+        "rule": "offload_thrash",
+        "title": "Offload thrash",
+        "severity": "critical",
+        "instance": "http://127.0.0.1:8000",
+        "host": "rig1",
+        "simulated": True,
+        "value": 0.0,
     }
     assert a["hints"] == [{"kind": "offload_saturated", "message": "full"}]
     assert a["url"] == "http://kvscope.lan:8080/alerts/4"
 
 
 def test_ntfy_slack_discord_formats(engine: Any, hook: Receiver, clock: Any) -> None:
-    chans = [AlertChannel(name="n", kind="ntfy", url=hook.url + "/kvscope-topic"),
-             AlertChannel(name="s", kind="slack", url=hook.url + "/slack"),
-             AlertChannel(name="d", kind="discord", url=hook.url + "/discord")]
+    chans = [
+        AlertChannel(name="n", kind="ntfy", url=hook.url + "/kvscope-topic"),
+        AlertChannel(name="s", kind="slack", url=hook.url + "/slack"),
+        AlertChannel(name="d", kind="discord", url=hook.url + "/discord"),
+    ]
     for c in chans:
         _queue(engine, c.name, clock())
     assert run_deliveries(engine, chans, clock(), DeliveryConfig()).sent == 3
@@ -175,8 +196,7 @@ def test_unknown_channel_fails_visibly(engine: Any, clock: Any) -> None:
     assert "no longer configured" in store.get_delivery(engine, did)["last_error"]
 
 
-def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any, hook: Receiver,
-                                                                   clock: Any) -> None:
+def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any, hook: Receiver, clock: Any) -> None:
     """Alertmanager expires an alert not re-sent before its endsAt: the evaluation queues a re-send
     of each firing alert every resend_s (endsAt = now + 4 x resend_s), none while an earlier one
     is still unsent, none while silenced."""

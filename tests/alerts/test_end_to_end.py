@@ -40,7 +40,10 @@ def rig(tmp_path: Any, clock: Any, hook: Receiver) -> Iterator[Rig]:
     from app.storage.tokens import create_token
 
     settings = load_settings(
-        None, data_dir=str(tmp_path / "data"), run_scheduler=False, alert_eval_interval_s=EVAL,
+        None,
+        data_dir=str(tmp_path / "data"),
+        run_scheduler=False,
+        alert_eval_interval_s=EVAL,
         alert_channels=[{"name": "hook", "kind": "webhook", "url": hook.url + "/hook"}],
     )
     app = create_app(settings, clock=clock, start_jobs=False)

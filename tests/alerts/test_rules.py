@@ -195,9 +195,13 @@ def test_instance_down_agent_stale() -> None:
 
 
 def _host(now: float, **gauges: float) -> TargetData:
-    names = {"avail": "kvscope:host_memory_available_bytes", "total": "kvscope:host_memory_total_bytes",
-             "limit": "kvscope:cgroup_memory_limit_bytes", "current": "kvscope:cgroup_memory_current_bytes",
-             "pinned": "kvscope:pinned_offload_file_bytes"}
+    names = {
+        "avail": "kvscope:host_memory_available_bytes",
+        "total": "kvscope:host_memory_total_bytes",
+        "limit": "kvscope:cgroup_memory_limit_bytes",
+        "current": "kvscope:cgroup_memory_current_bytes",
+        "pinned": "kvscope:pinned_offload_file_bytes",
+    }
     by = {names[k]: [Series({}, [(now - 10, v)])] for k, v in gauges.items()}
     return TargetData(series=SeriesMap(by), info={"instances": [{"cache_config": {"kv_offloading_size": "8"}}]})
 

@@ -12,8 +12,12 @@ values = st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_si
 
 
 @settings(max_examples=300, deadline=None)
-@given(values, st.floats(min_value=-20, max_value=320), st.floats(min_value=0, max_value=300),
-       st.floats(min_value=0, max_value=60))
+@given(
+    values,
+    st.floats(min_value=-20, max_value=320),
+    st.floats(min_value=0, max_value=300),
+    st.floats(min_value=0, max_value=60),
+)
 def test_indexed_equals_plain(vals: list[float], start: float, length: float, anchor: float) -> None:
     points = [(5.0 * i, v) for i, v in enumerate(vals)]
     plain = window_increase([Series({}, points)], start, start + length, anchor_s=anchor)

@@ -30,8 +30,14 @@ KVSCOPE = [sys.executable, "-m", "kvscope"]
 SCRAPE = 5.0
 EVAL = 15.0
 RULE = "hit_rate_drop_overall"
-PARAMS = {"window_s": 60, "baseline_s": 600, "for_s": 30, "cooldown_s": 60, "min_tokens": 1000,
-          "min_baseline_tokens": 5000}
+PARAMS = {
+    "window_s": 60,
+    "baseline_s": 600,
+    "for_s": 30,
+    "cooldown_s": 60,
+    "min_tokens": 1000,
+    "min_baseline_tokens": 5000,
+}
 # Ten long documents queried in turn (RAG-style): they all fit the simulated GPU cache, so once
 # warm nearly every prompt token is a prefix hit; after a restart each is recomputed once.
 DOCS = [" ".join(f"document {d} section {i} explains the caching policy." for i in range(60)) for d in range(10)]
@@ -58,9 +64,20 @@ class Sim:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [*KVSCOPE, "sim", "--port", str(self.port), "--sim-shm-dir", str(self.shm), "--sim-time-scale", "1000",
-             "--uvicorn-log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                *KVSCOPE,
+                "sim",
+                "--port",
+                str(self.port),
+                "--sim-shm-dir",
+                str(self.shm),
+                "--sim-time-scale",
+                "1000",
+                "--uvicorn-log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -109,8 +126,9 @@ class Run:
     evals: list[tuple[float, list[dict[str, Any]]]] = field(default_factory=list)
 
     def request(self, prompt: str) -> None:
-        r = self.vllm.post(self.sim.url + "/v1/completions", timeout=30,
-                           json={"model": self.model, "prompt": prompt, "max_tokens": 2})
+        r = self.vllm.post(
+            self.sim.url + "/v1/completions", timeout=30, json={"model": self.model, "prompt": prompt, "max_tokens": 2}
+        )
         assert r.status_code == 200, r.text
 
     def step(self, kind: str) -> None:
@@ -150,17 +168,26 @@ def run(sim: Sim, tmp_path: Path, clock: Any) -> Iterator[Run]:
     from app.settings import load_settings
     from app.storage.tokens import create_token
 
-    settings = load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False,
-                             alert_eval_interval_s=EVAL, alert_rules={RULE: PARAMS})
+    settings = load_settings(
+        None,
+        data_dir=str(tmp_path / "data"),
+        run_scheduler=False,
+        alert_eval_interval_s=EVAL,
+        alert_rules={RULE: PARAMS},
+    )
     clock.t = 1_800_000_000.0
     app = create_app(settings, clock=clock, start_jobs=False)
     ctx = app.state.ctx
     token = create_token(ctx.engine, "agent", clock())
     vllm = httpx.Client(trust_env=False)
     with TestClient(app) as client:
-        agent = Agent(AgentConfig([sim.url], server=str(client.base_url), token=token,
-                                  state_dir=tmp_path / "state", host_name="simrig"),
-                      client=vllm, push_client=client)
+        agent = Agent(
+            AgentConfig(
+                [sim.url], server=str(client.base_url), token=token, state_dir=tmp_path / "state", host_name="simrig"
+            ),
+            client=vllm,
+            push_client=client,
+        )
         try:
             agent.tick(clock.t)
             agent.flush(clock.t)

@@ -113,9 +113,17 @@ class Server:
             ("vllm:kv_offload_store_bytes_total", LABELS, c("store", 0.0)),
             ("vllm:kv_offload_load_bytes_total", LABELS, c("load", 0.0)),
             ("vllm:kv_offload_allocation_failure_total", LABELS, c("alloc_fail", 0.0)),
-            ("vllm:cache_config_info", {**LABELS, "block_size": self.block_size, "enable_prefix_caching": "True",
-                                        "kv_offloading_size": self.offload_gib,
-                                        "kv_offloading_backend": "native"}, 1.0),
+            (
+                "vllm:cache_config_info",
+                {
+                    **LABELS,
+                    "block_size": self.block_size,
+                    "enable_prefix_caching": "True",
+                    "kv_offloading_size": self.offload_gib,
+                    "kv_offloading_backend": "native",
+                },
+                1.0,
+            ),
         ]
         for src in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             out.append(("vllm:prompt_tokens_by_source_total", {**LABELS, "source": src}, c(f"src:{src}", 0.0)))
@@ -130,12 +138,19 @@ class Server:
 
 def scrape(instance: str, ts: float, server: Server) -> dict[str, Any]:
     return {
-        "instance": instance, "ts": ts, "ok": True, "healthy": True, "model": "m", "version": "0.33.0",
-        "simulated": True, "types": TYPES,
+        "instance": instance,
+        "ts": ts,
+        "ok": True,
+        "healthy": True,
+        "model": "m",
+        "version": "0.33.0",
+        "simulated": True,
+        "types": TYPES,
         "samples": [{"name": n, "labels": lab, "value": v} for n, lab, v in server.samples()],
     }
 
 
-def batch(seq: int, sent_at: float, scrapes: list[dict[str, Any]], *, host: str = "rig1",
-          agent_id: str = "agent-1") -> dict[str, Any]:
+def batch(
+    seq: int, sent_at: float, scrapes: list[dict[str, Any]], *, host: str = "rig1", agent_id: str = "agent-1"
+) -> dict[str, Any]:
     return {"agent_id": agent_id, "host": host, "seq": seq, "sent_at": sent_at, "scrapes": scrapes}

@@ -17,8 +17,9 @@ from typing import Any
 Series = list[tuple[float, float]]
 
 
-def recorded_series(batches: Iterable[dict[str, Any]], name: str, match: dict[str, str] | None = None,
-                    host: bool = False) -> dict[tuple[tuple[str, str], ...], Series]:
+def recorded_series(
+    batches: Iterable[dict[str, Any]], name: str, match: dict[str, str] | None = None, host: bool = False
+) -> dict[tuple[tuple[str, str], ...], Series]:
     """name{match} from the recorded batches, per label set; timestamps quantised to the
     millisecond as the store keeps them."""
     out: dict[tuple[tuple[str, str], ...], Series] = {}

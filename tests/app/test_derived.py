@@ -45,10 +45,21 @@ def test_offload_size_from_cache_config() -> None:
     assert offload_size_bytes({"cache_config": {"kv_offloading_size": "None"}}) is None
     assert offload_size_bytes({"cache_config": {"kv_offloading_size": "garbage"}}) is None
     assert offload_size_bytes({"cache_config": None}) is None
-    assert offload_capacity_bytes({"offload_config": {"cpu_num_chunks": "100", "cpu_kv_bytes_per_chunk": "1024"},
-                                   "cache_config": {"kv_offloading_size": "8"}}) == 102_400
-    assert offload_capacity_bytes({"offload_config": {"cpu_num_chunks": "x"},
-                                   "cache_config": {"kv_offloading_size": "0.5"}}) == 2**29
+    assert (
+        offload_capacity_bytes(
+            {
+                "offload_config": {"cpu_num_chunks": "100", "cpu_kv_bytes_per_chunk": "1024"},
+                "cache_config": {"kv_offloading_size": "8"},
+            }
+        )
+        == 102_400
+    )
+    assert (
+        offload_capacity_bytes(
+            {"offload_config": {"cpu_num_chunks": "x"}, "cache_config": {"kv_offloading_size": "0.5"}}
+        )
+        == 2**29
+    )
 
 
 @pytest.mark.parametrize("span", [900.0, 3600.0, 86400.0, 7 * 86400.0, 30 * 86400.0, 400 * 86400.0])
@@ -103,17 +114,27 @@ def _worth(**incs: float) -> Any:
         if src in incs:
             by_source.append(_raw("vllm:prompt_tokens_by_source_total", 0, incs[src], {"source": src}))
     series["vllm:prompt_tokens_by_source_total"] = by_source
-    for key, name in (("load_b", "vllm:kv_offload_load_bytes_total"), ("load_t", "vllm:kv_offload_load_time_total"),
-                      ("store_b", "vllm:kv_offload_store_bytes_total"),
-                      ("prefill_s", "vllm:request_prefill_time_seconds_sum")):
+    for key, name in (
+        ("load_b", "vllm:kv_offload_load_bytes_total"),
+        ("load_t", "vllm:kv_offload_load_time_total"),
+        ("store_b", "vllm:kv_offload_store_bytes_total"),
+        ("prefill_s", "vllm:request_prefill_time_seconds_sum"),
+    ):
         if key in incs:
             series[name] = [_raw(name, 0, incs[key])]
     return compute_worth(_Scope(series))  # type: ignore[arg-type]
 
 
 def test_worth_figures_and_verdicts() -> None:
-    w = _worth(external_kv_transfer=110_000, local_compute=23_000, local_cache_hit=5, load_b=12.6e9, load_t=1.0,
-               store_b=20e9, prefill_s=1.0)
+    w = _worth(
+        external_kv_transfer=110_000,
+        local_compute=23_000,
+        local_cache_hit=5,
+        load_b=12.6e9,
+        load_t=1.0,
+        store_b=20e9,
+        prefill_s=1.0,
+    )
     assert w.load_gbps == pytest.approx(12.6)
     assert w.load_tokens_per_s == pytest.approx(110_000)
     assert w.prefill_tokens_per_s == pytest.approx(23_000)

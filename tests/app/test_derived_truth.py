@@ -73,8 +73,9 @@ def _check(trace: dict[str, Any], expect: Callable[[float], float | None]) -> in
 
 
 @pytest.mark.parametrize("span", [1800.0, 3000.0])
-def test_every_plotted_rate_and_ratio_matches_the_oracle(client: Any, recorded: list[dict[str, Any]],
-                                                         span: float) -> None:
+def test_every_plotted_rate_and_ratio_matches_the_oracle(
+    client: Any, recorded: list[dict[str, Any]], span: float
+) -> None:
     end = recorded[-1]["scrapes"][0]["ts"] - 7.3
     start = end - span
     series = lambda name, match=None: o.recorded_series(recorded, name, match)  # noqa: E731
@@ -87,8 +88,11 @@ def test_every_plotted_rate_and_ratio_matches_the_oracle(client: Any, recorded: 
     max_gap = max(b - a for a, b in itertools.pairwise(stamps))
     assert w <= max(tokens["step"], 2 * max_gap)  # rate(x[w]) over about two scrape gaps
     tr = _traces(tokens)
-    for name, src in (("GPU prefix-cache hit", "local_cache_hit"), ("CPU/offload reload", "external_kv_transfer"),
-                      ("recompute", "local_compute")):
+    for name, src in (
+        ("GPU prefix-cache hit", "local_cache_hit"),
+        ("CPU/offload reload", "external_kv_transfer"),
+        ("recompute", "local_compute"),
+    ):
         s = series("vllm:prompt_tokens_by_source_total", {"source": src})
         checked[name] = _check(tr[name], lambda t, s=s: o.sum_rate(s, t, w))
 
@@ -103,8 +107,10 @@ def test_every_plotted_rate_and_ratio_matches_the_oracle(client: Any, recorded: 
         checked[name] = _check(hit[name], lambda t, a=a, b=b: o.divide(o.sum_rate(a, t, w), o.sum_rate(b, t, w), 100.0))
 
     xfer = _traces(_chart(client, "transfer", start, end))
-    for name, metric in (("load CPU->GPU", "vllm:kv_offload_load_bytes_total"),
-                         ("store GPU->CPU", "vllm:kv_offload_store_bytes_total")):
+    for name, metric in (
+        ("load CPU->GPU", "vllm:kv_offload_load_bytes_total"),
+        ("store GPU->CPU", "vllm:kv_offload_store_bytes_total"),
+    ):
         s = series(metric)
         checked[name] = _check(xfer[name], lambda t, s=s: o.divide(o.sum_rate(s, t, w), 1e9))
 
@@ -162,8 +168,9 @@ def test_rollup_tier_rates_match_the_oracle(client: Any, recorded: list[dict[str
     body = _chart(client, "tokens", start, end, tier="1m")
     assert body["tier"] == "1m"
     step = body["step"]
-    s = next(iter(o.recorded_series(recorded, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"})
-                  .values()))
+    s = next(
+        iter(o.recorded_series(recorded, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"}).values())
+    )
 
     def minute_rate(t: float) -> float | None:
         lo = t - step

@@ -32,8 +32,12 @@ def test_no_route_answers_5xx_to_bad_input(client: Any, token: str, clock: Any, 
             for v in BAD_PATH_VALUES:
                 url = re.sub(r"\{[^}]+\}", v, path)
                 for body in BAD_BODIES if method != "get" else [None]:
-                    r = client.request(method.upper(), url, content=body,
-                                       headers={"content-type": "application/json", "origin": origin})
+                    r = client.request(
+                        method.upper(),
+                        url,
+                        content=body,
+                        headers={"content-type": "application/json", "origin": origin},
+                    )
                     n += 1
                     if r.status_code >= 500 or "Traceback" in r.text:
                         problems.append((method, url, body, r.status_code, r.text[:200]))

@@ -88,12 +88,13 @@ def _worth_and_panels(engine: Any, live: LiveValues | None, now: float) -> tuple
 
 
 @pytest.mark.both_databases
-def test_worth_and_sparkline_grids_match_with_the_memo(client: Any, app: Any, token: str, engine: Any,
-                                                      clock: Any) -> None:
+def test_worth_and_sparkline_grids_match_with_the_memo(
+    client: Any, app: Any, token: str, engine: Any, clock: Any
+) -> None:
     batches = recorded_batches(T0, 200, interval=3.0, reset_at=90)
     live = LiveValues(freeze_lag_s=10.0)
     for k in range(0, len(batches), 7):
-        push_all(client, token, batches[k:k + 7], clock)
+        push_all(client, token, batches[k : k + 7], clock)
         now = batches[min(k + 6, len(batches) - 1)]["sent_at"] + 0.5
         w_live, p_live = _worth_and_panels(engine, live, now)
         w_full, p_full = _worth_and_panels(engine, None, now)

@@ -48,8 +48,15 @@ def test_bucket_increases_add_up_to_the_raw_increase_across_resets_and_runs(seed
         for ms, b in buckets:
             if ms in parts:  # a minute split across runs: increases add, extremes combine
                 p = parts[ms]
-                parts[ms] = type(b)(b.ts, p.n + b.n, min(p.vmin, b.vmin), max(p.vmax, b.vmax), p.vsum + b.vsum,
-                                    b.vlast, (p.inc or 0) + (b.inc or 0))
+                parts[ms] = type(b)(
+                    b.ts,
+                    p.n + b.n,
+                    min(p.vmin, b.vmin),
+                    max(p.vmax, b.vmax),
+                    p.vsum + b.vsum,
+                    b.vlast,
+                    (p.inc or 0) + (b.inc or 0),
+                )
             else:
                 parts[ms] = b
     raw_increase = increase([(t / 1000, v) for t, v in samples])
@@ -103,14 +110,20 @@ def test_job_rolls_up_and_applies_retention(app: Any, client: Any, token: str, c
     with engine.connect() as conn:
         sid = conn.execute(select(SampleRow.series_id).limit(1)).scalar_one()
         wm = conn.execute(select(func.max(Rollup1m.bucket_ms)).where(Rollup1m.series_id == sid)).scalar_one()
-        raw = [(t / 1000, v) for t, v in conn.execute(
-            select(SampleRow.ts_ms, SampleRow.value).where(SampleRow.series_id == sid, SampleRow.ts_ms < wm + MINUTE_MS)
-            .order_by(SampleRow.ts_ms))]
+        raw = [
+            (t / 1000, v)
+            for t, v in conn.execute(
+                select(SampleRow.ts_ms, SampleRow.value)
+                .where(SampleRow.series_id == sid, SampleRow.ts_ms < wm + MINUTE_MS)
+                .order_by(SampleRow.ts_ms)
+            )
+        ]
         incs = conn.execute(select(func.sum(Rollup1m.inc)).where(Rollup1m.series_id == sid)).scalar_one()
         hour_incs = conn.execute(select(func.sum(Rollup1h.inc)).where(Rollup1h.series_id == sid)).scalar_one()
         hour_wm = conn.execute(select(func.max(Rollup1h.bucket_ms)).where(Rollup1h.series_id == sid)).scalar_one()
-        min_incs_to_hour = conn.execute(select(func.sum(Rollup1m.inc)).where(
-            Rollup1m.series_id == sid, Rollup1m.bucket_ms < hour_wm + HOUR_MS)).scalar_one()
+        min_incs_to_hour = conn.execute(
+            select(func.sum(Rollup1m.inc)).where(Rollup1m.series_id == sid, Rollup1m.bucket_ms < hour_wm + HOUR_MS)
+        ).scalar_one()
     if incs is not None:  # a counter series
         assert incs == pytest.approx(increase(raw), rel=1e-12)
         assert hour_incs == pytest.approx(min_incs_to_hour, rel=1e-12)
@@ -131,8 +144,9 @@ def test_job_rolls_up_and_applies_retention(app: Any, client: Any, token: str, c
     assert oldest_m >= (last + 1800 - 0.05 * 86400) * 1000
 
 
-@pytest.mark.parametrize(("name", "tier"), [("15m", "raw"), ("1h", "raw"), ("6h", "raw"), ("24h", "1m"),
-                                            ("7d", "1m"), ("30d", "1h")])
+@pytest.mark.parametrize(
+    ("name", "tier"), [("15m", "raw"), ("1h", "raw"), ("6h", "raw"), ("24h", "1m"), ("7d", "1m"), ("30d", "1h")]
+)
 def test_tier_per_range_and_at_most_one_point_per_pixel(name: str, tier: str) -> None:
     now = 1_800_000_000.0
     span = RANGES[name]

@@ -25,9 +25,14 @@ def _truth(engine: Any) -> tuple[dict[tuple[int, int], Bucket], dict[tuple[int, 
         wm_m, wm_h = _watermark(conn, "1m"), _watermark(conn, "1h")
         assert wm_m is not None and wm_h is not None
         for sid, kind in conn.execute(select(Series.id, Series.kind)).all():
-            raw = [(int(t), float(v)) for t, v in conn.execute(
-                select(SampleRow.ts_ms, SampleRow.value)
-                .where(SampleRow.series_id == sid, SampleRow.ts_ms < wm_m).order_by(SampleRow.ts_ms))]
+            raw = [
+                (int(t), float(v))
+                for t, v in conn.execute(
+                    select(SampleRow.ts_ms, SampleRow.value)
+                    .where(SampleRow.series_id == sid, SampleRow.ts_ms < wm_m)
+                    .order_by(SampleRow.ts_ms)
+                )
+            ]
             minutes, _ = fold_minutes(raw, None, kind == "counter")
             m_out.update({(sid, ms): b for ms, b in minutes})
             h_out.update({(sid, ms): b for ms, b in fold_hours([mb for mb in minutes if mb[0] < wm_h])})
@@ -37,8 +42,12 @@ def _truth(engine: Any) -> tuple[dict[tuple[int, int], Bucket], dict[tuple[int, 
 def _stored(engine: Any, table: Any) -> dict[tuple[int, int], Bucket]:
     t = table.__table__
     with engine.connect() as conn:
-        return {(int(r[0]), int(r[1])): Bucket(r[1] / 1000.0, *r[2:]) for r in conn.execute(
-            select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc))}
+        return {
+            (int(r[0]), int(r[1])): Bucket(r[1] / 1000.0, *r[2:])
+            for r in conn.execute(
+                select(t.c.series_id, t.c.bucket_ms, t.c.n, t.c.vmin, t.c.vmax, t.c.vsum, t.c.vlast, t.c.inc)
+            )
+        }
 
 
 def _same(a: dict[tuple[int, int], Bucket], b: dict[tuple[int, int], Bucket]) -> bool:

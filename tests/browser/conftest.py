@@ -15,8 +15,14 @@ import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -43,8 +49,9 @@ class LiveApp:
         self.app = create_app(self.settings, engine=self.engine, start_jobs=False)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    access_log=False))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
+        )
         self.thread = threading.Thread(target=self.server.run, name="kvscope-browser-app", daemon=True)
 
     def start(self) -> None:
@@ -73,8 +80,11 @@ def chromium_context(tmp_path_factory: Any) -> Iterator[Any]:
     pw = sync_playwright().start()
     try:
         ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
-            args=FLAGS, viewport={"width": 1400, "height": 1000},
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1400, "height": 1000},
         )
         try:
             yield ctx

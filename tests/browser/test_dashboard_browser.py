@@ -103,8 +103,9 @@ def test_instance_page_draws_every_chart_with_data(live: LiveApp, page: Any) -> 
 def _overlaps(a: dict[str, float] | None, b: dict[str, float] | None) -> bool:
     if not a or not b:
         return False
-    return not (a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"]
-                or b["bottom"] <= a["top"])
+    return not (
+        a["right"] <= b["left"] or b["right"] <= a["left"] or a["bottom"] <= b["top"] or b["bottom"] <= a["top"]
+    )
 
 
 @pytest.mark.parametrize("width", [1400, 390])
@@ -149,7 +150,8 @@ def test_range_picker_changes_the_data(live: LiveApp, page: Any) -> None:
     p.wait_for_function(
         "(x0) => { const el = document.querySelector('#chart-tokens .chart');"
         " return el && el.dataset.rendered === '1' && el.data && el.data[0].x[0] !== x0; }",
-        arg=before["x0"], timeout=20_000,
+        arg=before["x0"],
+        timeout=20_000,
     )
     _wait_charts(p)
     after = _chart_state(p, "tokens")
@@ -173,7 +175,8 @@ def test_range_picker_changes_the_data(live: LiveApp, page: Any) -> None:
     p.wait_for_function(
         "(x0) => { const el = document.querySelector('#chart-tokens .chart');"
         " return el && el.dataset.rendered === '1' && el.data && el.data[0].x[0] !== x0; }",
-        arg=after["x0"], timeout=20_000,
+        arg=after["x0"],
+        timeout=20_000,
     )
     assert log.errors == []
 

@@ -67,22 +67,76 @@ def sim_fed(tmp_path_factory: Any) -> Iterator[tuple[LiveApp, str]]:
         port = free_port()
         sim_url = f"http://127.0.0.1:{port}"
         sim_log = tmp / "sim.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "kvscope", "sim", "--profile", "rtx4070-qwen3-4b", "--host", "127.0.0.1",
-             "--port", str(port), "--served-model-name", "qwen3-4b", "--kv-offloading-size", "0.25",
-             "--kv-offloading-backend", "native", "--sim-shm-dir", str(shm), "--sim-state-dir", str(state),
-             "--max-model-len", "4096", "--num-gpu-blocks-override", "600"],
-            env=env, stdout=sim_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvscope",
+                    "sim",
+                    "--profile",
+                    "rtx4070-qwen3-4b",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--served-model-name",
+                    "qwen3-4b",
+                    "--kv-offloading-size",
+                    "0.25",
+                    "--kv-offloading-backend",
+                    "native",
+                    "--sim-shm-dir",
+                    str(shm),
+                    "--sim-state-dir",
+                    str(state),
+                    "--max-model-len",
+                    "4096",
+                    "--num-gpu-blocks-override",
+                    "600",
+                ],
+                env=env,
+                stdout=sim_log.open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         _wait(sim_url + "/health", 60, procs[0], sim_log)
         agent_log = tmp / "agent.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "kvscope", "agent", "--server", app.url, "--token", app.token,
-             "--vllm-url", sim_url, "--interval", "1", "--state-dir", str(agent_dir), "--gpu-source", "nvidia-smi",
-             "--nvidia-smi", str(fake_smi), "--shm-root", str(shm), "--host-name", "sim-rig",
-             "--log-level", "warning"],
-            env=env, stdout=agent_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvscope",
+                    "agent",
+                    "--server",
+                    app.url,
+                    "--token",
+                    app.token,
+                    "--vllm-url",
+                    sim_url,
+                    "--interval",
+                    "1",
+                    "--state-dir",
+                    str(agent_dir),
+                    "--gpu-source",
+                    "nvidia-smi",
+                    "--nvidia-smi",
+                    str(fake_smi),
+                    "--shm-root",
+                    str(shm),
+                    "--host-name",
+                    "sim-rig",
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+                stdout=agent_log.open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         traffic = Traffic(sim_url, "qwen3-4b", rate=6.0, workers=3, seed=3, max_requests=2000)
         traffic.start()
         deadline = time.monotonic() + FEED_S
@@ -111,13 +165,19 @@ def test_sim_and_agent_feed_every_chart(sim_fed: tuple[LiveApp, str], page: Any)
     p.goto(f"{app.url}/instances/{iid}?range=15m")
     p.wait_for_function(
         "() => document.querySelectorAll('.chart-panel .chart[data-rendered=\"1\"]').length"
-        " + document.querySelectorAll('.chart-panel .empty').length === 7", timeout=30_000)
-    empty = {el.get_attribute("data-empty") and el.evaluate("e => e.closest('section').dataset.chart"): el.inner_text()
-             for el in p.locator(".chart-panel .empty").all()}
+        " + document.querySelectorAll('.chart-panel .empty').length === 7",
+        timeout=30_000,
+    )
+    empty = {
+        el.get_attribute("data-empty") and el.evaluate("e => e.closest('section').dataset.chart"): el.inner_text()
+        for el in p.locator(".chart-panel .empty").all()
+    }
     assert not empty, f"charts without data: {empty}"
     for key in CHARTS:
         traces = p.evaluate(
             "(k) => document.querySelector(`#chart-${k} .chart`).data.filter(t => t.name !== 'events')"
-            ".map(t => [t.name, t.y.filter(v => v !== null).length])", key)
+            ".map(t => [t.name, t.y.filter(v => v !== null).length])",
+            key,
+        )
         assert traces and all(n > 0 for _, n in traces), (key, traces)
     assert log.errors == []

@@ -11,8 +11,11 @@ AUTH = "Authorization"
 
 
 def _push(client: Any, token: str, seq: int, ts: float, **extra: Any) -> dict[str, Any]:
-    batch = make_batch(seq, ts, samples=[("vllm:cache_config_info", {"kv_cache_size_tokens": "70284",
-                                                                        "mamba_cache_mode": "none"}, 1.0)])
+    batch = make_batch(
+        seq,
+        ts,
+        samples=[("vllm:cache_config_info", {"kv_cache_size_tokens": "70284", "mamba_cache_mode": "none"}, 1.0)],
+    )
     batch.update(extra)
     r = client.post("/api/v1/ingest", json=batch, headers={AUTH: f"Bearer {token}"})
     assert r.status_code == 200, r.text
@@ -51,16 +54,36 @@ def test_rollout_hand_off_and_updates(client: Any, token: str, clock: Any) -> No
     assert cmd["payload"]["pool_before"] == {"kv_cache_size_tokens": "70284"}
     # The agent reports; the app stores each transition.
     t = clock.advance(1)
-    updates = [{"rollout_id": rid, "ts": t, "state": s, "message": s, "data": {}}
-               for s in ("preflight", "restarting", "waiting_health", "probing")]
-    updates.append({"rollout_id": rid, "ts": t, "state": "healthy", "message": "ok",
-                    "data": {"probe": {"ok": True, "steps": [{"name": "cold", "ttft_s": 0.6, "status": 200,
-                                                             "error": None, "deltas": {"local_compute": 2900}}]}}})
+    updates = [
+        {"rollout_id": rid, "ts": t, "state": s, "message": s, "data": {}}
+        for s in ("preflight", "restarting", "waiting_health", "probing")
+    ]
+    updates.append(
+        {
+            "rollout_id": rid,
+            "ts": t,
+            "state": "healthy",
+            "message": "ok",
+            "data": {
+                "probe": {
+                    "ok": True,
+                    "steps": [
+                        {"name": "cold", "ttft_s": 0.6, "status": 200, "error": None, "deltas": {"local_compute": 2900}}
+                    ],
+                }
+            },
+        }
+    )
     assert _push(client, token, 3, t, rollout_updates=updates)["commands"] == []
     got = client.get(f"/api/v1/rollouts/{rid}").json()
     assert got["state"] == "healthy" and got["terminal"]
-    assert [x["state"] for x in got["result"]["transitions"]] == ["preflight", "restarting", "waiting_health",
-                                                                  "probing", "healthy"]
+    assert [x["state"] for x in got["result"]["transitions"]] == [
+        "preflight",
+        "restarting",
+        "waiting_health",
+        "probing",
+        "healthy",
+    ]
     assert got["result"]["probe"]["steps"][0]["ttft_s"] == 0.6
     assert client.get(f"/api/v1/instances/{iid}/profile").json()["lkg"]["name"] == "fp8"
     evs = client.get(f"/api/v1/events?instance={iid}").json()["events"]
@@ -75,8 +98,10 @@ def test_cancel_and_preview(client: Any, token: str, clock: Any) -> None:
     iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
     client.post("/api/v1/profiles", json={"name": "off8", "spec": {"offload_size_gib": 8}})
     pv = client.post(f"/api/v1/instances/{iid}/preview", json={"profile": "off8"}).json()
-    assert pv["diff"] == [{"flag": "--kv-offloading-backend", "before": None, "after": "native"},
-                          {"flag": "--kv-offloading-size", "before": None, "after": "8"}]
+    assert pv["diff"] == [
+        {"flag": "--kv-offloading-backend", "before": None, "after": "native"},
+        {"flag": "--kv-offloading-size", "before": None, "after": "8"},
+    ]
     assert {c["name"] for c in pv["preflight"]} >= {"pinned_vs_memavailable", "hybrid_model"}
     rid = client.post("/api/v1/rollouts", json={"instance": iid, "profile": "off8"}).json()["id"]
     assert client.post(f"/api/v1/rollouts/{rid}/cancel", json={}).json()["state"] == "cancelled"
@@ -93,21 +118,25 @@ def test_pages_and_csrf(client: Any, token: str, clock: Any) -> None:
     form = {"name": "web1", "kv_cache_dtype": "fp8", "offload_size_gib": "2", "csrf": csrf.group(1)}
     # No token, or a forged one: refused.
     assert client.post("/profiles", data={**form, "csrf": "x"}, follow_redirects=False).status_code == 403
-    assert client.post("/profiles", data=form, headers={"origin": "http://evil.example"},
-                       follow_redirects=False).status_code == 403
+    assert (
+        client.post(
+            "/profiles", data=form, headers={"origin": "http://evil.example"}, follow_redirects=False
+        ).status_code
+        == 403
+    )
     ok = client.post("/profiles", data=form, follow_redirects=False)
     assert ok.status_code == 303 and ok.headers["location"] == "/profiles/web1"
     bad = client.post("/profiles", data={**form, "name": "web2", "offload_size_gib": "lots"})
     assert bad.status_code == 422 and "not a number" in bad.text
     show = client.get("/profiles/web1")
     assert "--kv-cache-dtype fp8" in show.text
-    edit = client.post("/profiles/web1", data={"kv_cache_dtype": "auto", "csrf": csrf.group(1)},
-                       follow_redirects=False)
+    edit = client.post("/profiles/web1", data={"kv_cache_dtype": "auto", "csrf": csrf.group(1)}, follow_redirects=False)
     assert edit.status_code == 303
     confirm = client.get(f"/instances/{iid}/apply?profile=web1")
     assert confirm.status_code == 200 and "Preflight preview" in confirm.text
-    applied = client.post(f"/instances/{iid}/apply", data={"profile": "web1", "csrf": csrf.group(1)},
-                          follow_redirects=False)
+    applied = client.post(
+        f"/instances/{iid}/apply", data={"profile": "web1", "csrf": csrf.group(1)}, follow_redirects=False
+    )
     assert applied.status_code == 303
     rid = int(applied.headers["location"].rsplit("/", 1)[1])
     prog = client.get(f"/rollouts/{rid}/progress")
@@ -132,12 +161,22 @@ def test_expiry_job(app: Any, client: Any, token: str, clock: Any) -> None:
 
 def test_preview_uses_the_hosts_last_readings(client: Any, token: str, clock: Any) -> None:
     gib = 1024**3
-    host = [("kvscope:host_memory_total_bytes", 32 * gib), ("kvscope:host_memory_available_bytes", 20 * gib),
-            ("kvscope:cgroup_memory_limit_bytes", 16 * gib), ("kvscope:cgroup_memory_current_bytes", 4 * gib),
-            ("kvscope:dev_shm_free_bytes", 16 * gib)]
-    _push(client, token, 1, clock(), host_ts=clock(),
-          host_samples=[{"name": n, "labels": {}, "value": float(v)} for n, v in host],
-          host_types={n: "gauge" for n, _ in host})
+    host = [
+        ("kvscope:host_memory_total_bytes", 32 * gib),
+        ("kvscope:host_memory_available_bytes", 20 * gib),
+        ("kvscope:cgroup_memory_limit_bytes", 16 * gib),
+        ("kvscope:cgroup_memory_current_bytes", 4 * gib),
+        ("kvscope:dev_shm_free_bytes", 16 * gib),
+    ]
+    _push(
+        client,
+        token,
+        1,
+        clock(),
+        host_ts=clock(),
+        host_samples=[{"name": n, "labels": {}, "value": float(v)} for n, v in host],
+        host_types={n: "gauge" for n, _ in host},
+    )
     iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
     client.post("/api/v1/profiles", json={"name": "off24", "spec": {"offload_size_gib": 24}})
     client.post("/api/v1/profiles", json={"name": "off8", "spec": {"offload_size_gib": 8}})
@@ -159,8 +198,9 @@ def test_only_the_agent_that_scrapes_an_instance_gets_its_rollout(client: Any, t
     _push(client, token, 1, clock())  # agent-1 scrapes http://127.0.0.1:8000 on host rig1
     other = make_batch(2, clock(), agent_id="agent-2", instance="http://127.0.0.1:9000")
     assert client.post("/api/v1/ingest", json=other, headers={AUTH: f"Bearer {token}"}).status_code == 200
-    iid = next(i["id"] for i in client.get("/api/v1/instances").json()["instances"]
-               if i["url"] == "http://127.0.0.1:8000")
+    iid = next(
+        i["id"] for i in client.get("/api/v1/instances").json()["instances"] if i["url"] == "http://127.0.0.1:8000"
+    )
     client.post("/api/v1/profiles", json={"name": "p", "spec": {}})
     rid = client.post("/api/v1/rollouts", json={"instance": iid, "profile": "p"}).json()["id"]
     other["seq"] = 3

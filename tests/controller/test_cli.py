@@ -43,8 +43,16 @@ def _seed_instance(tmp_path: Path) -> int:
 
     eng = open_database(load_settings(None, data_dir=str(tmp_path / "data")).effective_database_url)
     now = time.time()
-    IngestWriter(eng).write(PushBatch(agent_id="a", host="h", seq=1, sent_at=now,
-                                      scrapes=[Scrape(instance="http://127.0.0.1:8000", ts=now, ok=True)]), now)
+    IngestWriter(eng).write(
+        PushBatch(
+            agent_id="a",
+            host="h",
+            seq=1,
+            sent_at=now,
+            scrapes=[Scrape(instance="http://127.0.0.1:8000", ts=now, ok=True)],
+        ),
+        now,
+    )
     iid = int(list_instances(eng)[0]["id"])
     eng.dispose()
     return iid
@@ -72,8 +80,9 @@ def test_apply_wait_exit_codes(tmp_path: Path, capsys: Any) -> None:
                 break
             time.sleep(0.05)
         for st in ("preflight", "restarting", final):
-            rs.apply_update(eng, rollout_id=rid, host_id=host_id, state=st, ts=time.time(), message=st, data={},
-                            now=time.time())
+            rs.apply_update(
+                eng, rollout_id=rid, host_id=host_id, state=st, ts=time.time(), message=st, data={}, now=time.time()
+            )
 
     rs.finish_rollout(eng, 1, "cancelled", "test", time.time(), only_from=("requested",))
     t = threading.Thread(target=agent, args=(2, "healthy"))

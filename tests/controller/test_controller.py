@@ -80,8 +80,13 @@ def _probe(ok: bool = True, failure: str | None = None) -> Any:
 
     def fn(url: str, **kw: Any) -> ProbeResult:
         calls.append({"url": url, **kw})
-        return ProbeResult(ok, failure, "probe passed" if ok else "reload request: timeout", model="m",
-                           reload_source="external_kv_transfer" if ok else None)
+        return ProbeResult(
+            ok,
+            failure,
+            "probe passed" if ok else "reload request: timeout",
+            model="m",
+            reload_source="external_kv_transfer" if ok else None,
+        )
 
     fn.calls = calls  # type: ignore[attr-defined]
     return fn
@@ -89,8 +94,12 @@ def _probe(ok: bool = True, failure: str | None = None) -> Any:
 
 def _ctl(launcher: FakeLauncher, probe: Any = None, **server: Any) -> Controller:
     inst = ManagedInstance(
-        url=URL, launcher=launcher, initial_args=["--max-model-len", "4096"], proc_root=BOX / "proc",
-        cgroup_root=BOX / "sys" / "fs" / "cgroup", model_dirs=[FIX / "models"],
+        url=URL,
+        launcher=launcher,
+        initial_args=["--max-model-len", "4096"],
+        proc_root=BOX / "proc",
+        cgroup_root=BOX / "sys" / "fs" / "cgroup",
+        model_dirs=[FIX / "models"],
     )
     t = [100.0]
 
@@ -98,14 +107,24 @@ def _ctl(launcher: FakeLauncher, probe: Any = None, **server: Any) -> Controller
         t[0] += 0.25
         return t[0]
 
-    return Controller([inst], clock=clock, monotonic=clock, probe_fn=probe or _probe(), http=_server(**server),
-                      help_reader=lambda _c, _e: HELP, shm_free=lambda _p: 16 * GIB)
+    return Controller(
+        [inst],
+        clock=clock,
+        monotonic=clock,
+        probe_fn=probe or _probe(),
+        http=_server(**server),
+        help_reader=lambda _c, _e: HELP,
+        shm_free=lambda _p: 16 * GIB,
+    )
 
 
 def _cmd(rid: int, argv: list[str], pinned: int = 0, **extra: Any) -> Command:
-    payload = {"profile": {"name": "p"}, "argv": argv,
-               "offload": {"enabled": pinned > 0, "backend": "native", "spec": "cpu", "pinned_bytes": pinned},
-               **extra}
+    payload = {
+        "profile": {"name": "p"},
+        "argv": argv,
+        "offload": {"enabled": pinned > 0, "backend": "native", "spec": "cpu", "pinned_bytes": pinned},
+        **extra,
+    }
     return Command(id=rid, kind="rollout", instance=URL, payload=payload)
 
 
@@ -122,8 +141,11 @@ def test_healthy_rollout() -> None:
     updates = ctl.drain_updates()
     assert [u.state for u in updates] == ["preflight", "restarting", "waiting_health", "probing", "healthy"]
     assert all(u.rollout_id == 1 for u in updates)
-    assert {c["name"] for c in updates[0].data["preflight"]} >= {"pinned_vs_memavailable", "hybrid_model",
-                                                                   "accepted_flags"}
+    assert {c["name"] for c in updates[0].data["preflight"]} >= {
+        "pinned_vs_memavailable",
+        "hybrid_model",
+        "accepted_flags",
+    }
     assert "external_kv_transfer" in updates[-1].message
     assert set(updates[-1].data["timings"]) >= {"preflight_s", "restart_s", "health_s", "probe_s", "total_s"}
     assert fl.calls == [("stop", []), ("start", argv)]
@@ -150,8 +172,14 @@ def test_hybrid_refused_then_override_probe_hang_rolls_back() -> None:
     assert fl.calls == []
     assert ctl.run_rollout(_cmd(4, argv, 8 * GIB, override_hybrid=True)) == "rolled_back"
     ups = ctl.drain_updates()
-    assert [u.state for u in ups] == ["preflight", "restarting", "waiting_health", "probing", "rolling_back",
-                                      "rolled_back"]
+    assert [u.state for u in ups] == [
+        "preflight",
+        "restarting",
+        "waiting_health",
+        "probing",
+        "rolling_back",
+        "rolled_back",
+    ]
     assert "probe hang" in ups[-2].message and ups[-2].data["log_tail"] == "last log line"
     # Back on the initial (last-known-good) args.
     assert fl.calls[-1] == ("start", ["--max-model-len", "4096"])
@@ -228,7 +256,7 @@ def test_supervise_restarts_an_exited_server() -> None:
 def test_load_config(tmp_path: Path) -> None:
     cfg = tmp_path / "launch.toml"
     cfg.write_text(f"""
-state_dir = "{tmp_path / 'state'}"
+state_dir = "{tmp_path / "state"}"
 headroom_gib = 1
 [[instance]]
 url = "http://127.0.0.1:8001/"
@@ -242,7 +270,7 @@ launcher = "systemd"
 command = ["/usr/bin/vllm", "serve", "m"]
 [instance.systemd]
 unit = "vllm"
-dropin_dir = "{tmp_path / 'systemd'}"
+dropin_dir = "{tmp_path / "systemd"}"
 """)
     insts, _ = load_config(cfg)
     a, b = insts
@@ -278,9 +306,16 @@ def test_render_launcher_config_round_trips(tmp_path: Path) -> None:
     from agent.controller import render_launcher_config
 
     text = render_launcher_config(
-        [{"url": "http://127.0.0.1:8101", "command": ["kvscope", "sim", "--port", "8101"],
-          "initial_args": ["--kv-cache-dtype", "fp8"], "env": {"A": 'x "y"'}, "probe": {"prefix_words": 300},
-          "health_deadline_s": 30}],
+        [
+            {
+                "url": "http://127.0.0.1:8101",
+                "command": ["kvscope", "sim", "--port", "8101"],
+                "initial_args": ["--kv-cache-dtype", "fp8"],
+                "env": {"A": 'x "y"'},
+                "probe": {"prefix_words": 300},
+                "health_deadline_s": 30,
+            }
+        ],
         state_dir=tmp_path / "st",
     )
     cfg = tmp_path / "l.toml"
@@ -296,9 +331,11 @@ def test_agent_side_imports_stay_light() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, agent.controller, agent.launcher.docker, agent.launcher.systemd, agent.launcher.subprocess;"
-            "print([m for m in sys.modules if m.split('.')[0] in "
-            "('fastapi', 'sqlalchemy', 'jinja2', 'plotly', 'pydantic', 'pydantic_settings', 'app')])")
+    code = (
+        "import sys, agent.controller, agent.launcher.docker, agent.launcher.systemd, agent.launcher.subprocess;"
+        "print([m for m in sys.modules if m.split('.')[0] in "
+        "('fastapi', 'sqlalchemy', 'jinja2', 'plotly', 'pydantic', 'pydantic_settings', 'app')])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -307,8 +344,9 @@ def test_build_command_sink_from_the_agent_cli(tmp_path: Path) -> None:
     from agent.cli import _launcher_sink
 
     cfg = tmp_path / "l.toml"
-    cfg.write_text(f'state_dir = "{tmp_path}"\n[[instance]]\nurl = "http://127.0.0.1:1"\n'
-                   'command = ["true"]\nstart = false\n')
+    cfg.write_text(
+        f'state_dir = "{tmp_path}"\n[[instance]]\nurl = "http://127.0.0.1:1"\ncommand = ["true"]\nstart = false\n'
+    )
     sink = _launcher_sink(cfg)
     try:
         assert isinstance(sink, Controller) and sink._thread is not None

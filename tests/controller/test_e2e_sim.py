@@ -56,11 +56,11 @@ class Rig:
             time.sleep(0.1)
         raise AssertionError("the sim never showed up in the app")
 
-    def apply(self, profile: str, *, override: bool = False, probe: dict[str, Any] | None = None,
-              timeout_s: float = 120.0) -> dict[str, Any]:
+    def apply(
+        self, profile: str, *, override: bool = False, probe: dict[str, Any] | None = None, timeout_s: float = 120.0
+    ) -> dict[str, Any]:
         iid = self.instance_id()
-        body: dict[str, Any] = {"instance": iid, "profile": profile, "override_hybrid": override,
-                                "requested_by": "e2e"}
+        body: dict[str, Any] = {"instance": iid, "profile": profile, "override_hybrid": override, "requested_by": "e2e"}
         if probe:
             body["probe"] = probe
         r = self.client.post("/api/v1/rollouts", json=body)
@@ -109,9 +109,12 @@ def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
         ctl = Controller(insts, shm_free=lambda _p: 16 * GIB)
         ctl.start_instances()
         ctl.start_worker()
-        agent = Agent(AgentConfig(vllm_urls=[url], server="http://testserver", token=token,
-                                  state_dir=tmp_path / f"agent-{port}"),
-                      client=httpx.Client(), sink=ctl, push_client=client)
+        agent = Agent(
+            AgentConfig(vllm_urls=[url], server="http://testserver", token=token, state_dir=tmp_path / f"agent-{port}"),
+            client=httpx.Client(),
+            sink=ctl,
+            push_client=client,
+        )
         made.append((agent, ctl))
         health = insts[0].launcher.wait_healthy(url, 60)  # type: ignore[attr-defined]
         assert health.ok, health.reason
@@ -135,8 +138,11 @@ def test_dense_fp8_pool_then_offload_reload_then_oversize(rig_factory: Any) -> N
     make, client = rig_factory
     rig = make(["--profile", "rtx4070-qwen3-4b"])
     _profile(client, "fp8", {"kv_cache_dtype": "fp8"})
-    _profile(client, "off8", {"offload_size_gib": 8, "max_model_len": 2048,
-                              "extra_args": ["--num-gpu-blocks-override", "128"]})
+    _profile(
+        client,
+        "off8",
+        {"offload_size_gib": 8, "max_model_len": 2048, "extra_args": ["--num-gpu-blocks-override", "128"]},
+    )
     _profile(client, "off64", {"offload_size_gib": 64})
 
     # 1) fp8 KV cache: the pool grows ~1.8x (field: 1.82x on an RTX 4070; the sim and a real CPU vLLM
@@ -177,8 +183,11 @@ def test_hybrid_offload_refused_then_override_rolls_back(rig_factory: Any, failu
     make, client = rig_factory
     base = ["--num-gpu-blocks-override", "8", "--max-model-len", "4096"]
     rig = make(["--profile", "rtx4070-qwen3.5-4b", "--hybrid-failure", failure], initial_args=base)
-    _profile(client, "hyb-off8", {"offload_size_gib": 8, "max_model_len": 4096,
-                                  "extra_args": ["--num-gpu-blocks-override", "8"]})
+    _profile(
+        client,
+        "hyb-off8",
+        {"offload_size_gib": 8, "max_model_len": 4096, "extra_args": ["--num-gpu-blocks-override", "8"]},
+    )
     probe = {"prefix_words": 2000, "evict_count": 4}
     r = rig.apply("hyb-off8", probe=probe)
     assert r["state"] == "refused" and "hybrid" in r["message"] and "mamba_cache_mode=align" in r["message"]
@@ -187,8 +196,7 @@ def test_hybrid_offload_refused_then_override_rolls_back(rig_factory: Any, failu
     assert r["state"] == "rolled_back", r["message"]
     assert r["result"]["probe"]["failure"] == failure
     states = [t["state"] for t in r["result"]["transitions"]]
-    assert states == ["accepted", "preflight", "restarting", "waiting_health", "probing", "rolling_back",
-                      "rolled_back"]
+    assert states == ["accepted", "preflight", "restarting", "waiting_health", "probing", "rolling_back", "rolled_back"]
     if failure == "hang":
         assert "no answer within 4 s" in r["message"]
     # Back on the last-known-good args, and serving.

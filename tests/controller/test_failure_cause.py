@@ -23,8 +23,10 @@ def test_wrappers_only_fall_back_to_the_first_wrapper() -> None:
 
 
 def test_warning_mentioning_an_error_name_is_not_a_cause() -> None:
-    text = ("(APIServer pid=1) WARNING 11-29 09:11:25 [system_utils.py:255] Found ulimit ... like "
-            "`OSError: [Errno 24] Too many open files`.\n")
+    text = (
+        "(APIServer pid=1) WARNING 11-29 09:11:25 [system_utils.py:255] Found ulimit ... like "
+        "`OSError: [Errno 24] Too many open files`.\n"
+    )
     assert failure_cause(text) is None
 
 

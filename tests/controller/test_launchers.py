@@ -31,8 +31,9 @@ def free_port() -> int:
 @pytest.fixture
 def launcher(tmp_path: Path) -> Any:
     port = free_port()
-    la = SubprocessLauncher([sys.executable, str(FAKE), str(port)], log_dir=tmp_path / "logs", name="fake",
-                            stop_timeout_s=1)
+    la = SubprocessLauncher(
+        [sys.executable, str(FAKE), str(port)], log_dir=tmp_path / "logs", name="fake", stop_timeout_s=1
+    )
     la.port = port  # type: ignore[attr-defined]
     try:
         yield la
@@ -119,8 +120,7 @@ def test_systemd_dropin_and_commands(tmp_path: Path) -> None:
         calls.append(argv)
         return (0, "active\n") if argv[1] == "is-active" else (0, "")
 
-    la = SystemdLauncher("vllm", base_argv=["/opt/vllm/bin/vllm", "serve", "/m"], dropin_dir=tmp_path,
-                         runner=runner)
+    la = SystemdLauncher("vllm", base_argv=["/opt/vllm/bin/vllm", "serve", "/m"], dropin_dir=tmp_path, runner=runner)
     cfg = '{"kv_connector":"OffloadingConnector","root_dir":"/mnt/my kv"}'
     la.start(["--kv-transfer-config", cfg, "--max-model-len", "4096"])
     text = (tmp_path / "vllm.service.d" / "50-kvscope.conf").read_text()
@@ -132,8 +132,9 @@ def test_systemd_dropin_and_commands(tmp_path: Path) -> None:
 
 
 def test_systemd_envfile_refuses_spaces_and_reports_failures(tmp_path: Path) -> None:
-    la = SystemdLauncher("vllm.service", mode="envfile", env_file=tmp_path / "vllm.env",
-                         runner=lambda a: (1, "Job failed"))
+    la = SystemdLauncher(
+        "vllm.service", mode="envfile", env_file=tmp_path / "vllm.env", runner=lambda a: (1, "Job failed")
+    )
     with pytest.raises(LauncherError, match="EnvironmentFile"):
         la.start(["--x", "a b"])
     with pytest.raises(LauncherError, match="Job failed"):
@@ -145,10 +146,14 @@ def test_systemd_envfile_refuses_spaces_and_reports_failures(tmp_path: Path) -> 
 class FakeDocker:
     def __init__(self, start_fails: bool = False) -> None:
         self.containers: dict[str, dict[str, Any]] = {
-            "vllm": {"Id": "old", "Name": "/vllm", "Config": {"Image": "vllm/vllm-openai", "Env": ["A=1"],
-                                                              "Cmd": ["--model", "m"]},
-                     "HostConfig": {"Runtime": "nvidia"}, "State": {"Running": True},
-                     "NetworkSettings": {"Networks": {"bridge": {"Aliases": None, "IPAddress": "1.2.3.4"}}}},
+            "vllm": {
+                "Id": "old",
+                "Name": "/vllm",
+                "Config": {"Image": "vllm/vllm-openai", "Env": ["A=1"], "Cmd": ["--model", "m"]},
+                "HostConfig": {"Runtime": "nvidia"},
+                "State": {"Running": True},
+                "NetworkSettings": {"Networks": {"bridge": {"Aliases": None, "IPAddress": "1.2.3.4"}}},
+            },
         }
         self.log: list[str] = []
         self.start_fails = start_fails
@@ -166,8 +171,12 @@ class FakeDocker:
         if req.method == "POST" and path == "/containers/create":
             body = json.loads(req.content)
             name = req.url.params["name"]
-            self.containers[name] = {"Id": "new", "Config": body, "HostConfig": body["HostConfig"],
-                                     "State": {"Running": False}}
+            self.containers[name] = {
+                "Id": "new",
+                "Config": body,
+                "HostConfig": body["HostConfig"],
+                "State": {"Running": False},
+            }
             return httpx.Response(201, json={"Id": "new"})
         found = self._find(parts[1]) if len(parts) > 1 else None
         if found is None:

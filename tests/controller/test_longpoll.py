@@ -184,8 +184,12 @@ def test_agent_thread_delivers_a_command_without_any_push(
         state_dir.mkdir()
         (state_dir / "agent_id").write_text("agent-1\n")
         sink = Sink()
-        agent = Agent(AgentConfig([INSTANCE], server=live.url, token=token, state_dir=state_dir, host_name="rig1"),
-                      client=httpx.Client(), sink=sink, push_client=StdlibFetcher())
+        agent = Agent(
+            AgentConfig([INSTANCE], server=live.url, token=token, state_dir=state_dir, host_name="rig1"),
+            client=httpx.Client(),
+            sink=sink,
+            push_client=StdlibFetcher(),
+        )
         poller = agent.start_command_poll()
         assert poller is not None and isinstance(poller.http, PollConnection)
         state = poll_state(app.state.ctx)
@@ -215,9 +219,20 @@ def test_agent_run_starts_the_poll_with_the_sink_and_its_stop_cuts_it(
     fake = FakeVllm()
     sink = Sink()
     # wait 30 s: a poll that were not cut on stop would outlive the join bound below
-    agent = Agent(AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=tmp_path / "st",
-                              host_name="rig1", interval_s=0.2, command_poll_wait_s=30.0),
-                  client=fake.client(), sink=sink, push_client=StdlibFetcher())
+    agent = Agent(
+        AgentConfig(
+            ["http://vllm:8000"],
+            server=live.url,
+            token=token,
+            state_dir=tmp_path / "st",
+            host_name="rig1",
+            interval_s=0.2,
+            command_poll_wait_s=30.0,
+        ),
+        client=fake.client(),
+        sink=sink,
+        push_client=StdlibFetcher(),
+    )
     stop = threading.Event()
     runner = threading.Thread(target=agent.run, args=(stop, clock), daemon=True)
     c = httpx.Client(base_url=live.url, timeout=10)
@@ -270,9 +285,12 @@ def test_an_app_without_the_endpoint_stops_the_thread_and_push_replies_still_wor
         return httpx.Response(404, json={"detail": "Not Found"})
 
     sink = Sink()
-    agent = Agent(AgentConfig([INSTANCE], server="http://app", token="T", state_dir=tmp_path / "st"),
-                  client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503))), sink=sink,
-                  push_client=httpx.Client(transport=httpx.MockTransport(old_app)))
+    agent = Agent(
+        AgentConfig([INSTANCE], server="http://app", token="T", state_dir=tmp_path / "st"),
+        client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503))),
+        sink=sink,
+        push_client=httpx.Client(transport=httpx.MockTransport(old_app)),
+    )
     poller = agent.start_command_poll()
     assert poller is not None
     until(lambda: not poller.alive, "the poll thread to give up on a 404")

@@ -15,8 +15,9 @@ LAPTOP = FIX / "hosts" / "laptop16g-cgv1"
 
 
 def _mem(tree: Path, shm_free: int | None = 16 * GIB) -> pf.HostMemory:
-    return pf.read_host_memory(tree / "proc", tree / "sys" / "fs" / "cgroup", Path("/nonexistent"),
-                               shm_free=lambda _p: shm_free)
+    return pf.read_host_memory(
+        tree / "proc", tree / "sys" / "fs" / "cgroup", Path("/nonexistent"), shm_free=lambda _p: shm_free
+    )
 
 
 def test_readers_on_recorded_trees() -> None:
@@ -28,8 +29,9 @@ def test_readers_on_recorded_trees() -> None:
     assert laptop.cgroup_limit is None  # v1 "unlimited"
     assert laptop.cgroup_current == 3 * GIB
     # Missing tree: nothing known, nothing raised.
-    empty = pf.read_host_memory(Path("/nonexistent/proc"), Path("/nonexistent/cg"), Path("/nonexistent"),
-                                shm_free=lambda _p: None)
+    empty = pf.read_host_memory(
+        Path("/nonexistent/proc"), Path("/nonexistent/cg"), Path("/nonexistent"), shm_free=lambda _p: None
+    )
     assert empty == pf.HostMemory()
 
 

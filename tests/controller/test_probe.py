@@ -23,11 +23,15 @@ class Server:
         if req.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "m", "root": "/m"}]})
         if req.url.path == "/metrics":
-            lines = [f'vllm:prompt_tokens_by_source_total{{engine="0",source="{k}"}} {v}'
-                     for k, v in self.counts.items()]
+            lines = [
+                f'vllm:prompt_tokens_by_source_total{{engine="0",source="{k}"}} {v}' for k, v in self.counts.items()
+            ]
             total = sum(self.counts.values())
-            text = ("# TYPE vllm:prompt_tokens_by_source_total counter\n" + "\n".join(lines)
-                    + f"\n# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{engine=\"0\"}} {total}\n")
+            text = (
+                "# TYPE vllm:prompt_tokens_by_source_total counter\n"
+                + "\n".join(lines)
+                + f'\n# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{{engine="0"}} {total}\n'
+            )
             return httpx.Response(200, text=text)
         if req.url.path == "/v1/completions":
             import json
@@ -54,8 +58,12 @@ class Server:
 def _run(server: Server, **kw: Any) -> Any:
     client = httpx.Client(transport=httpx.MockTransport(server), base_url="http://sim")
     ticks = iter(range(1000))
-    return run_probe("http://sim", config=ProbeConfig(prefix_words=50, evict_count=2, nonce="n", **kw),
-                     client=client, clock=lambda: float(next(ticks)) * 0.01)
+    return run_probe(
+        "http://sim",
+        config=ProbeConfig(prefix_words=50, evict_count=2, nonce="n", **kw),
+        client=client,
+        clock=lambda: float(next(ticks)) * 0.01,
+    )
 
 
 def test_probe_steps_and_deltas() -> None:
@@ -67,8 +75,9 @@ def test_probe_steps_and_deltas() -> None:
     assert all(s.ttft_s is not None for s in r.steps)
     d = r.to_dict()
     assert set(d["ttft_s"]) == {"cold", "gpu_hit", "reload"}
-    assert d["deltas"]["prompt_tokens"] == sum(d["deltas"][k] for k in ("local_compute", "local_cache_hit",
-                                                                         "external_kv_transfer"))
+    assert d["deltas"]["prompt_tokens"] == sum(
+        d["deltas"][k] for k in ("local_compute", "local_cache_hit", "external_kv_transfer")
+    )
 
 
 def test_probe_crash_and_hang() -> None:

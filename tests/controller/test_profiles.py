@@ -24,7 +24,10 @@ def test_knobs_render_a_transfer_config_json() -> None:
     p = parse_profile(
         "tiered",
         {
-            "offload_size_gib": 4, "offload_spec": "tiering", "eviction_policy": "arc", "store_threshold": 2,
+            "offload_size_gib": 4,
+            "offload_spec": "tiering",
+            "eviction_policy": "arc",
+            "store_threshold": 2,
             "fs_tier": {"root_dir": "/mnt/kv", "n_read_threads": 8},
         },
     )
@@ -46,12 +49,23 @@ def test_knobs_render_a_transfer_config_json() -> None:
 def test_pool_and_cache_flags() -> None:
     p = parse_profile(
         "fp8",
-        {"kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.9, "max_model_len": 8192,
-         "enable_prefix_caching": False, "extra_args": ["--enforce-eager"]},
+        {
+            "kv_cache_dtype": "fp8",
+            "gpu_memory_utilization": 0.9,
+            "max_model_len": 8192,
+            "enable_prefix_caching": False,
+            "extra_args": ["--enforce-eager"],
+        },
     )
     assert p.to_argv() == [
-        "--kv-cache-dtype", "fp8", "--gpu-memory-utilization", "0.9", "--max-model-len", "8192",
-        "--no-enable-prefix-caching", "--enforce-eager",
+        "--kv-cache-dtype",
+        "fp8",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--max-model-len",
+        "8192",
+        "--no-enable-prefix-caching",
+        "--enforce-eager",
     ]
     assert parse_profile("b", {"kv_cache_memory_bytes": 1 << 30}).to_argv() == ["--kv-cache-memory-bytes", "1073741824"]
     assert "--enable-prefix-caching" in parse_profile("c", {"enable_prefix_caching": True}).to_argv()

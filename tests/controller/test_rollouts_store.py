@@ -16,8 +16,16 @@ def _instance(
     engine: Any, host: str = "rig1", url: str = "http://127.0.0.1:8000", now: float = 1000.0
 ) -> tuple[int, int]:
     w = IngestWriter(engine)
-    res = w.write(PushBatch(agent_id=f"agent-{host}", host=host, seq=int(now), sent_at=now,
-                            scrapes=[Scrape(instance=url, ts=now, ok=True)]), now)
+    res = w.write(
+        PushBatch(
+            agent_id=f"agent-{host}",
+            host=host,
+            seq=int(now),
+            sent_at=now,
+            scrapes=[Scrape(instance=url, ts=now, ok=True)],
+        ),
+        now,
+    )
     from app.storage.series_store import list_instances
 
     iid = next(i["id"] for i in list_instances(engine) if i["url"] == url and i["host"] == host)
@@ -44,8 +52,9 @@ def test_claim_is_compare_and_set_and_one_active_per_instance(engine: Any) -> No
     host_id, iid = _instance(engine)
     other_host, _ = _instance(engine, host="rig2", url="http://127.0.0.1:9000", now=1001.0)
     v = rs.create_profile(engine, "p", {}, 1.0)["version_id"]
-    rid = rs.create_rollout(engine, instance_id=iid, version_id=v, lkg_version_id=None,
-                            payload={"profile": {"name": "p"}}, now=10.0)
+    rid = rs.create_rollout(
+        engine, instance_id=iid, version_id=v, lkg_version_id=None, payload={"profile": {"name": "p"}}, now=10.0
+    )
     with pytest.raises(rs.StoreConflict, match="in progress"):
         rs.create_rollout(engine, instance_id=iid, version_id=v, lkg_version_id=None, payload={}, now=11.0)
     # Another host's agent gets nothing.
@@ -58,8 +67,16 @@ def test_claim_is_compare_and_set_and_one_active_per_instance(engine: Any) -> No
     r = rs.get_rollout(engine, rid)
     assert r is not None and r["state"] == "claimed" and r["claimed_by"] == "agent-a"
     # After the agent reports, it is no longer re-sent.
-    assert rs.apply_update(engine, rollout_id=rid, host_id=host_id, state="preflight", ts=15.0,
-                           message="", data={"preflight": [{"name": "x"}]}, now=15.0)
+    assert rs.apply_update(
+        engine,
+        rollout_id=rid,
+        host_id=host_id,
+        state="preflight",
+        ts=15.0,
+        message="",
+        data={"preflight": [{"name": "x"}]},
+        now=15.0,
+    )
     assert rs.claim_for_host(engine, host_id, "agent-a", 16.0) == []
 
 
@@ -69,15 +86,26 @@ def test_updates_finish_and_set_last_known_good(engine: Any) -> None:
     rid = rs.create_rollout(engine, instance_id=iid, version_id=v, lkg_version_id=None, payload={}, now=10.0)
     rs.claim_for_host(engine, host_id, "agent-a", 11.0)
     # An update from the wrong host, or with an unknown state, is refused.
-    assert not rs.apply_update(engine, rollout_id=rid, host_id=host_id + 99, state="healthy", ts=12.0,
-                               message="", data={}, now=12.0)
-    assert not rs.apply_update(engine, rollout_id=rid, host_id=host_id, state="bogus", ts=12.0,
-                               message="", data={}, now=12.0)
-    assert rs.apply_update(engine, rollout_id=rid, host_id=host_id, state="healthy", ts=13.0, message="ok",
-                           data={"probe": {"steps": [1]}}, now=13.0)
+    assert not rs.apply_update(
+        engine, rollout_id=rid, host_id=host_id + 99, state="healthy", ts=12.0, message="", data={}, now=12.0
+    )
+    assert not rs.apply_update(
+        engine, rollout_id=rid, host_id=host_id, state="bogus", ts=12.0, message="", data={}, now=12.0
+    )
+    assert rs.apply_update(
+        engine,
+        rollout_id=rid,
+        host_id=host_id,
+        state="healthy",
+        ts=13.0,
+        message="ok",
+        data={"probe": {"steps": [1]}},
+        now=13.0,
+    )
     # Terminal: later updates are ignored.
-    assert not rs.apply_update(engine, rollout_id=rid, host_id=host_id, state="failed", ts=14.0,
-                               message="", data={}, now=14.0)
+    assert not rs.apply_update(
+        engine, rollout_id=rid, host_id=host_id, state="failed", ts=14.0, message="", data={}, now=14.0
+    )
     r = rs.get_rollout(engine, rid)
     assert r is not None and r["state"] == "healthy" and r["finished_at"] == 13.0
     assert r["result"]["probe"] == {"steps": [1]}

@@ -16,12 +16,24 @@ from .captures import shape
 
 # Families both must expose identically (the ones kvscope reads).
 CORE_FAMILIES = (
-    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
-    "vllm:external_prefix_cache_hits", "vllm:prompt_tokens", "vllm:prompt_tokens_by_source",
-    "vllm:prompt_tokens_cached", "vllm:prompt_tokens_cached_by_source", "vllm:generation_tokens",
-    "vllm:kv_cache_usage_perc", "vllm:cache_config_info", "vllm:time_to_first_token_seconds",
-    "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds", "vllm:num_requests_running",
-    "vllm:num_requests_waiting", "vllm:num_preemptions", "vllm:request_success",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits",
+    "vllm:prompt_tokens",
+    "vllm:prompt_tokens_by_source",
+    "vllm:prompt_tokens_cached",
+    "vllm:prompt_tokens_cached_by_source",
+    "vllm:generation_tokens",
+    "vllm:kv_cache_usage_perc",
+    "vllm:cache_config_info",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions",
+    "vllm:request_success",
 )
 # Label values that are facts of vLLM, not of the model or device.
 FIXED_LABEL_VALUES = {
@@ -41,8 +53,7 @@ def _call(c: httpx.Client, method: str, url: str, **kw: Any) -> dict[str, Any]:
         body = r.json()
     except ValueError:
         body = r.text[:300]
-    return {"status": r.status_code, "content_type": r.headers.get("content-type", "").split(";")[0],
-            "body": body}
+    return {"status": r.status_code, "content_type": r.headers.get("content-type", "").split(";")[0], "body": body}
 
 
 def record(base_url: str, model: str, max_model_len: int) -> dict[str, Any]:
@@ -54,11 +65,16 @@ def record(base_url: str, model: str, max_model_len: int) -> dict[str, Any]:
         # worker (docs/realvllm.md); one longer request first avoids that.
         out["warm_up"] = _call(c, "POST", comp, json={"model": model, "prompt": [5] * 300, "max_tokens": 1})
         out["completion"] = _call(c, "POST", comp, json={"model": model, "prompt": "hello world", "max_tokens": 3})
-        out["chat"] = _call(c, "POST", base_url + "/v1/chat/completions",
-                            json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        out["chat"] = _call(
+            c,
+            "POST",
+            base_url + "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
         out["bad_model"] = _call(c, "POST", comp, json={"model": "no-such-model", "prompt": "x", "max_tokens": 1})
-        out["too_long"] = _call(c, "POST", comp, json={"model": model, "prompt": [5] * (max_model_len + 10),
-                                                       "max_tokens": 1})
+        out["too_long"] = _call(
+            c, "POST", comp, json={"model": model, "prompt": [5] * (max_model_len + 10), "max_tokens": 1}
+        )
         out["no_prompt"] = _call(c, "POST", comp, json={"model": model, "max_tokens": 1})
         out["bad_json"] = _call(c, "POST", comp, content=b"{not json", headers={"content-type": "application/json"})
         out["negative_max_tokens"] = _call(c, "POST", comp, json={"model": model, "prompt": "x", "max_tokens": -1})
@@ -85,7 +101,7 @@ def record(base_url: str, model: str, max_model_len: int) -> dict[str, Any]:
 def _label(line: str, name: str) -> str:
     key = f'{name}="'
     i = line.find(key)
-    return line[i + len(key): line.index('"', i + len(key))] if i >= 0 else ""
+    return line[i + len(key) : line.index('"', i + len(key))] if i >= 0 else ""
 
 
 def _keys(v: Any) -> Any:
@@ -107,8 +123,10 @@ def differences(real: dict[str, Any], sim: dict[str, Any]) -> tuple[list[str], l
             core.append(f"/metrics {fam}: real {a}, sim {b}")
     for fam in FIXED_LABEL_VALUES:
         if real["fixed_label_values"][fam] != sim["fixed_label_values"][fam]:
-            core.append(f"/metrics {fam} label values: real {real['fixed_label_values'][fam]}, "
-                        f"sim {sim['fixed_label_values'][fam]}")
+            core.append(
+                f"/metrics {fam} label values: real {real['fixed_label_values'][fam]}, "
+                f"sim {sim['fixed_label_values'][fam]}"
+            )
     a, b = set(real["cache_config_labels"]), set(sim["cache_config_labels"])
     if a != b:
         core.append(f"cache_config_info labels: only real {sorted(a - b)}, only sim {sorted(b - a)}")
@@ -121,13 +139,28 @@ def differences(real: dict[str, Any], sim: dict[str, Any]) -> tuple[list[str], l
     for key in ("metrics_content_type", "metrics_openmetrics_content_type"):
         if real[key] != sim[key]:
             other.append(f"{key}: real {real[key]!r}, sim {sim[key]!r}")
-    for key in ("warm_up", "completion", "chat", "bad_model", "too_long", "no_prompt", "bad_json",
-                "negative_max_tokens", "unknown_path", "health", "models", "version", "reset_prefix_cache"):
+    for key in (
+        "warm_up",
+        "completion",
+        "chat",
+        "bad_model",
+        "too_long",
+        "no_prompt",
+        "bad_json",
+        "negative_max_tokens",
+        "unknown_path",
+        "health",
+        "models",
+        "version",
+        "reset_prefix_cache",
+    ):
         r, s_ = real[key], sim[key]
         rb, sb = r.get("body"), s_.get("body")
         if r.get("status") != s_.get("status"):
-            core.append(f"{key}: status real {r.get('status')}, sim {s_.get('status')} "
-                        f"(real {json.dumps(rb)[:300]}; sim {json.dumps(sb)[:300]})")
+            core.append(
+                f"{key}: status real {r.get('status')}, sim {s_.get('status')} "
+                f"(real {json.dumps(rb)[:300]}; sim {json.dumps(sb)[:300]})"
+            )
             continue
         if isinstance(rb, dict) and isinstance(rb.get("error"), dict):
             se = sb.get("error") if isinstance(sb, dict) else None

@@ -102,8 +102,16 @@ def main(argv: list[str]) -> int:
     build_tokenizer(out)
     params = build_model(out)
     (out / "kvscope_tiny_model.json").write_text(
-        json.dumps({"built_by": "tests/realvllm/build_tiny_model.py", "parameters": params,
-                    "vocab_size": VOCAB_SIZE, "seed": SEED, "random_weights": True}, indent=2)
+        json.dumps(
+            {
+                "built_by": "tests/realvllm/build_tiny_model.py",
+                "parameters": params,
+                "vocab_size": VOCAB_SIZE,
+                "seed": SEED,
+                "random_weights": True,
+            },
+            indent=2,
+        )
     )
     print(f"tiny model: {params} parameters in {out}")
     return 0

@@ -30,9 +30,23 @@ _LABEL_NAME = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"')
 def agent_capture(base_url: str, out_dir: Path) -> dict[str, Path]:
     """Run the real CLI; returns the written files by their endpoint name (metrics.prom, ...)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "kvscope.cli", "agent", "capture", str(out_dir), "--vllm-url", base_url,
-         "--no-gpu", "--vllm-timeout", "30"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "kvscope.cli",
+            "agent",
+            "capture",
+            str(out_dir),
+            "--vllm-url",
+            base_url,
+            "--no-gpu",
+            "--vllm-timeout",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, f"kvscope agent capture failed ({proc.returncode}): {proc.stderr[-2000:]}"
     files = {p.name.split("__", 1)[1]: p for p in out_dir.iterdir() if p.name.startswith("vllm0__")}

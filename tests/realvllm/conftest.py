@@ -55,8 +55,13 @@ class ServerPool:
     def get(self, flags: Sequence[str] = (), env_extra: dict[str, str] | None = None) -> Server:
         key = tuple(flags)
         cur = self.current
-        if cur is not None and cur.flags == key and cur.env_extra == dict(env_extra or {}) \
-                and cur.proc is not None and cur.proc.poll() is None:
+        if (
+            cur is not None
+            and cur.flags == key
+            and cur.env_extra == dict(env_extra or {})
+            and cur.proc is not None
+            and cur.proc.poll() is None
+        ):
             return cur
         self.release()
         self.started += 1

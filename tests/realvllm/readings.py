@@ -66,7 +66,8 @@ class Reading:
     def value(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels` (0.0 when none)."""
         return sum(
-            s.value for s in self.scrape.samples
+            s.value
+            for s in self.scrape.samples
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
         )
 
@@ -82,9 +83,14 @@ class Reading:
     def snapshot(self) -> dict[str, float]:
         """The counters the prefix tests compare, by short name."""
         out = {f"src:{s}": self.by_source(s) for s in SOURCES}
-        for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                     "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
-                     "vllm:prompt_tokens_total", "vllm:prompt_tokens_cached_total"):
+        for name in (
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total",
+            "vllm:external_prefix_cache_queries_total",
+            "vllm:external_prefix_cache_hits_total",
+            "vllm:prompt_tokens_total",
+            "vllm:prompt_tokens_cached_total",
+        ):
             out[name] = self.value(name)
         return out
 
@@ -129,5 +135,8 @@ def send(base_url: str, agent: AgentView, prompt: list[int]) -> Reading:
     before = agent.read().value("vllm:prompt_tokens_total")
     reply = complete(base_url, prompt)
     assert prompt_tokens_of(reply) == len(prompt)
-    return read_until(agent, lambda r: r.value("vllm:prompt_tokens_total") >= before + len(prompt),
-                      f"prompt_tokens_total += {len(prompt)}")
+    return read_until(
+        agent,
+        lambda r: r.value("vllm:prompt_tokens_total") >= before + len(prompt),
+        f"prompt_tokens_total += {len(prompt)}",
+    )

@@ -33,9 +33,12 @@ STOP_DEADLINE_S = 60.0
 POLL_S = 1.0
 # Flags every test server shares; tests append their own.
 BASE_FLAGS = (
-    "--served-model-name", "tiny",
-    "--max-model-len", "2048",
-    "--dtype", "bfloat16",
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "2048",
+    "--dtype",
+    "bfloat16",
     "--enable-prefix-caching",
 )
 
@@ -118,8 +121,17 @@ def server_env(job_dir: Path, extra: dict[str, str] | None = None) -> dict[str, 
 
 
 def serve_argv(install: Install, port: int, flags: Sequence[str] = ()) -> list[str]:
-    return [str(install.vllm), "serve", str(install.model), "--host", "127.0.0.1", "--port", str(port),
-            *BASE_FLAGS, *flags]
+    return [
+        str(install.vllm),
+        "serve",
+        str(install.model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *BASE_FLAGS,
+        *flags,
+    ]
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -160,7 +172,7 @@ def _tree_shm_paths(pgid: int) -> set[Path]:
                 continue
             for line in (proc / "maps").read_text().splitlines():
                 if "/dev/shm/" in line:
-                    found.add(Path(line[line.index("/dev/shm/"):].split(" (deleted)")[0]))
+                    found.add(Path(line[line.index("/dev/shm/") :].split(" (deleted)")[0]))
             for fd in (proc / "fd").iterdir():
                 with contextlib.suppress(OSError):
                     target = os.readlink(fd)
@@ -225,8 +237,13 @@ class Server:
         log = self.log_path.open("ab")
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=server_env(self.job_dir, self.env_extra), cwd=self.job_dir, start_new_session=True,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(self.job_dir, self.env_extra),
+            cwd=self.job_dir,
+            start_new_session=True,
             preexec_fn=die_with_parent,
         )
         log.close()
@@ -298,8 +315,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def running(install: Install, job_dir: Path, flags: Sequence[str] = (),
-            env_extra: dict[str, str] | None = None) -> Iterator[Server]:
+def running(
+    install: Install, job_dir: Path, flags: Sequence[str] = (), env_extra: dict[str, str] | None = None
+) -> Iterator[Server]:
     """A healthy server for the duration of the block, stopped whatever happens."""
     server = Server(install, job_dir, tuple(flags), env_extra=dict(env_extra or {}))
     try:

@@ -100,11 +100,28 @@ class Stack:
         self.shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
         self.app_port, self.vllm_port = free_port(), free_port()
         self.guard = watchdog.start([f"port:{self.vllm_port}"])
-        self._spawn("app", [*KVSCOPE, "serve", "--data-dir", str(self.data_dir), "--port", str(self.app_port),
-                            "--log-level", "warning"])
+        self._spawn(
+            "app",
+            [
+                *KVSCOPE,
+                "serve",
+                "--data-dir",
+                str(self.data_dir),
+                "--port",
+                str(self.app_port),
+                "--log-level",
+                "warning",
+            ],
+        )
         self.wait(lambda: httpx.get(self.app_url + "/healthz", timeout=5).status_code == 200, "the app", 120)
-        out = subprocess.run([*KVSCOPE, "token", "create", "realvllm-agent", "--data-dir", str(self.data_dir)],
-                             capture_output=True, text=True, timeout=120, check=True, env=self._env())
+        out = subprocess.run(
+            [*KVSCOPE, "token", "create", "realvllm-agent", "--data-dir", str(self.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env=self._env(),
+        )
         self.token = out.stdout.strip().splitlines()[-1]
         config = self.job / "launcher.toml"
         command = serve_argv(self.install, self.vllm_port, self.base_flags)
@@ -121,17 +138,44 @@ class Stack:
             f"model_dirs = {toml_list([str(self.install.model.parent)])}\n"
             "[instance.env]\n" + "".join(f"{k} = {toml_str(v)}\n" for k, v in sorted(env.items()))
         )
-        self._spawn("agent", [*KVSCOPE, "agent", "--server", self.app_url, "--token", self.token,
-                              "--vllm-url", self.vllm_url, "--launcher-config", str(config), "--no-gpu",
-                              "--interval", "1s", "--state-dir", str(self.job / "agent-state"),
-                              "--vllm-timeout", "10"])
+        self._spawn(
+            "agent",
+            [
+                *KVSCOPE,
+                "agent",
+                "--server",
+                self.app_url,
+                "--token",
+                self.token,
+                "--vllm-url",
+                self.vllm_url,
+                "--launcher-config",
+                str(config),
+                "--no-gpu",
+                "--interval",
+                "1s",
+                "--state-dir",
+                str(self.job / "agent-state"),
+                "--vllm-timeout",
+                "10",
+            ],
+        )
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.job / f"{name}.log").open("ab")
         try:
-            self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                               env=self._env(), cwd=self.job, start_new_session=True,
-                                               preexec_fn=die_with_parent))
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self._env(),
+                    cwd=self.job,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+            )
         finally:
             log.close()
         # the watchdog learns each new group by restarting with it
@@ -144,8 +188,10 @@ class Stack:
         while time.monotonic() < end:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise AssertionError(f"{p.args[3] if len(p.args) > 3 else p.args} exited ({p.returncode}) "
-                                         f"while waiting for {what}:\n{self.logs()}")
+                    raise AssertionError(
+                        f"{p.args[3] if len(p.args) > 3 else p.args} exited ({p.returncode}) "
+                        f"while waiting for {what}:\n{self.logs()}"
+                    )
             self.note_shm()
             with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError, IndexError):
                 got = pred()

@@ -63,8 +63,11 @@ def test_every_dashboard_family_is_found_and_normalised(server: Server, agent: A
     for fam, kind in DASHBOARD_TYPES.items():
         assert scrape.types.get(fam) == kind, f"{fam}: type {scrape.types.get(fam)!r}, want {kind}"
     # Normalised: current names only, no _created samples, every engine sample labelled.
-    old = {n for n in names if n.startswith(("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_",
-                                             "vllm:time_per_output_token_seconds"))}
+    old = {
+        n
+        for n in names
+        if n.startswith(("vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_", "vllm:time_per_output_token_seconds"))
+    }
     assert not old, f"older names sent: {old}"
     assert not [n for n in names if n.endswith("_created")]
     for s in scrape.samples:
@@ -73,8 +76,9 @@ def test_every_dashboard_family_is_found_and_normalised(server: Server, agent: A
             # cache_config_info is the one engine family without model_name on the real server.
             if s.name != "vllm:cache_config_info":
                 assert s.labels.get("model_name") == "tiny", s
-    assert {s.labels["source"] for s in scrape.samples if s.name == "vllm:prompt_tokens_by_source_total"} \
-        >= set(SOURCES)
+    assert {s.labels["source"] for s in scrape.samples if s.name == "vllm:prompt_tokens_by_source_total"} >= set(
+        SOURCES
+    )
     # The configured pool, as the controller and the dashboard read it.
     cfg = reading.labels_of("vllm:cache_config_info")
     assert cfg["block_size"] == str(BLOCK)
@@ -85,8 +89,11 @@ def test_every_dashboard_family_is_found_and_normalised(server: Server, agent: A
     assert cfg["kv_offloading_size"] == "None"
     # Buckets end at +Inf and are cumulative.
     buckets = sorted(
-        ((float(s.labels["le"]), s.value) for s in scrape.samples
-         if s.name == "vllm:time_to_first_token_seconds_bucket"),
+        (
+            (float(s.labels["le"]), s.value)
+            for s in scrape.samples
+            if s.name == "vllm:time_to_first_token_seconds_bucket"
+        ),
     )
     assert buckets[-1][0] == float("inf")
     assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
@@ -131,8 +138,11 @@ def test_prefix_hit_then_eviction_moves_the_right_sources(server: Server, agent:
     assert d_hit["vllm:prefix_cache_hits_total"] == PREFIX, d_hit
     assert d_hit["vllm:prefix_cache_queries_total"] == PREFIX + TAIL, d_hit
     assert d_hit["vllm:prompt_tokens_cached_total"] == PREFIX, d_hit
-    assert r2.value("vllm:prompt_tokens_cached_by_source_total", source="device") \
-        - r1.value("vllm:prompt_tokens_cached_by_source_total", source="device") == PREFIX
+    assert (
+        r2.value("vllm:prompt_tokens_cached_by_source_total", source="device")
+        - r1.value("vllm:prompt_tokens_cached_by_source_total", source="device")
+        == PREFIX
+    )
 
     # Evict: other prompts totalling well over the 24-block pool, LRU pushes the prefix out.
     r = r2
@@ -166,13 +176,19 @@ def test_kvscope_agent_capture_keeps_a_real_sample(server: Server, tmp_path: Pat
     keep_or_compare(files["v1_models.json"], "v1_models.json", may_update=False)
     keep_or_compare(files["version.json"], "version.json", may_update=False)
     # The capture parses with the agent's own CLI, with nothing unreadable.
-    proc = subprocess.run([sys.executable, "-m", "kvscope.cli", "agent", "parse", str(files["metrics.prom"])],
-                          capture_output=True, text=True, timeout=60, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvscope.cli", "agent", "parse", str(files["metrics.prom"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     parsed = json.loads(proc.stdout)
     assert parsed["bad_lines"] == 0
     assert parsed["dropped_duplicates"] == 0
-    assert {"vllm:prompt_tokens_by_source", "vllm:cache_config_info", "vllm:prefix_cache_hits"} \
-        <= set(parsed["families"])
+    assert {"vllm:prompt_tokens_by_source", "vllm:cache_config_info", "vllm:prefix_cache_hits"} <= set(
+        parsed["families"]
+    )
 
 
 def test_the_simulator_answers_like_the_real_server(server: Server, tmp_path: Path) -> None:
@@ -184,12 +200,34 @@ def test_the_simulator_answers_like_the_real_server(server: Server, tmp_path: Pa
     port = free_port()
     log = (tmp_path / "sim.log").open("wb")
     sim = subprocess.Popen(
-        [sys.executable, "-m", "kvscope.cli", "sim", "--profile", "tiny", "--port", str(port),
-         "--served-model-name", "tiny", "--max-model-len", "2048", "--enable-prefix-caching",
-         "--num-gpu-blocks-override", str(POOL_BLOCKS), "--block-size", "128",
-         "--sim-state-dir", str(tmp_path / "sim-state"),
-         "--sim-shm-dir", str(tmp_path / "shm"), "--uvicorn-log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
+        [
+            sys.executable,
+            "-m",
+            "kvscope.cli",
+            "sim",
+            "--profile",
+            "tiny",
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--max-model-len",
+            "2048",
+            "--enable-prefix-caching",
+            "--num-gpu-blocks-override",
+            str(POOL_BLOCKS),
+            "--block-size",
+            "128",
+            "--sim-state-dir",
+            str(tmp_path / "sim-state"),
+            "--sim-shm-dir",
+            str(tmp_path / "shm"),
+            "--uvicorn-log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
         start_new_session=True,
     )
     log.close()

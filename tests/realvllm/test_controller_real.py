@@ -63,8 +63,12 @@ def stack(vllm_pool: ServerPool, realvllm_install: Install, realvllm_jobs: Path)
 @pytest.fixture(scope="module")
 def profiles(stack: Stack) -> list[str]:
     names = []
-    for name, spec in (("kv-auto", {}), ("kv-fp8", {"kv_cache_dtype": "fp8"}),
-                       ("cpu-offload-1g", {"offload_size_gib": 1}), ("len-1536", {"max_model_len": 1536})):
+    for name, spec in (
+        ("kv-auto", {}),
+        ("kv-fp8", {"kv_cache_dtype": "fp8"}),
+        ("cpu-offload-1g", {"offload_size_gib": 1}),
+        ("len-1536", {"max_model_len": 1536}),
+    ):
         stack.api("POST", "/api/v1/profiles", json={"name": name, "spec": spec, "note": "tests/realvllm"})
         names.append(name)
     return names
@@ -73,27 +77,34 @@ def profiles(stack: Stack) -> list[str]:
 def roll(stack: Stack, profile: str) -> dict[str, Any]:
     inst = stack.instance()
     assert inst is not None
-    r = stack.api("POST", "/api/v1/rollouts", json={"instance": inst["id"], "profile": profile,
-                                                    "requested_by": "tests/realvllm"})
+    r = stack.api(
+        "POST", "/api/v1/rollouts", json={"instance": inst["id"], "profile": profile, "requested_by": "tests/realvllm"}
+    )
     rid = r["id"]
     done: dict[str, Any] = stack.wait(
         lambda: (x := stack.api("GET", f"/api/v1/rollouts/{rid}"))["state"] in TERMINAL and x,
-        f"rollout {rid} ({profile}) to finish", 1500,
+        f"rollout {rid} ({profile}) to finish",
+        1500,
     )
     return done
 
 
 def rollout_events(stack: Stack, instance_id: int) -> list[dict[str, Any]]:
-    return [e for e in stack.api("GET", f"/api/v1/events?instance={instance_id}")["events"]
-            if e.get("kind") == "rollout"]
+    return [
+        e for e in stack.api("GET", f"/api/v1/events?instance={instance_id}")["events"] if e.get("kind") == "rollout"
+    ]
 
 
 def cache_config(stack: Stack, **want: str) -> dict[str, str]:
     """The instance's cache_config_info labels as the app stored them, once they show `want`."""
     got: dict[str, str] = stack.wait(
-        lambda: (c := (stack.instance() or {}).get("cache_config") or {})
-        and all(c.get(k) == v for k, v in want.items()) and c,
-        f"cache_config_info with {want}", 120,
+        lambda: (
+            (c := (stack.instance() or {}).get("cache_config") or {})
+            and all(c.get(k) == v for k, v in want.items())
+            and c
+        ),
+        f"cache_config_info with {want}",
+        120,
     )
     return got
 
@@ -125,8 +136,11 @@ def test_dtype_switch_then_rejected_profile_rolls_back(stack: Stack, profiles: l
         assert int(fp8["kv_cache_size_tokens"]) == 2 * auto_tokens
         # ... and the rollout, as the app shows it, says so.
         assert r["pool"] == {"before_tokens": auto_tokens, "now_tokens": 2 * auto_tokens, "ratio": 2.0}, r["pool"]
-        changes = [e for e in stack.api("GET", f"/api/v1/events?instance={inst['id']}")["events"]
-                   if e.get("kind") == "config_change"]
+        changes = [
+            e
+            for e in stack.api("GET", f"/api/v1/events?instance={inst['id']}")["events"]
+            if e.get("kind") == "config_change"
+        ]
         assert changes, "no config_change event for the dtype switch"
 
     # CPU offload on the CPU backend: vLLM refuses at engine start -> back on the last good profile.
@@ -151,8 +165,9 @@ def test_rollback_names_vllm_error(stack: Stack) -> None:
     assert inst is not None
     rollout = stack.api("GET", f"/api/v1/rollouts/{ROLLED_BACK[0]}")
     events = [e for e in rollout_events(stack, inst["id"]) if e["data"].get("rollout_id") == ROLLED_BACK[0]]
-    assert OFFLOAD_ERROR in rollout["message"] or any(OFFLOAD_ERROR in e["message"] for e in events), \
-        json.dumps({"message": rollout["message"], "events": [e["message"] for e in events]})[:3000]
+    assert OFFLOAD_ERROR in rollout["message"] or any(OFFLOAD_ERROR in e["message"] for e in events), json.dumps(
+        {"message": rollout["message"], "events": [e["message"] for e in events]}
+    )[:3000]
 
 
 def test_fp8_doubling_is_checked_only_where_the_cpu_takes_fp8() -> None:
@@ -172,14 +187,39 @@ def test_ab_on_the_real_server(stack: Stack, profiles: list[str]) -> None:
     assert inst is not None
     b_profile, b_flag = ("kv-fp8", "--kv-cache-dtype") if CPU.fp8_kv else ("len-1536", "--max-model-len")
     proc = subprocess.run(
-        [*KVSCOPE, "ab", "--url", stack.app_url, "--instance", str(inst["id"]), "--a", "kv-auto", "--b", b_profile,
-         "--workload", "probe", "--prefix-tokens", "500", "--evict-prefixes", "2", "--repetitions", "2",
-         "--runs", "2", "--seed", "1", "--json"],
-        capture_output=True, text=True, timeout=2400, check=False,
+        [
+            *KVSCOPE,
+            "ab",
+            "--url",
+            stack.app_url,
+            "--instance",
+            str(inst["id"]),
+            "--a",
+            "kv-auto",
+            "--b",
+            b_profile,
+            "--workload",
+            "probe",
+            "--prefix-tokens",
+            "500",
+            "--evict-prefixes",
+            "2",
+            "--repetitions",
+            "2",
+            "--runs",
+            "2",
+            "--seed",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        check=False,
     )
     out = proc.stdout
     assert proc.returncode == 0, f"kvscope ab exited {proc.returncode}:\n{out[-3000:]}\n{proc.stderr[-2000:]}"
-    exp = json.loads(out[out.index("\n{") + 1:] if not out.startswith("{") else out)
+    exp = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
     assert exp["state"] == "completed", exp.get("message")
     runs = exp["runs"]
     assert [r["arm"] for r in runs] == ["A", "B", "A", "B"]
@@ -215,12 +255,16 @@ def test_dashboard_in_chromium_with_the_real_server(stack: Stack, request: pytes
     p.goto(f"{stack.app_url}/instances/{inst['id']}?range=15m")
     p.wait_for_function(
         "() => document.querySelectorAll('.chart-panel .chart[data-rendered=\"1\"]').length"
-        " + document.querySelectorAll('.chart-panel .empty').length === 7", timeout=60_000)
+        " + document.querySelectorAll('.chart-panel .empty').length === 7",
+        timeout=60_000,
+    )
     for key in BROWSER_CHARTS_WITH_DATA:
         traces = p.evaluate(
             "(k) => { const c = document.querySelector(`#chart-${k} .chart`);"
             " return c && c.data ? c.data.filter(t => t.name !== 'events')"
-            ".map(t => [t.name, t.y.filter(v => v !== null).length]) : null; }", key)
+            ".map(t => [t.name, t.y.filter(v => v !== null).length]) : null; }",
+            key,
+        )
         assert traces and any(n > 0 for _, n in traces), (key, traces)
     # Charts without data say why instead of drawing a flat zero.
     for el in p.locator(".chart-panel .empty").all():

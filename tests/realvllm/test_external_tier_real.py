@@ -35,8 +35,9 @@ def server(vllm_pool: ServerPool, store_dir: Path) -> Server:
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"shared_storage_path": str(store_dir)},
     }
-    return vllm_pool.get(("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS),
-                          "--kv-transfer-config", json.dumps(config)))
+    return vllm_pool.get(
+        ("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS), "--kv-transfer-config", json.dumps(config))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,7 @@ def agent(server: Server) -> Iterator[AgentView]:
         view.close()
 
 
-def test_evicted_prefix_is_reloaded_from_the_external_tier(server: Server, agent: AgentView,
-                                                           store_dir: Path) -> None:
+def test_evicted_prefix_is_reloaded_from_the_external_tier(server: Server, agent: AgentView, store_dir: Path) -> None:
     prefix = tokens(300, PREFIX)
     r0 = agent.read()
     r1 = send(server.url, agent, prefix + tokens(301, TAIL))  # cold: computed, stored to disk
@@ -70,9 +70,11 @@ def test_evicted_prefix_is_reloaded_from_the_external_tier(server: Server, agent
     # Not found on the GPU -> asked of the connector: the whole prompt.
     assert d["vllm:external_prefix_cache_queries_total"] == PREFIX + TAIL, d
     assert d["vllm:external_prefix_cache_hits_total"] == d["src:external_kv_transfer"], d
-    assert r2.value("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified") \
-        - r.value("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified") \
+    assert (
+        r2.value("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified")
+        - r.value("vllm:prompt_tokens_cached_by_source_total", source="external_unspecified")
         == d["src:external_kv_transfer"]
+    )
     # The connector's own gauge, kept by the agent (num_requests_* prefix).
     assert "vllm:num_requests_kv_fetch_by_stage" in r2.names()
     assert sum(r2.by_source(s) for s in SOURCES) == r2.value("vllm:prompt_tokens_total")

@@ -84,7 +84,10 @@ def start(targets: list[str]) -> subprocess.Popen[bytes]:
     """A watchdog for this process (the test run) over `targets`."""
     return subprocess.Popen(
         [sys.executable, str(HERE / "watchdog.py"), str(os.getpid()), *targets],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 

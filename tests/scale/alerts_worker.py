@@ -44,14 +44,31 @@ def main() -> int:
     try:
         opened = open_alert(
             engine,
-            {"key": "key-race", "rule": "race", "state": "firing", "severity": "warning", "opened_at": now,
-             "since": now, "last_eval": now, "message": f"opened by {worker}", "hints": [], "labels": {}},
+            {
+                "key": "key-race",
+                "rule": "race",
+                "state": "firing",
+                "severity": "warning",
+                "opened_at": now,
+                "since": now,
+                "last_eval": now,
+                "message": f"opened by {worker}",
+                "hints": [],
+                "labels": {},
+            },
             [TransitionRow(None, "firing", now, 1.0, "race")],
-            [NewDelivery("webhook", "firing", {"by": worker})], now,
+            [NewDelivery("webhook", "firing", {"by": worker})],
+            now,
         )
-        cas = cas_update(engine, 1, 1, {"state": "resolved", "resolved_at": now},
-                         [TransitionRow("firing", "resolved", now)],
-                         [NewDelivery("webhook", "resolved", {"by": worker})], now)
+        cas = cas_update(
+            engine,
+            1,
+            1,
+            {"state": "resolved", "resolved_at": now},
+            [TransitionRow("firing", "resolved", now)],
+            [NewDelivery("webhook", "resolved", {"by": worker})],
+            now,
+        )
         for _ in range(5):
             for d in due_deliveries(engine, time.time(), limit=500):
                 if claim_delivery(engine, int(d["id"]), time.time(), lease_s=300):

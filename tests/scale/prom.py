@@ -52,15 +52,25 @@ def backfill(promtool: str, om_text: str, storage: Path, work: Path) -> None:
     src = work / "backfill.om"
     src.write_text(om_text)
     storage.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(storage)],
-                       capture_output=True, text=True, timeout=1800, check=False)
+    r = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(src), str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     src.unlink()
     if r.returncode != 0:
         raise RuntimeError(f"promtool backfill failed: {r.stderr.strip()[-2000:]}")
 
 
-def backfill_chunked(promtool: str, samples: Iterable[tuple[str, dict[str, str], float, float]], storage: Path,
-                     work: Path, chunk_s: float = 86400.0) -> None:
+def backfill_chunked(
+    promtool: str,
+    samples: Iterable[tuple[str, dict[str, str], float, float]],
+    storage: Path,
+    work: Path,
+    chunk_s: float = 86400.0,
+) -> None:
     """Backfill long histories one day at a time: promtool re-reads its whole input once per 2 h
     block it writes, so one file of 30 days costs 360 passes; daily files keep it linear."""
     chunks: dict[int, list[tuple[str, dict[str, str], float, float]]] = {}
@@ -93,10 +103,18 @@ class PromServer:
         self.port = free_port()
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
-                [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.storage}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=100y",
-                 "--log.level=warn", "--web.enable-lifecycle"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=str(self.work),
+                [
+                    self.binary,
+                    f"--config.file={self.config}",
+                    f"--storage.tsdb.path={self.storage}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=100y",
+                    "--log.level=warn",
+                    "--web.enable-lifecycle",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.work),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -14,9 +14,31 @@ import httpx
 
 
 def sim_command(port: int, work: Path, host: str = "127.0.0.1", extra: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "kvscope", "sim", "--profile", "tiny", "--host", host, "--port", str(port),
-            "--served-model-name", "tiny", "--kv-offloading-size", "1", "--sim-shm-dir", str(work),
-            "--sim-state-dir", str(work), "--sim-time-scale", "50", "--uvicorn-log-level", "warning", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "kvscope",
+        "sim",
+        "--profile",
+        "tiny",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        "--kv-offloading-size",
+        "1",
+        "--sim-shm-dir",
+        str(work),
+        "--sim-state-dir",
+        str(work),
+        "--sim-time-scale",
+        "50",
+        "--uvicorn-log-level",
+        "warning",
+        *extra,
+    ]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
@@ -37,8 +59,12 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0)
 def running_sim(port: int, work: Path, extra: Sequence[str] = ()) -> Iterator[str]:
     work.mkdir(parents=True, exist_ok=True)
     log = (work / "sim.log").open("wb")
-    proc = subprocess.Popen(sim_command(port, work, extra=extra), stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        sim_command(port, work, extra=extra),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)

@@ -17,8 +17,9 @@ GIB = 2**30
 OFFLOAD_CFG = {"model_name": "qwen", "block_size": "16", "kv_offloading_size": "8", "engine": "0"}
 
 
-def _scrape_body(seq: int, ts: float, *, host: str = "rig1", instance: str = "http://127.0.0.1:8000",
-                 t: float) -> dict[str, Any]:
+def _scrape_body(
+    seq: int, ts: float, *, host: str = "rig1", instance: str = "http://127.0.0.1:8000", t: float
+) -> dict[str, Any]:
     """Counters growing at known rates: t is seconds since the start."""
     lab = {"model_name": "qwen", "engine": "0"}
     vals = [
@@ -40,21 +41,41 @@ def _scrape_body(seq: int, ts: float, *, host: str = "rig1", instance: str = "ht
         ("vllm:cache_config_info", OFFLOAD_CFG, 1.0),
     ]
     return {
-        "agent_id": f"agent-{host}", "host": host, "seq": seq, "sent_at": ts,
-        "scrapes": [{
-            "instance": instance, "ts": ts, "ok": True, "healthy": True, "model": "qwen", "simulated": True,
-            "types": {"vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
-                      "vllm:kv_cache_usage_perc": "gauge", "vllm:num_requests_running": "gauge",
-                      "vllm:cache_config_info": "gauge"},
-            "samples": [{"name": n, "labels": la, "value": v} for n, la, v in vals],
-        }],
+        "agent_id": f"agent-{host}",
+        "host": host,
+        "seq": seq,
+        "sent_at": ts,
+        "scrapes": [
+            {
+                "instance": instance,
+                "ts": ts,
+                "ok": True,
+                "healthy": True,
+                "model": "qwen",
+                "simulated": True,
+                "types": {
+                    "vllm:prefix_cache_queries": "counter",
+                    "vllm:prefix_cache_hits": "counter",
+                    "vllm:kv_cache_usage_perc": "gauge",
+                    "vllm:num_requests_running": "gauge",
+                    "vllm:cache_config_info": "gauge",
+                },
+                "samples": [{"name": n, "labels": la, "value": v} for n, la, v in vals],
+            }
+        ],
         "host_ts": ts,
         "host_types": {},
         "host_samples": [
-            {"name": "kvscope:pinned_offload_file_bytes", "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
-             "value": 8.0 * GIB},
-            {"name": "kvscope:pinned_offload_resident_bytes", "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
-             "value": 6.0 * GIB},
+            {
+                "name": "kvscope:pinned_offload_file_bytes",
+                "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
+                "value": 8.0 * GIB,
+            },
+            {
+                "name": "kvscope:pinned_offload_resident_bytes",
+                "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
+                "value": 6.0 * GIB,
+            },
             {"name": "kvscope:pinned_vllm_rss_shmem_bytes", "labels": {"pid": "123"}, "value": 6.5 * GIB},
             {"name": "kvscope:cgroup_memory_limit_bytes", "labels": {}, "value": 32.0 * GIB},
             {"name": "kvscope:cgroup_memory_current_bytes", "labels": {}, "value": 20.0 * GIB},
@@ -65,8 +86,11 @@ def _scrape_body(seq: int, ts: float, *, host: str = "rig1", instance: str = "ht
 
 
 def _push(client: Any, token: str, body: dict[str, Any]) -> None:
-    r = client.post("/api/v1/ingest", content=json.dumps(body),
-                    headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    r = client.post(
+        "/api/v1/ingest",
+        content=json.dumps(body),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -103,11 +127,14 @@ def test_metrics_export_derived_series(client: Any, token: str, clock: Any) -> N
     for src, rate in (("local_compute", 300.0), ("local_cache_hit", 600.0), ("external_kv_transfer", 100.0)):
         assert _one(got, "kvscope_instance_prompt_tokens_per_second", source=src, **inst) == pytest.approx(rate)
     assert _one(got, "kvscope_instance_kv_offload_bytes_per_second", direction="load", **inst) == pytest.approx(
-        14_745_600.0)
-    assert _one(got, "kvscope_instance_kv_offload_transfer_bytes_per_second", direction="load",
-                **inst) == pytest.approx(14_745_600.0 / 0.00125)
-    assert _one(got, "kvscope_instance_kv_offload_transfer_bytes_per_second", direction="store",
-                **inst) == pytest.approx(1e10)
+        14_745_600.0
+    )
+    assert _one(
+        got, "kvscope_instance_kv_offload_transfer_bytes_per_second", direction="load", **inst
+    ) == pytest.approx(14_745_600.0 / 0.00125)
+    assert _one(
+        got, "kvscope_instance_kv_offload_transfer_bytes_per_second", direction="store", **inst
+    ) == pytest.approx(1e10)
     assert _one(got, "kvscope_instance_kv_cache_usage_ratio", **inst) == pytest.approx(0.42)
     assert _one(got, "kvscope_instance_requests", state="running", **inst) == 3.0
     assert _one(got, "kvscope_instance_offload_configured_bytes", **inst) == 8.0 * GIB
@@ -162,26 +189,44 @@ def test_names_are_stable() -> None:
 
     for name in set(re.findall(r"kvscope_[a-z_]+", exprs)):
         assert name in known, f"the Grafana dashboard queries {name}, which kvscope does not export"
-    assert {m.name for m in METRICS} >= {"instance_gpu_prefix_cache_hit_ratio", "instance_prompt_tokens_per_second",
-                                         "instance_kv_offload_transfer_bytes_per_second", "host_pinned_bytes",
-                                         "host_memory_headroom_bytes"}
+    assert {m.name for m in METRICS} >= {
+        "instance_gpu_prefix_cache_hit_ratio",
+        "instance_prompt_tokens_per_second",
+        "instance_kv_offload_transfer_bytes_per_second",
+        "host_pinned_bytes",
+        "host_memory_headroom_bytes",
+    }
 
 
 def test_derive_without_data_exports_only_state() -> None:
     now = 1000.0
-    inst = {"id": 1, "host_id": 1, "host": "h", "url": "http://x:8000", "model": None, "simulated": False,
-            "host_last_push": now - 1, "last_ok": now - 1, "last_scrape": now - 1, "healthy": True,
-            "cache_config": {"kv_offloading_size": "None"}}
+    inst = {
+        "id": 1,
+        "host_id": 1,
+        "host": "h",
+        "url": "http://x:8000",
+        "model": None,
+        "simulated": False,
+        "host_last_push": now - 1,
+        "last_ok": now - 1,
+        "last_scrape": now - 1,
+        "healthy": True,
+        "cache_config": {"kv_offloading_size": "None"},
+    }
     out = derive([inst], [], now, 60.0, 30.0)
     names = sorted({n for n, _, _ in out})
     assert names == ["exporter_window_seconds", "host_last_push_age_seconds", "instance_stale", "instance_up"]
     # One point per series is not a rate: nothing is made up.
-    one = [WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 1, 5.0)]),
-           WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 1, 9.0)])]
+    one = [
+        WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 1, 5.0)]),
+        WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 1, 9.0)]),
+    ]
     assert "instance_gpu_prefix_cache_hit_ratio" not in {n for n, _, _ in derive([inst], one, now, 60.0, 30.0)}
     # No queries in the window: no ratio (not 0 %).
-    flat = [WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 10, 5.0), (now, 5.0)]),
-            WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 10, 9.0), (now, 9.0)])]
+    flat = [
+        WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 10, 5.0), (now, 5.0)]),
+        WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 10, 9.0), (now, 9.0)]),
+    ]
     assert "instance_gpu_prefix_cache_hit_ratio" not in {n for n, _, _ in derive([inst], flat, now, 60.0, 30.0)}
 
 

@@ -62,12 +62,23 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     data = tmp_path / "app"
-    env = {**os.environ, "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24), "KVSCOPE_STALE_AFTER_S": str(STALE_AFTER_S),
-           "KVSCOPE_RUN_SCHEDULER": "false", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24),
+        "KVSCOPE_STALE_AFTER_S": str(STALE_AFTER_S),
+        "KVSCOPE_RUN_SCHEDULER": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
     try:
         net.up()
-        tok = subprocess.run([sys.executable, "-m", "kvscope", "token", "create", "lab", "--data-dir", str(data)],
-                             capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+        tok = subprocess.run(
+            [sys.executable, "-m", "kvscope", "token", "create", "lab", "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+        ).stdout
         token = re.search(r"kvs_[A-Za-z0-9_\-]+", tok)
         assert token, tok
         port = free_port()
@@ -78,18 +89,53 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
             logs.append(log)
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
 
-        spawn([sys.executable, "-m", "kvscope", "serve", "--host", net.app_ip, "--port", str(port),
-               "--data-dir", str(data), "--log-level", "warning"], "app")
+        spawn(
+            [
+                sys.executable,
+                "-m",
+                "kvscope",
+                "serve",
+                "--host",
+                net.app_ip,
+                "--port",
+                str(port),
+                "--data-dir",
+                str(data),
+                "--log-level",
+                "warning",
+            ],
+            "app",
+        )
         _wait("the app", lambda: _get(f"{app_url}/healthz") is not None)
         for i in range(N_HOSTS):
             work = tmp_path / f"host{i}"
             spawn(net.exec_prefix(i) + sim_command(8000, work), f"sim{i}")
         for i in range(N_HOSTS):
-            spawn([
-                *net.exec_prefix(i), sys.executable, "-m", "kvscope", "agent", "--vllm-url", "http://127.0.0.1:8000",
-                "--server", app_url, "--token", token.group(0), "--host-name", f"labhost{i}",
-                "--state-dir", str(tmp_path / f"agent{i}"), "--no-gpu", "--interval", "1", "--log-level", "warning",
-            ], f"agent{i}")
+            spawn(
+                [
+                    *net.exec_prefix(i),
+                    sys.executable,
+                    "-m",
+                    "kvscope",
+                    "agent",
+                    "--vllm-url",
+                    "http://127.0.0.1:8000",
+                    "--server",
+                    app_url,
+                    "--token",
+                    token.group(0),
+                    "--host-name",
+                    f"labhost{i}",
+                    "--state-dir",
+                    str(tmp_path / f"agent{i}"),
+                    "--no-gpu",
+                    "--interval",
+                    "1",
+                    "--log-level",
+                    "warning",
+                ],
+                f"agent{i}",
+            )
         yield {"net": net, "app": app_url, "db": data / "kvscope.db", "procs": procs, "tmp": tmp_path}
     finally:
         _stop(procs)
@@ -149,12 +195,14 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
             gaps = [b - a for a, b in itertools.pairwise(ticks)]
             assert ticks and max(gaps) < MAX_HOLE_S, f"{host}: a hole of {max(gaps):.1f} s in its samples"
             agent_id = conn.execute("select agent_id from hosts where name = ?", (host,)).fetchone()[0]
-            n_batches = conn.execute("select count(*) from ingest_batches where agent_id = ?",
-                                     (agent_id,)).fetchone()[0]
+            n_batches = conn.execute("select count(*) from ingest_batches where agent_id = ?", (agent_id,)).fetchone()[
+                0
+            ]
             # once: at most one stored sample of the series per stored batch (each batch is one tick)
             assert len(ticks) <= n_batches, (host, len(ticks), n_batches)
-        dup = conn.execute("select count(*) from (select series_id, ts_ms from samples group by 1, 2 "
-                           "having count(*) > 1)").fetchone()[0]
+        dup = conn.execute(
+            "select count(*) from (select series_id, ts_ms from samples group by 1, 2 having count(*) > 1)"
+        ).fetchone()[0]
         assert dup == 0
 
 
@@ -162,9 +210,11 @@ def _host_ticks(conn: sqlite3.Connection, host: str) -> list[float]:
     """Timestamps of one per-tick series of the host's vLLM instance (the sim's running gauge)."""
     row = conn.execute(
         "select s.id from series s join instances i on i.id = s.instance_id join hosts h on h.id = i.host_id "
-        "where h.name = ? and s.name = 'vllm:num_requests_running' order by s.id limit 1", (host,)
+        "where h.name = ? and s.name = 'vllm:num_requests_running' order by s.id limit 1",
+        (host,),
     ).fetchone()
     if row is None:
         return []
-    return [r[0] / 1000.0 for r in conn.execute("select ts_ms from samples where series_id = ? order by ts_ms",
-                                                 (row[0],))]
+    return [
+        r[0] / 1000.0 for r in conn.execute("select ts_ms from samples where series_id = ? order by ts_ms", (row[0],))
+    ]

@@ -39,19 +39,40 @@ def _count(engine: Any, model: Any) -> int:
         return int(conn.execute(select(func.count()).select_from(model)).scalar_one())
 
 
-def _batch(seq: int, ts: float, *, agent: str = "agent-1", host: str = "rig1", n_series: int = 5,
-           instance: str = "http://127.0.0.1:8000") -> dict[str, Any]:
+def _batch(
+    seq: int,
+    ts: float,
+    *,
+    agent: str = "agent-1",
+    host: str = "rig1",
+    n_series: int = 5,
+    instance: str = "http://127.0.0.1:8000",
+) -> dict[str, Any]:
     samples = [
-        {"name": "vllm:prompt_tokens_by_source_total",
-         "labels": {"model_name": "m", "engine": "0", "source": f"src{i}"}, "value": float(seq * 10 + i)}
+        {
+            "name": "vllm:prompt_tokens_by_source_total",
+            "labels": {"model_name": "m", "engine": "0", "source": f"src{i}"},
+            "value": float(seq * 10 + i),
+        }
         for i in range(n_series)
     ]
     samples.append({"name": "vllm:kv_cache_usage_perc", "labels": {"model_name": "m"}, "value": 0.5})
     return {
-        "agent_id": agent, "host": host, "seq": seq, "sent_at": ts,
-        "scrapes": [{"instance": instance, "ts": ts, "ok": True, "healthy": True, "model": "m",
-                     "types": {"vllm:prompt_tokens_by_source": "counter", "vllm:kv_cache_usage_perc": "gauge"},
-                     "samples": samples}],
+        "agent_id": agent,
+        "host": host,
+        "seq": seq,
+        "sent_at": ts,
+        "scrapes": [
+            {
+                "instance": instance,
+                "ts": ts,
+                "ok": True,
+                "healthy": True,
+                "model": "m",
+                "types": {"vllm:prompt_tokens_by_source": "counter", "vllm:kv_cache_usage_perc": "gauge"},
+                "samples": samples,
+            }
+        ],
         "host_ts": ts,
         "host_samples": [{"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 1e9 + seq}],
         "host_types": {"kvscope:host_memory_available_bytes": "gauge"},
@@ -75,8 +96,15 @@ def test_migrations_match_the_models(db: Any) -> None:
     with db.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     # Expression indexes (coalesce) are not reflected the same way by every dialect: ignore those.
-    real = [d for d in diffs if not (isinstance(d, tuple) and d[0] in ("add_index", "remove_index")
-                                     and "coalesce" in str(d[1]).lower() + str(getattr(d[1], "expressions", "")))]
+    real = [
+        d
+        for d in diffs
+        if not (
+            isinstance(d, tuple)
+            and d[0] in ("add_index", "remove_index")
+            and "coalesce" in str(d[1]).lower() + str(getattr(d[1], "expressions", ""))
+        )
+    ]
     real = [d for d in real if not (isinstance(d, tuple) and getattr(d[1], "name", "") == "uq_series_identity")]
     assert real == [], f"models and migrations differ on {db.dialect.name}: {real}"
 
@@ -90,14 +118,16 @@ def test_ingest_and_read_back(db: Any) -> None:
     assert again.duplicate and again.stored == 0
     insts = list_instances(db)
     assert [(i["host"], i["url"], i["model"]) for i in insts] == [("rig1", "http://127.0.0.1:8000", "m")]
-    pts = series_points(db, name="vllm:prompt_tokens_by_source_total", start=T0, end=T0 + 100,
-                        instance_id=insts[0]["id"])
+    pts = series_points(
+        db, name="vllm:prompt_tokens_by_source_total", start=T0, end=T0 + 100, instance_id=insts[0]["id"]
+    )
     assert sorted(p.labels["source"] for p in pts) == [f"src{i}" for i in range(5)]
     src2 = next(p for p in pts if p.labels["source"] == "src2")
     assert src2.kind == "counter"
     assert src2.points == [(T0 + s, float(s * 10 + 2)) for s in range(1, 11)]
-    host_pts = series_points(db, name="kvscope:host_memory_available_bytes", start=T0, end=T0 + 100,
-                             host_id=insts[0]["host_id"])
+    host_pts = series_points(
+        db, name="kvscope:host_memory_available_bytes", start=T0, end=T0 + 100, host_id=insts[0]["host_id"]
+    )
     assert len(host_pts) == 1 and host_pts[0].labels == {} and len(host_pts[0].points) == 10
     assert _count(db, SampleRow) == 70
 
@@ -176,16 +206,37 @@ def test_several_app_processes_never_double_claim_a_rollout(db: Any, db_url: str
     insts = list_instances(db)
     host_id = insts[0]["host_id"]
     v = rs.create_profile(db, "small-cpu-tier", {}, T0)["version_id"]
-    rids = {rs.create_rollout(db, instance_id=i["id"], version_id=v, lkg_version_id=None,
-                              payload={"profile": {"name": "small-cpu-tier"}}, now=T0 + 20) for i in insts}
+    rids = {
+        rs.create_rollout(
+            db,
+            instance_id=i["id"],
+            version_id=v,
+            lkg_version_id=None,
+            payload={"profile": {"name": "small-cpu-tier"}},
+            now=T0 + 20,
+        )
+        for i in insts
+    }
     go = tmp_path / "go"
     procs, outs = [], []
     try:
         for w in range(3):
             out = tmp_path / f"claims{w}.json"
             outs.append(out)
-            procs.append(subprocess.Popen([sys.executable, str(WORKER.with_name("claim_worker.py")), db_url,
-                                           str(host_id), f"agent-{w}", "20", str(go), str(out)]))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER.with_name("claim_worker.py")),
+                        db_url,
+                        str(host_id),
+                        f"agent-{w}",
+                        "20",
+                        str(go),
+                        str(out),
+                    ]
+                )
+            )
         go.touch()
         for p in procs:
             assert p.wait(timeout=120) == 0
@@ -215,9 +266,24 @@ def test_several_app_processes_never_double_send_an_alert(db: Any, db_url: str, 
     from app.storage.alerts_store import NewDelivery, TransitionRow, add_deliveries, list_deliveries, open_alert
 
     now = _time.time() - 10
-    first = open_alert(db, {"key": "k1", "rule": "r", "state": "firing", "severity": "warning", "opened_at": now,
-                            "since": now, "last_eval": now, "message": "m", "hints": [], "labels": {}},
-                       [TransitionRow(None, "firing", now)], [], now)
+    first = open_alert(
+        db,
+        {
+            "key": "k1",
+            "rule": "r",
+            "state": "firing",
+            "severity": "warning",
+            "opened_at": now,
+            "since": now,
+            "last_eval": now,
+            "message": "m",
+            "hints": [],
+            "labels": {},
+        },
+        [TransitionRow(None, "firing", now)],
+        [],
+        now,
+    )
     assert first == 1
     queued = add_deliveries(db, None, [NewDelivery("webhook", "test", {"n": i}) for i in range(60)], now)
     go = tmp_path / "go"
@@ -226,8 +292,11 @@ def test_several_app_processes_never_double_send_an_alert(db: Any, db_url: str, 
         for w in range(3):
             out = tmp_path / f"alerts{w}.json"
             outs.append(out)
-            procs.append(subprocess.Popen([sys.executable, str(WORKER.with_name("alerts_worker.py")), db_url,
-                                           f"app-{w}", str(go), str(out)]))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER.with_name("alerts_worker.py")), db_url, f"app-{w}", str(go), str(out)]
+                )
+            )
         go.touch()
         for p in procs:
             assert p.wait(timeout=120) == 0

@@ -41,14 +41,22 @@ URL = "http://127.0.0.1:8000"
 LAB = {"model_name": "qwen", "engine": "0"}
 TTFT_LE = ["0.01", "0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "+Inf"]
 TYPES = {
-    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
-    "vllm:external_prefix_cache_queries": "counter", "vllm:external_prefix_cache_hits": "counter",
-    "vllm:prompt_tokens": "counter", "vllm:prompt_tokens_cached": "counter",
-    "vllm:prompt_tokens_by_source": "counter", "vllm:kv_offload_load_bytes": "counter",
-    "vllm:kv_offload_load_time": "counter", "vllm:kv_offload_store_bytes": "counter",
-    "vllm:kv_offload_store_time": "counter", "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:kv_offload_cpu_cache_usage_perc": "gauge", "vllm:num_requests_running": "gauge",
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter",
+    "vllm:external_prefix_cache_hits": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:kv_offload_load_bytes": "counter",
+    "vllm:kv_offload_load_time": "counter",
+    "vllm:kv_offload_store_bytes": "counter",
+    "vllm:kv_offload_store_time": "counter",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:kv_offload_cpu_cache_usage_perc": "gauge",
+    "vllm:num_requests_running": "gauge",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:request_prefill_time_seconds": "histogram",
     "vllm:cache_config_info": "gauge",
 }
 CACHE_CFG = {**LAB, "block_size": "16", "kv_offloading_size": "8", "cache_dtype": "auto"}
@@ -80,9 +88,17 @@ def recorded(t0: float, n: int, interval: float = 5.0, reset_at: int = 120, seed
         load_b = ext_hit * 147_456
         store_b = comp * 147_456 * rnd.uniform(0.3, 1.0)
         inc = {
-            "q": q, "hit": hit, "ext_q": ext_q, "ext_hit": ext_hit, "comp": comp, "load_b": load_b,
-            "load_t": load_b / 12.6e9, "store_b": store_b, "store_t": store_b / 11e9,
-            "prefill": comp / 23_000.0, "n": rnd.randint(1, 8),
+            "q": q,
+            "hit": hit,
+            "ext_q": ext_q,
+            "ext_hit": ext_hit,
+            "comp": comp,
+            "load_b": load_b,
+            "load_t": load_b / 12.6e9,
+            "store_b": store_b,
+            "store_t": store_b / 11e9,
+            "prefill": comp / 23_000.0,
+            "n": rnd.randint(1, 8),
         }
         for k, v in inc.items():
             acc[k] = acc.get(k, 0.0) + v
@@ -118,20 +134,40 @@ def recorded(t0: float, n: int, interval: float = 5.0, reset_at: int = 120, seed
             ("vllm:time_to_first_token_seconds_count", LAB, acc["le+Inf"]),
             ("vllm:cache_config_info", CACHE_CFG, 1.0),
         ] + [("vllm:time_to_first_token_seconds_bucket", {**LAB, "le": le}, acc[f"le{le}"]) for le in TTFT_LE]
-        out.append({
-            "agent_id": "agent-rig1", "host": "rig1", "seq": i + 1, "sent_at": ts,
-            "scrapes": [{"instance": URL, "ts": ts, "ok": True, "healthy": True, "model": "qwen", "types": TYPES,
-                         "samples": [{"name": n_, "labels": la, "value": float(v)} for n_, la, v in samples]}],
-            "host_ts": ts,
-            "host_samples": [
-                {"name": "kvscope:gpu_pcie_link_gen", "labels": {"gpu": "0", "name": "H200", "kind": "max"},
-                 "value": 5.0},
-                {"name": "kvscope:gpu_pcie_link_width", "labels": {"gpu": "0", "name": "H200", "kind": "max"},
-                 "value": 16.0},
-                {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 256 * 2.0**30},
-                {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 180 * 2.0**30 - i * 1e6},
-            ],
-        })
+        out.append(
+            {
+                "agent_id": "agent-rig1",
+                "host": "rig1",
+                "seq": i + 1,
+                "sent_at": ts,
+                "scrapes": [
+                    {
+                        "instance": URL,
+                        "ts": ts,
+                        "ok": True,
+                        "healthy": True,
+                        "model": "qwen",
+                        "types": TYPES,
+                        "samples": [{"name": n_, "labels": la, "value": float(v)} for n_, la, v in samples],
+                    }
+                ],
+                "host_ts": ts,
+                "host_samples": [
+                    {
+                        "name": "kvscope:gpu_pcie_link_gen",
+                        "labels": {"gpu": "0", "name": "H200", "kind": "max"},
+                        "value": 5.0,
+                    },
+                    {
+                        "name": "kvscope:gpu_pcie_link_width",
+                        "labels": {"gpu": "0", "name": "H200", "kind": "max"},
+                        "value": 16.0,
+                    },
+                    {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 256 * 2.0**30},
+                    {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 180 * 2.0**30 - i * 1e6},
+                ],
+            }
+        )
     return out
 
 
@@ -141,19 +177,25 @@ def _to_openmetrics(batches: list[dict[str, Any]]) -> str:
     target = {"instance": instance_target(URL), "job": "vllm"}
     return openmetrics(
         (s["name"], {**s["labels"], **target}, s["value"], round(sc["ts"] * 1000) / 1000)
-        for b in batches for sc in b["scrapes"] for s in sc["samples"]
+        for b in batches
+        for sc in b["scrapes"]
+        for s in sc["samples"]
     )
 
 
 @pytest.fixture
-def backfilled(client: Any, token: str, clock: Any, tmp_path: Path, prom_bins: tuple[str, str]
-               ) -> Iterator[tuple[list[dict[str, Any]], PromServer]]:
+def backfilled(
+    client: Any, token: str, clock: Any, tmp_path: Path, prom_bins: tuple[str, str]
+) -> Iterator[tuple[list[dict[str, Any]], PromServer]]:
     t0 = float(math.floor(time.time() / 60) * 60 - 4 * 3600)  # recent past: Prometheus keeps it
     batches = recorded(t0, 240)
     for b in batches:
         clock.t = b["sent_at"]
-        r = client.post("/api/v1/ingest", content=json.dumps(b),
-                        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        r = client.post(
+            "/api/v1/ingest",
+            content=json.dumps(b),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         assert r.status_code == 200, r.text
     clock.t = batches[-1]["sent_at"] + 2
     server = PromServer(prom_bins[0], tmp_path)
@@ -171,8 +213,8 @@ def _panel_values(panel: Any) -> list[tuple[str, list[float | None]]]:
 
 def _same(a: list[float | None], b: list[float | None]) -> bool:
     return len(a) == len(b) and all(
-        (x is None and y is None) or (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-9,
-                                                                                          abs_tol=1e-9))
+        (x is None and y is None)
+        or (x is not None and y is not None and math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9))
         for x, y in zip(a, b, strict=True)
     )
 
@@ -191,8 +233,9 @@ def test_charts_identical_from_store_and_prometheus(app: Any, backfilled: Any) -
     source = PrometheusSource(server.url)
     compared = 0
     for start, end in ((first + 60, last - 3), (first + 300, first + 1500), (first + 500, last - 400)):
-        store = make_scope(ctx.engine, inst, start=start, end=end, now=now, state="up", raw_retention_s=math.inf,
-                           tier="raw")
+        store = make_scope(
+            ctx.engine, inst, start=start, end=end, now=now, state="up", raw_retention_s=math.inf, tier="raw"
+        )
         prom = prometheus_scope(source, ctx.engine, inst, start=start, end=end, now=now, state="up")
         assert prom.grid == store.grid
         for key, chart in CHARTS.items():
@@ -256,9 +299,15 @@ def test_helpers() -> None:
     assert scrape_interval([{"values": [[1, "0"], [16, "0"], [31, "0"]]}, {"junk": 1}]) == 15.0
     assert scrape_interval([]) is None
     # garbage in the matrix is skipped, not fatal; NaN values are dropped
-    matrix = [{"metric": {"__name__": "m_total", "instance": "h:1", "job": "j", "a": "1"},
-               "values": [[9.5, "1"], [11.9, "NaN"], [12.9, "5"]]}, {"bad": 1}, "junk",
-              {"metric": {"job": "j"}, "values": [[1, "1"]]}]
+    matrix = [
+        {
+            "metric": {"__name__": "m_total", "instance": "h:1", "job": "j", "a": "1"},
+            "values": [[9.5, "1"], [11.9, "NaN"], [12.9, "5"]],
+        },
+        {"bad": 1},
+        "junk",
+        {"metric": {"job": "j"}, "values": [[1, "1"]]},
+    ]
     out = assemble(matrix)
     assert len(out) == 1 and out[0].labels == {"a": "1"} and out[0].kind == "counter"
     assert out[0].points == [(9.5, 1.0), (12.9, 5.0)]
@@ -323,8 +372,12 @@ def test_reads_a_prometheus_that_scrapes_a_live_server(tmp_path: Path, prom_bins
     port = httpd.server_address[1]
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    server = PromServer(prom_bins[0], tmp_path, scrape_interval="1s", scrape_configs=(
-        f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"))
+    server = PromServer(
+        prom_bins[0],
+        tmp_path,
+        scrape_interval="1s",
+        scrape_configs=(f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+    )
     try:
         server.start()
         url = f"http://127.0.0.1:{port}"
@@ -333,8 +386,12 @@ def test_reads_a_prometheus_that_scrapes_a_live_server(tmp_path: Path, prom_bins
         got: list[Any] = []
         while time.monotonic() < deadline:
             now = time.time()
-            got = src.fetch(["kvscope_test_scrapes_total", "vllm:prompt_tokens_total", "vllm:cache_config_info"],
-                            url, now - 120, now)
+            got = src.fetch(
+                ["kvscope_test_scrapes_total", "vllm:prompt_tokens_total", "vllm:cache_config_info"],
+                url,
+                now - 120,
+                now,
+            )
             pts = next((s.points for s in got if s.name == "kvscope_test_scrapes_total"), [])
             if len(pts) >= 4:
                 break
@@ -351,8 +408,11 @@ def test_reads_a_prometheus_that_scrapes_a_live_server(tmp_path: Path, prom_bins
         # vLLM's own labels come through, Prometheus' target labels do not
         pt = by["vllm:prompt_tokens_total"]
         assert "instance" not in pt.labels and "job" not in pt.labels and pt.labels.get("model_name")
-        want = next(float(line.rsplit(" ", 1)[1]) for line in _Exposition.body.splitlines()
-                    if line.startswith("vllm:prompt_tokens_total{"))
+        want = next(
+            float(line.rsplit(" ", 1)[1])
+            for line in _Exposition.body.splitlines()
+            if line.startswith("vllm:prompt_tokens_total{")
+        )
         assert pt.points[-1][1] == want
         info = by["vllm:cache_config_info"]
         assert info.labels.get("enable_prefix_caching") == "True"
@@ -379,15 +439,20 @@ def test_reads_a_prometheus_that_scrapes_kvscope_sim(tmp_path: Path, prom_bins: 
 
     port = free_port()
     with running_sim(port, tmp_path / "sim") as sim_url:
-        server = PromServer(prom_bins[0], tmp_path, scrape_interval="1s", scrape_configs=(
-            f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"))
+        server = PromServer(
+            prom_bins[0],
+            tmp_path,
+            scrape_interval="1s",
+            scrape_configs=(f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+        )
         try:
             server.start()
             doc = " ".join(f"word{i}" for i in range(600))
             with httpx.Client(base_url=sim_url, timeout=30) as c:
                 for i in range(6):
-                    r = c.post("/v1/completions", json={"model": "tiny", "prompt": f"{doc} question {i}",
-                                                        "max_tokens": 4})
+                    r = c.post(
+                        "/v1/completions", json={"model": "tiny", "prompt": f"{doc} question {i}", "max_tokens": 4}
+                    )
                     assert r.status_code == 200, r.text
                 want = _by_source(c.get("/metrics").text)
             assert want.get("local_cache_hit", 0) > 0 and want.get("local_compute", 0) > 0

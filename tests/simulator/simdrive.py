@@ -47,8 +47,9 @@ def settle(e: Engine) -> None:
 def app(*argv: str, time_scale: float = 1000.0, dev_mode: bool = True, **kw: Any) -> SimApp:
     import time
 
-    return SimApp(Engine(config_from_argv(list(argv)), time.monotonic()), time_scale=time_scale,
-                  dev_mode=dev_mode, **kw)
+    return SimApp(
+        Engine(config_from_argv(list(argv)), time.monotonic()), time_scale=time_scale, dev_mode=dev_mode, **kw
+    )
 
 
 def client(a: SimApp) -> httpx.AsyncClient:

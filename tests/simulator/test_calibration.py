@@ -30,8 +30,7 @@ async def whole_ms(c: httpx.AsyncClient, prompt: str) -> float:
 
 async def stream_ttft_ms(c: httpx.AsyncClient, prompt: str) -> float:
     """Field method for the laptop probes: time to first token of a streaming request."""
-    async with c.stream("POST", "/v1/completions",
-                        json={"prompt": prompt, "max_tokens": 4, "stream": True}) as r:
+    async with c.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 4, "stream": True}) as r:
         assert r.status_code == 200
         ttft = float(r.headers["x-kvscope-sim-ttft-ms"])
         async for _ in r.aiter_lines():
@@ -71,7 +70,8 @@ def test_dense_4070_cold_hit_and_reload_from_cpu() -> None:
         before = await counter(c, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
         out["reload"] = await whole_ms(c, prefix)
         out["reloaded_tokens"] = (
-            await counter(c, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") - before)
+            await counter(c, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") - before
+        )
         out["load_bytes"] = await counter(c, "vllm:kv_offload_load_bytes_total")
         return out
 
@@ -108,8 +108,14 @@ def test_hybrid_4070_cold_and_gpu_hit() -> None:
     assert hits == 3 * 832  # hybrid models hit only at their large attention block size
 
 
-LAPTOP = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-          "--max-model-len", "2048"]
+LAPTOP = [
+    "--profile",
+    "laptop8gb-qwen3-reranker-0.6b",
+    "--kv-cache-memory-bytes",
+    "268435456",
+    "--max-model-len",
+    "2048",
+]
 
 
 def test_laptop_reranker_streaming_ttft_with_offload() -> None:

@@ -33,8 +33,10 @@ def test_pool_bytes_per_token_from_shape_and_dtype() -> None:
     # field: FP8 KV ~1.8x the tokens of auto (70,284 -> 127,622); +-15%
     assert abs(fp8.kv_cache_size_tokens / auto.kv_cache_size_tokens / 1.82 - 1) <= 0.15
     for dt in ("fp8_e4m3", "fp8_e5m2"):
-        assert cfg("--profile", "rtx4070-qwen3-4b", "--kv-cache-dtype", dt).kv_cache_size_tokens == \
-            fp8.kv_cache_size_tokens
+        assert (
+            cfg("--profile", "rtx4070-qwen3-4b", "--kv-cache-dtype", dt).kv_cache_size_tokens
+            == fp8.kv_cache_size_tokens
+        )
 
 
 def test_hybrid_holds_about_1_7x_the_dense_pool() -> None:
@@ -47,8 +49,16 @@ def test_hybrid_holds_about_1_7x_the_dense_pool() -> None:
 
 
 def test_laptop_pool_and_cpu_tier_sizes() -> None:
-    c = cfg("--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-            "--max-model-len", "2048", "--kv-offloading-size", "0.5")
+    c = cfg(
+        "--profile",
+        "laptop8gb-qwen3-reranker-0.6b",
+        "--kv-cache-memory-bytes",
+        "268435456",
+        "--max-model-len",
+        "2048",
+        "--kv-offloading-size",
+        "0.5",
+    )
     assert c.kv_cache_size_tokens == 2336  # the field's figure
     assert c.kv_bytes_per_token == 114_688  # ~115 KB per token
     assert abs(c.cpu_num_chunks * 16 / 4600 - 1) <= 0.15  # 0.5 GiB ~ 4,600 tokens
@@ -64,16 +74,28 @@ def test_gpu_memory_utilization_and_kv_cache_memory_bytes_size_the_pool() -> Non
 
 
 def test_transfer_config_tiering_with_fs(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    tc = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-          "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 2**30,
-                                        "block_size": 64, "eviction_policy": "arc", "store_threshold": 2,
-                                        "offload_prompt_only": False,
-                                        "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path)}]}}
+    tc = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": 2**30,
+            "block_size": 64,
+            "eviction_policy": "arc",
+            "store_threshold": 2,
+            "offload_prompt_only": False,
+            "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path)}],
+        },
+    }
     c = cfg("--profile", "tiny", "--kv-transfer-config", json.dumps(tc))
     assert c.offload is not None
     o = c.offload
-    assert (o.spec_name, o.chunk_tokens, o.eviction_policy, o.store_threshold) == \
-        ("TieringOffloadingSpec", 64, "arc", 2)
+    assert (o.spec_name, o.chunk_tokens, o.eviction_policy, o.store_threshold) == (
+        "TieringOffloadingSpec",
+        64,
+        "arc",
+        2,
+    )
     assert not o.offload_prompt_only and o.secondary_tiers[0].root_dir == str(tmp_path)
     assert c.cpu_num_chunks == 2**30 // (64 * c.kv_bytes_per_token)
     assert c.offload_config_labels() is not None
@@ -82,21 +104,38 @@ def test_transfer_config_tiering_with_fs(tmp_path) -> None:  # type: ignore[no-u
 @pytest.mark.parametrize(
     ("argv", "text"),
     [
-        (["--profile", "rtx4070-qwen3.5-4b", "--kv-offloading-size", "4", "--kv-offloading-backend", "lmcache"],
-         "failed to convert the KV cache specs to one unified type"),
-        (["--profile", "rtx4070-qwen3-4b", "--max-model-len", "100000"],
-         "is greater than the derived max_model_len"),
-        (["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456"],
-         "estimated maximum model length is 2336"),
+        (
+            ["--profile", "rtx4070-qwen3.5-4b", "--kv-offloading-size", "4", "--kv-offloading-backend", "lmcache"],
+            "failed to convert the KV cache specs to one unified type",
+        ),
+        (["--profile", "rtx4070-qwen3-4b", "--max-model-len", "100000"], "is greater than the derived max_model_len"),
+        (
+            ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456"],
+            "estimated maximum model length is 2336",
+        ),
         (["--profile", "tiny", "--gpu-memory-utilization", "1.5"], "GPU memory utilization must be within"),
         (["--profile", "tiny", "--gpu-memory-utilization", "0.1"], "No available memory for the cache blocks"),
         (["--profile", "tiny", "--kv-offloading-size", "1", "--kv-transfer-config", "{}"], "mutually exclusive"),
-        (["--profile", "tiny", "--kv-transfer-config",
-          '{"kv_connector":"OffloadingConnector","kv_connector_extra_config":{"cpu_bytes_to_use":1e9,'
-          '"eviction_policy":"fifo"}}'], "Unknown eviction policy"),
-        (["--profile", "tiny", "--kv-transfer-config",
-          '{"kv_connector":"OffloadingConnector","kv_connector_extra_config":{"cpu_bytes_to_use":1e9,'
-          '"block_size":24}}'], "must be a multiple of the GPU block_size"),
+        (
+            [
+                "--profile",
+                "tiny",
+                "--kv-transfer-config",
+                '{"kv_connector":"OffloadingConnector","kv_connector_extra_config":{"cpu_bytes_to_use":1e9,'
+                '"eviction_policy":"fifo"}}',
+            ],
+            "Unknown eviction policy",
+        ),
+        (
+            [
+                "--profile",
+                "tiny",
+                "--kv-transfer-config",
+                '{"kv_connector":"OffloadingConnector","kv_connector_extra_config":{"cpu_bytes_to_use":1e9,'
+                '"block_size":24}}',
+            ],
+            "must be a multiple of the GPU block_size",
+        ),
     ],
 )
 def test_invalid_combinations_fail_at_startup_like_vllm(argv: list[str], text: str) -> None:

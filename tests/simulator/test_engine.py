@@ -41,8 +41,9 @@ def test_decode_steps_stretch_while_a_long_prompt_prefills() -> None:
 
 
 def test_requests_queue_when_the_pool_is_full() -> None:
-    e = engine("--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-               "--max-model-len", "2048")
+    e = engine(
+        "--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456", "--max-model-len", "2048"
+    )
     run(e, doc_ids(99, 10), 1)  # warm-up
     t = e.t + 1
     a = e.submit("a", doc_ids(1, 1500), 100, t)
@@ -59,8 +60,9 @@ def test_requests_queue_when_the_pool_is_full() -> None:
 
 
 def test_decode_blocks_are_allocated_lazily_and_a_full_pool_preempts() -> None:
-    e = engine("--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-               "--max-model-len", "2048")
+    e = engine(
+        "--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456", "--max-model-len", "2048"
+    )
     run(e, doc_ids(99, 10), 1)  # warm-up
     t = e.t + 1
     reqs = [e.submit(f"q{i}", doc_ids(i, 400), 1500, t) for i in range(4)]
@@ -84,8 +86,11 @@ def test_prefix_caching_off_never_hits() -> None:
 
 
 def test_store_threshold_skips_first_sightings() -> None:
-    tc = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-          "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28, "store_threshold": 2}}
+    tc = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28, "store_threshold": 2},
+    }
     e = engine("--profile", "tiny", "--kv-transfer-config", json.dumps(tc))
     run(e, doc_ids(1, 160))
     assert e.stats.get("vllm:kv_offload_stores_skipped") == 10 and e.cpu is not None and len(e.cpu) == 0
@@ -95,8 +100,11 @@ def test_store_threshold_skips_first_sightings() -> None:
 
 
 def test_offload_prompt_only_false_also_stores_generated_blocks() -> None:
-    base = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28}}
+    base = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 2**28},
+    }
     e1 = engine("--profile", "tiny", "--kv-transfer-config", json.dumps(base))
     base["kv_connector_extra_config"]["offload_prompt_only"] = False  # type: ignore[index]
     e2 = engine("--profile", "tiny", "--kv-transfer-config", json.dumps(base))
@@ -107,16 +115,32 @@ def test_offload_prompt_only_false_also_stores_generated_blocks() -> None:
 
 
 def _tiering(root: Path, cpu_bytes: int) -> str:
-    return json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                       "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
-                                                     "cpu_bytes_to_use": cpu_bytes, "eviction_policy": "lru",
-                                                     "secondary_tiers": [{"type": "fs", "root_dir": str(root)}]}})
+    return json.dumps(
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec",
+                "cpu_bytes_to_use": cpu_bytes,
+                "eviction_policy": "lru",
+                "secondary_tiers": [{"type": "fs", "root_dir": str(root)}],
+            },
+        }
+    )
 
 
 def test_fs_tier_serves_after_cpu_eviction_and_across_restarts(tmp_path: Path) -> None:
     tc = _tiering(tmp_path, 40 * 16 * 114_688)  # 40 chunks of 16 tokens
-    argv = ("--profile", "tiny", "--num-gpu-blocks-override", "80", "--max-model-len", "1024",
-            "--kv-transfer-config", tc)
+    argv = (
+        "--profile",
+        "tiny",
+        "--num-gpu-blocks-override",
+        "80",
+        "--max-model-len",
+        "1024",
+        "--kv-transfer-config",
+        tc,
+    )
     e = engine(*argv)
     run(e, doc_ids(1, 320))
     run(e, doc_ids(2, 960))  # with doc 3, evicts doc 1 from the GPU and from the 40-chunk CPU tier
@@ -135,8 +159,18 @@ def test_fs_tier_serves_after_cpu_eviction_and_across_restarts(tmp_path: Path) -
 
 
 def test_lmcache_backend_reloads_but_has_no_offload_families() -> None:
-    e = engine("--profile", "tiny", "--num-gpu-blocks-override", "80", "--max-model-len", "1024",
-               "--kv-offloading-size", "0.5", "--kv-offloading-backend", "lmcache")
+    e = engine(
+        "--profile",
+        "tiny",
+        "--num-gpu-blocks-override",
+        "80",
+        "--max-model-len",
+        "1024",
+        "--kv-offloading-size",
+        "0.5",
+        "--kv-offloading-backend",
+        "lmcache",
+    )
     run(e, doc_ids(1, 320))
     run(e, doc_ids(2, 960))
     run(e, doc_ids(3, 960))
@@ -146,8 +180,16 @@ def test_lmcache_backend_reloads_but_has_no_offload_families() -> None:
     assert e.stats.get("vllm:prompt_tokens_cached_by_source", source="external_unspecified") == 304
 
 
-HYBRID = ("--profile", "rtx4070-qwen3.5-4b", "--num-gpu-blocks-override", "4", "--max-model-len", "3000",
-          "--kv-offloading-size", "1")
+HYBRID = (
+    "--profile",
+    "rtx4070-qwen3.5-4b",
+    "--num-gpu-blocks-override",
+    "4",
+    "--max-model-len",
+    "3000",
+    "--kv-offloading-size",
+    "1",
+)
 
 
 def _evict_and_reload(e: Engine) -> None:

@@ -16,16 +16,30 @@ from agent.gpu_smi import parse_dmon, parse_query_csv, query_fields
 from simulator import fake_nvidia_smi as smi
 from simulator.profiles import MIB
 
-FIELDS = "index,uuid,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw," \
-         "pcie.link.gen.current,pcie.link.width.current"
+FIELDS = (
+    "index,uuid,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw,"
+    "pcie.link.gen.current,pcie.link.width.current"
+)
 
 
 def state(pid: int, gpu: int = 0, **kw: float) -> dict[str, object]:
-    return {"pid": pid, "gpu_index": gpu, "gpu_name": "NVIDIA GeForce RTX 4070",
-            "gpu_uuid": "GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217", "memory_total_bytes": 12282 * MIB,
-            "memory_reserved_bytes": 11000 * MIB, "pcie_rx_bytes": 0, "pcie_tx_bytes": 0, "busy_seconds": 0,
-            "power_limit_w": 200.0, "idle_power_w": 14.0, "pcie_gen_max": 4, "pcie_width_max": 16,
-            "process_name": "/usr/bin/python3", **kw}
+    return {
+        "pid": pid,
+        "gpu_index": gpu,
+        "gpu_name": "NVIDIA GeForce RTX 4070",
+        "gpu_uuid": "GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217",
+        "memory_total_bytes": 12282 * MIB,
+        "memory_reserved_bytes": 11000 * MIB,
+        "pcie_rx_bytes": 0,
+        "pcie_tx_bytes": 0,
+        "busy_seconds": 0,
+        "power_limit_w": 200.0,
+        "idle_power_w": 14.0,
+        "pcie_gen_max": 4,
+        "pcie_width_max": 16,
+        "process_name": "/usr/bin/python3",
+        **kw,
+    }
 
 
 @pytest.fixture
@@ -47,10 +61,12 @@ def test_query_with_units_matches_the_real_format(state_dir: Path, capsys: pytes
     put(state_dir, state(os.getpid(), recent_utilization=0.97, recent_rx_bytes_per_s=2e9))
     rc, out = run(capsys, f"--query-gpu={FIELDS}", "--format=csv")
     header, row = out.strip().splitlines()
-    real = (Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "nvidia_smi_query_4070_units.csv")
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "nvidia_smi_query_4070_units.csv"
     assert rc == 0 and header == real.read_text().splitlines()[0]
-    assert row == ("0, GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217, NVIDIA GeForce RTX 4070, 11004 MiB, 12282 MiB, "
-                   "97 %, 63, 194.42 W, 4, 16")
+    assert row == (
+        "0, GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217, NVIDIA GeForce RTX 4070, 11004 MiB, 12282 MiB, "
+        "97 %, 63, 194.42 W, 4, 16"
+    )
 
 
 def test_agent_parser_reads_the_fake(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,13 +81,17 @@ def test_agent_parser_reads_the_fake(state_dir: Path, capsys: pytest.CaptureFixt
 
 def test_idle_gpu_without_sims(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     put(state_dir, state(999_999_999))  # a dead process's file is ignored
-    rc, out = run(capsys, "--query-gpu=index,memory.used,utilization.gpu,pcie.link.gen.current,pcie.link.gen.max",
-                  "--format=csv,noheader,nounits")
+    rc, out = run(
+        capsys,
+        "--query-gpu=index,memory.used,utilization.gpu,pcie.link.gen.current,pcie.link.gen.max",
+        "--format=csv,noheader,nounits",
+    )
     assert rc == 0 and out == "0, 4, 0, 1, 4\n"  # consumer cards idle at PCIe Gen1
 
 
-def test_unknown_field_fails_the_whole_query(state_dir: Path, capsys: pytest.CaptureFixture[str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_field_fails_the_whole_query(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     rc, out = run(capsys, "--query-gpu=index,bogus.field", "--format=csv")
     assert rc == 2 and out.startswith('Field "bogus.field" is not a valid field to query.')
     monkeypatch.setenv("KVSCOPE_FAKE_NVSMI_DRIVER", "550.120")
@@ -80,11 +100,17 @@ def test_unknown_field_fails_the_whole_query(state_dir: Path, capsys: pytest.Cap
 
 
 def test_compute_apps_and_xml(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    put(state_dir, state(os.getpid(), recent_tx_bytes_per_s=11_846_000_000, recent_rx_bytes_per_s=301_000_000,
-                         recent_utilization=0.5))
+    put(
+        state_dir,
+        state(
+            os.getpid(), recent_tx_bytes_per_s=11_846_000_000, recent_rx_bytes_per_s=301_000_000, recent_utilization=0.5
+        ),
+    )
     rc, out = run(capsys, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv")
     assert rc == 0 and out.splitlines() == [
-        "gpu_uuid, pid, used_memory [MiB]", f"GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217, {os.getpid()}, 11000 MiB"]
+        "gpu_uuid, pid, used_memory [MiB]",
+        f"GPU-5c8b1e3a-7d42-9f10-c2e6-84a0b3d9f217, {os.getpid()}, 11000 MiB",
+    ]
     rc, out = run(capsys, "-q", "-x")
     gpu = ET.fromstring(out).find("gpu")
     assert gpu is not None
@@ -103,8 +129,13 @@ def test_dmon_rates_come_from_cumulative_bytes() -> None:
 
 def test_dmon_process_prints_lines_the_agent_parses(state_dir: Path) -> None:
     put(state_dir, state(os.getpid()))
-    p = subprocess.run([sys.executable, "-m", "simulator.fake_nvidia_smi", "dmon", "-s", "t", "-d", "0.1", "-c", "2"],
-                       capture_output=True, text=True, timeout=30, env={**os.environ})
+    p = subprocess.run(
+        [sys.executable, "-m", "simulator.fake_nvidia_smi", "dmon", "-s", "t", "-d", "0.1", "-c", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ},
+    )
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and lines[0].split() == ["#", "gpu", "rxpci", "txpci"] and len(lines) == 4
     assert parse_dmon(lines) == {"0": (0.0, 0.0)}

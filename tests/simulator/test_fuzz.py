@@ -11,19 +11,37 @@ from hypothesis import strategies as st
 from simdrive import app, client
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 3000), st.floats(allow_nan=False), st.text(max_size=8))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5),
-                                                                                           inner, max_size=3),
-                      max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 bodies = st.dictionaries(
-    st.sampled_from(["prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options", "model",
-                     "n", "temperature", "x"]),
-    values, max_size=6,
+    st.sampled_from(
+        [
+            "prompt",
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "stream",
+            "stream_options",
+            "model",
+            "n",
+            "temperature",
+            "x",
+        ]
+    ),
+    values,
+    max_size=6,
 )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]), body=bodies,
-       raw=st.one_of(st.none(), st.binary(max_size=40)))
+@given(
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+    body=bodies,
+    raw=st.one_of(st.none(), st.binary(max_size=40)),
+)
 def test_garbage_in_gets_a_shaped_answer(path: str, body: dict[str, Any], raw: bytes | None) -> None:
     async def go() -> None:
         a = app("--profile", "tiny", "--max-model-len", "512")

@@ -37,30 +37,36 @@ def _argv(setup: str, root: str) -> list[str]:
         extra |= {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": root}]}
     if setup == "none":
         return base
-    return [*base, "--kv-transfer-config",
-            json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                        "kv_connector_extra_config": extra})]
+    return [
+        *base,
+        "--kv-transfer-config",
+        json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}),
+    ]
 
 
 def _check(e: Engine) -> None:
     s = e.stats
-    by = {src: s.get("vllm:prompt_tokens_by_source", source=src)
-          for src in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    by = {
+        src: s.get("vllm:prompt_tokens_by_source", source=src)
+        for src in ("local_compute", "local_cache_hit", "external_kv_transfer")
+    }
     assert sum(by.values()) == s.get("vllm:prompt_tokens")
     assert s.get("vllm:prompt_tokens_cached") == by["local_cache_hit"] + by["external_kv_transfer"]
     assert min(by.values()) >= 0
     assert s.get("vllm:prefix_cache_hits") <= s.get("vllm:prefix_cache_queries")
     assert s.get("vllm:external_prefix_cache_hits") <= s.get("vllm:external_prefix_cache_queries")
     assert s.get("vllm:prompt_tokens_cached_by_source", source="device") == by["local_cache_hit"]
-    cached_ext = sum(s.get("vllm:prompt_tokens_cached_by_source", source=x)
-                     for x in ("host", "disk", "external_unspecified", "p2p"))
+    cached_ext = sum(
+        s.get("vllm:prompt_tokens_cached_by_source", source=x) for x in ("host", "disk", "external_unspecified", "p2p")
+    )
     assert cached_ext == by["external_kv_transfer"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=setups, mix=st.lists(request, min_size=1, max_size=25), cut=st.floats(0.0, 1.0))
-def test_metrics_invariants_hold_after_any_request_mix(setup: str, mix: list[tuple[int, int, int, int, float]],
-                                                       cut: float) -> None:
+def test_metrics_invariants_hold_after_any_request_mix(
+    setup: str, mix: list[tuple[int, int, int, int, float]], cut: float
+) -> None:
     with tempfile.TemporaryDirectory() as root:
         e = Engine(config_from_argv(_argv(setup, root)), 0.0)
         t = 0.0
@@ -95,18 +101,25 @@ def test_metrics_invariants_hold_after_any_request_mix(setup: str, mix: list[tup
         assert e.pool.usage() == 0.0 and e.pool.num_free == e.pool.num_blocks
         if e.native:
             assert s.get("vllm:kv_offload_load_bytes") == ext * e.cfg.kv_bytes_per_token
-            assert s.get("vllm:kv_offload_load_bytes") == s.get("vllm:kv_offload_total_bytes",
-                                                                transfer_type="CPU_to_GPU")
-            assert s.get("vllm:kv_offload_store_bytes") == s.get("vllm:kv_offload_total_bytes",
-                                                                 transfer_type="GPU_to_CPU")
+            assert s.get("vllm:kv_offload_load_bytes") == s.get(
+                "vllm:kv_offload_total_bytes", transfer_type="CPU_to_GPU"
+            )
+            assert s.get("vllm:kv_offload_store_bytes") == s.get(
+                "vllm:kv_offload_total_bytes", transfer_type="GPU_to_CPU"
+            )
         if setup == "none":
             assert ext == 0 and s.get("vllm:external_prefix_cache_queries") == 0
 
         # and the same holds in the exposition itself
-        samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
-                   for f in text_string_to_metric_families(render(build_registry(e)).decode()) for x in f.samples}
+        samples = {
+            (x.name, tuple(sorted(x.labels.items()))): x.value
+            for f in text_string_to_metric_families(render(build_registry(e)).decode())
+            for x in f.samples
+        }
         lbl = (("engine", "0"), ("model_name", e.cfg.served_model_name))
         total = samples[("vllm:prompt_tokens_total", lbl)]
-        parts = sum(samples[("vllm:prompt_tokens_by_source_total", tuple(sorted((*lbl, ("source", src)))))]
-                    for src in ("local_compute", "local_cache_hit", "external_kv_transfer"))
+        parts = sum(
+            samples[("vllm:prompt_tokens_by_source_total", tuple(sorted((*lbl, ("source", src)))))]
+            for src in ("local_compute", "local_cache_hit", "external_kv_transfer")
+        )
         assert parts == total

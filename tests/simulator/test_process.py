@@ -45,9 +45,22 @@ def wait_healthy(p: subprocess.Popen[str], url: str, timeout: float = 30.0) -> N
 def sim(tmp: Path, *argv: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], str]]:
     port = free_port()
     p = subprocess.Popen(
-        [*KVSCOPE, "--port", str(port), "--sim-shm-dir", str(tmp / "shm"), "--sim-state-dir", str(tmp / "state"),
-         "--uvicorn-log-level", "warning", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        [
+            *KVSCOPE,
+            "--port",
+            str(port),
+            "--sim-shm-dir",
+            str(tmp / "shm"),
+            "--sim-state-dir",
+            str(tmp / "state"),
+            "--uvicorn-log-level",
+            "warning",
+            *argv,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     try:
         yield p, f"http://127.0.0.1:{port}"
@@ -63,8 +76,13 @@ def stop(p: subprocess.Popen[str], sig: int) -> int:
 
 
 def smi(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "simulator.fake_nvidia_smi", *args], capture_output=True,
-                          text=True, timeout=30, env={**os.environ, "KVSCOPE_SIM_STATE_DIR": str(tmp / "state")})
+    return subprocess.run(
+        [sys.executable, "-m", "simulator.fake_nvidia_smi", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "KVSCOPE_SIM_STATE_DIR": str(tmp / "state")},
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -96,16 +114,39 @@ def test_sim_process_lifecycle(tmp_path: Path, sig: int) -> None:
 def test_bad_flags_and_startup_failures_exit_like_vllm(tmp_path: Path) -> None:
     r = subprocess.run([*KVSCOPE, "--enable-offload"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unrecognized arguments: --enable-offload" in r.stderr
-    r = subprocess.run([*KVSCOPE, "--profile", "rtx4070-qwen3.5-4b", "--kv-offloading-size", "1",
-                        "--kv-offloading-backend", "lmcache", "--sim-shm-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            *KVSCOPE,
+            "--profile",
+            "rtx4070-qwen3.5-4b",
+            "--kv-offloading-size",
+            "1",
+            "--kv-offloading-backend",
+            "lmcache",
+            "--sim-shm-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert "failed to convert the KV cache specs to one unified type" in r.stderr
     assert not list(tmp_path.iterdir())
 
 
-HYBRID = ("--profile", "rtx4070-qwen3.5-4b", "--num-gpu-blocks-override", "2", "--max-model-len", "1600",
-          "--kv-offloading-size", "0.15", "--sim-time-scale", "20")
+HYBRID = (
+    "--profile",
+    "rtx4070-qwen3.5-4b",
+    "--num-gpu-blocks-override",
+    "2",
+    "--max-model-len",
+    "1600",
+    "--kv-offloading-size",
+    "0.15",
+    "--sim-time-scale",
+    "20",
+)
 
 
 def _evict(url: str) -> None:
@@ -161,8 +202,9 @@ def test_sigterm_during_startup_delay_exits_cleanly(tmp_path: Path) -> None:
     assert not list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
 
 
-def test_agent_nvidia_smi_source_reads_a_running_sim_through_the_fake(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_agent_nvidia_smi_source_reads_a_running_sim_through_the_fake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from agent.gpu_smi import SmiSource
 
     fake = Path(sys.executable).parent / "kvscope-fake-nvidia-smi"
@@ -172,12 +214,13 @@ def test_agent_nvidia_smi_source_reads_a_running_sim_through_the_fake(tmp_path: 
         src = SmiSource(exe=str(fake), interval_s=0.2, apps_every_s=0.0)
         try:
             for i in range(3):  # reload traffic: stores (tx) and, after eviction, loads (rx)
-                httpx.post(url + "/v1/completions", json={"prompt": doc_text(i % 2, 1200), "max_tokens": 2},
-                           timeout=10)
+                httpx.post(url + "/v1/completions", json={"prompt": doc_text(i % 2, 1200), "max_tokens": 2}, timeout=10)
             deadline = time.monotonic() + 20
             got: dict[str, float] = {}
-            while time.monotonic() < deadline and not {"kvscope:gpu_memory_used_bytes",
-                                                       "kvscope:gpu_process_memory_bytes"} <= set(got):
+            while time.monotonic() < deadline and not {
+                "kvscope:gpu_memory_used_bytes",
+                "kvscope:gpu_process_memory_bytes",
+            } <= set(got):
                 reading = src.read(time.monotonic())
                 got |= {s.name: s.value for s in reading.samples}
                 time.sleep(0.3)

@@ -49,26 +49,39 @@ def test_info_endpoints_and_marker() -> None:
 
 def test_completion_and_chat_shapes_and_token_counts() -> None:
     async def body(c: httpx.AsyncClient) -> None:
-        r = await c.post("/v1/completions", json={"model": "Qwen/Qwen3-0.6B", "prompt": doc_text(0, 50),
-                                                   "max_tokens": 5})
+        r = await c.post(
+            "/v1/completions", json={"model": "Qwen/Qwen3-0.6B", "prompt": doc_text(0, 50), "max_tokens": 5}
+        )
         j = r.json()
         assert r.status_code == 200 and j["object"] == "text_completion"
-        assert j["usage"] == {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55,
-                              "prompt_tokens_details": None}
+        assert j["usage"] == {
+            "prompt_tokens": 50,
+            "completion_tokens": 5,
+            "total_tokens": 55,
+            "prompt_tokens_details": None,
+        }
         assert j["choices"][0]["finish_reason"] == "length" and len(j["choices"][0]["text"].split()) == 5
         r = await c.post("/v1/completions", json={"prompt": list(range(40)), "max_tokens": 2})
         assert r.json()["usage"]["prompt_tokens"] == 40
-        r = await c.post("/v1/chat/completions",
-                         json={"messages": [{"role": "system", "content": "be brief"},
-                                            {"role": "user", "content": [{"type": "text", "text": "hi there"}]}],
-                               "max_tokens": 3})
+        r = await c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "hi there"}]},
+                ],
+                "max_tokens": 3,
+            },
+        )
         j = r.json()
         assert j["object"] == "chat.completion" and j["choices"][0]["message"]["role"] == "assistant"
         assert j["usage"]["prompt_tokens"] == (3 + 2) + (3 + 2) + 2  # per message: 3 template tokens + words
-        same = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                           "max_tokens": 3, "seed": 1})
-        again = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                            "max_tokens": 3})
+        same = await c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "seed": 1}
+        )
+        again = await c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+        )
         assert same.json()["choices"][0]["message"]["content"] == again.json()["choices"][0]["message"]["content"]
 
     with_client(["--profile", "tiny"], body)
@@ -76,9 +89,16 @@ def test_completion_and_chat_shapes_and_token_counts() -> None:
 
 def test_streaming_chat_and_completion() -> None:
     async def body(c: httpx.AsyncClient) -> None:
-        async with c.stream("POST", "/v1/chat/completions",
-                            json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3,
-                                  "stream": True, "stream_options": {"include_usage": True}}) as r:
+        async with c.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             assert float(r.headers["x-kvscope-sim-ttft-ms"]) > 0
             lines = [ln async for ln in r.aiter_lines() if ln]
@@ -87,8 +107,7 @@ def test_streaming_chat_and_completion() -> None:
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert [ch["choices"][0]["finish_reason"] for ch in chunks[1:4]] == [None, None, "length"]
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
-        async with c.stream("POST", "/v1/completions", json={"prompt": "a b c", "max_tokens": 2,
-                                                             "stream": True}) as r:
+        async with c.stream("POST", "/v1/completions", json={"prompt": "a b c", "max_tokens": 2, "stream": True}) as r:
             lines = [ln async for ln in r.aiter_lines() if ln]
         assert len(lines) == 3 and json.loads(lines[0][6:])["object"] == "text_completion"
 
@@ -100,20 +119,35 @@ def test_streaming_chat_and_completion() -> None:
     [
         (b"{not json", 400, "BadRequestError", "JSON decode error"),
         (b"[1, 2]", 400, "BadRequestError", "valid dictionary"),
-        (json.dumps({"prompt": "x", "max_tokens": -1}).encode(), 400, "BadRequestError",
-         "max_tokens must be at least 1, got -1."),
+        (
+            json.dumps({"prompt": "x", "max_tokens": -1}).encode(),
+            400,
+            "BadRequestError",
+            "max_tokens must be at least 1, got -1.",
+        ),
         (json.dumps({"prompt": "x", "max_tokens": "many"}).encode(), 400, "BadRequestError", "valid integer"),
-        (json.dumps({"prompt": doc_text(0, 2100)}).encode(), 400, "BadRequestError",
-         "maximum context length is 2048 tokens. However, your request has 2100 input tokens"),
-        (json.dumps({"prompt": doc_text(0, 2040), "max_tokens": 20}).encode(), 400, "BadRequestError",
-         "'max_tokens' or 'max_completion_tokens' is too large: 20"),
-        (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), 404, "NotFoundError",
-         "The model `gpt-4` does not exist."),
+        (
+            json.dumps({"prompt": doc_text(0, 2100)}).encode(),
+            400,
+            "BadRequestError",
+            "maximum context length is 2048 tokens. However, your request has 2100 input tokens",
+        ),
+        (
+            json.dumps({"prompt": doc_text(0, 2040), "max_tokens": 20}).encode(),
+            400,
+            "BadRequestError",
+            "'max_tokens' or 'max_completion_tokens' is too large: 20",
+        ),
+        (
+            json.dumps({"prompt": "x", "model": "gpt-4"}).encode(),
+            404,
+            "NotFoundError",
+            "The model `gpt-4` does not exist.",
+        ),
         (json.dumps({"max_tokens": 2}).encode(), 400, "BadRequestError", "Field required"),
     ],
 )
-def test_bad_input_gets_vllm_status_and_error_shape(payload: bytes, status: int, err_type: str,
-                                                    fragment: str) -> None:
+def test_bad_input_gets_vllm_status_and_error_shape(payload: bytes, status: int, err_type: str, fragment: str) -> None:
     async def body(c: httpx.AsyncClient) -> httpx.Response:
         return await c.post("/v1/completions", content=payload, headers={"content-type": "application/json"})
 
@@ -143,8 +177,9 @@ def test_reset_prefix_cache_only_in_dev_mode() -> None:
 def test_concurrent_http_requests_queue() -> None:
     async def body(c: httpx.AsyncClient) -> list[float]:
         await c.post("/v1/completions", json={"prompt": "warm", "max_tokens": 1})
-        rs = await asyncio.gather(*(c.post("/v1/completions", json={"prompt": doc_text(i, 3000), "max_tokens": 1})
-                                    for i in range(4)))
+        rs = await asyncio.gather(
+            *(c.post("/v1/completions", json={"prompt": doc_text(i, 3000), "max_tokens": 1}) for i in range(4))
+        )
         return sorted(float(r.headers["x-kvscope-sim-ttft-ms"]) for r in rs)
 
     # time_scale 10: arrivals a few wall-clock ms apart still overlap in model time
@@ -222,9 +257,17 @@ def test_offload_config_info_appears_after_the_first_step() -> None:
 
 
 def test_tiering_families_with_tier_labels(tmp_path: Path) -> None:
-    tc = json.dumps({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                     "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 2**26,
-                                                   "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path)}]}})
+    tc = json.dumps(
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec",
+                "cpu_bytes_to_use": 2**26,
+                "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path)}],
+            },
+        }
+    )
     fams = _scrape(["--profile", "tiny", "--kv-transfer-config", tc])
     tiers = {s.labels["tier"] for s in fams["vllm:kv_offload_tiering_block_queries"].samples}
     assert tiers == {"0:primary", "1:fs"}
@@ -234,13 +277,24 @@ def test_tiering_families_with_tier_labels(tmp_path: Path) -> None:
 
 def test_hybrid_crash_over_http_fails_in_flight_requests_and_calls_fatal() -> None:
     fatal: list[str] = []
-    argv = ["--profile", "rtx4070-qwen3.5-4b", "--num-gpu-blocks-override", "2", "--max-model-len", "1600",
-            "--kv-offloading-size", "0.15", "--hybrid-failure", "crash"]
+    argv = [
+        "--profile",
+        "rtx4070-qwen3.5-4b",
+        "--num-gpu-blocks-override",
+        "2",
+        "--max-model-len",
+        "1600",
+        "--kv-offloading-size",
+        "0.15",
+        "--hybrid-failure",
+        "crash",
+    ]
 
     async def body(c: httpx.AsyncClient) -> tuple[int, int, int]:
         for i in (1, 2):
-            assert (await c.post("/v1/completions", json={"prompt": doc_text(i, 900), "max_tokens": 2})).status_code \
-                == 200
+            assert (
+                await c.post("/v1/completions", json={"prompt": doc_text(i, 900), "max_tokens": 2})
+            ).status_code == 200
         reload = await c.post("/v1/completions", json={"prompt": doc_text(1, 900), "max_tokens": 2})
         after = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         health = await c.get("/health")
@@ -263,12 +317,26 @@ def test_legacy_metric_names_view_and_load_endpoint() -> None:
     fams = _families(text)
     legacy = json.loads((FIX / "metric_catalog.json").read_text())["metrics"]
     olds = {o.split()[0] for m in legacy for o in m.get("older_names", [])}
-    assert {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total",
-            "vllm:time_per_output_token_seconds"} <= olds
-    assert {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits",
-            "vllm:time_per_output_token_seconds", "vllm:kv_offload_total_bytes"} <= set(fams)
-    assert not {"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries", "vllm:prompt_tokens_by_source",
-                "vllm:kv_offload_load_bytes", "vllm:inter_token_latency_seconds"} & set(fams)
+    assert {
+        "vllm:gpu_cache_usage_perc",
+        "vllm:gpu_prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_hits_total",
+        "vllm:time_per_output_token_seconds",
+    } <= olds
+    assert {
+        "vllm:gpu_cache_usage_perc",
+        "vllm:gpu_prefix_cache_queries",
+        "vllm:gpu_prefix_cache_hits",
+        "vllm:time_per_output_token_seconds",
+        "vllm:kv_offload_total_bytes",
+    } <= set(fams)
+    assert not {
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries",
+        "vllm:prompt_tokens_by_source",
+        "vllm:kv_offload_load_bytes",
+        "vllm:inter_token_latency_seconds",
+    } & set(fams)
     hits = [s.value for s in fams["vllm:gpu_prefix_cache_hits"].samples if s.name.endswith("_total")]
     assert hits == [288.0]
 
@@ -276,8 +344,16 @@ def test_legacy_metric_names_view_and_load_endpoint() -> None:
 def test_many_concurrent_clients_all_get_answers() -> None:
     """Regression: events produced while a request was being submitted were once dropped, so some
     concurrent requests never got their answer."""
-    argv = ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--kv-cache-memory-bytes", "268435456",
-            "--max-model-len", "2048", "--kv-offloading-size", "0.5"]
+    argv = [
+        "--profile",
+        "laptop8gb-qwen3-reranker-0.6b",
+        "--kv-cache-memory-bytes",
+        "268435456",
+        "--max-model-len",
+        "2048",
+        "--kv-offloading-size",
+        "0.5",
+    ]
 
     async def body(c: httpx.AsyncClient) -> int:
         sem = asyncio.Semaphore(4)

@@ -14,34 +14,71 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-TTFT_LE = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0",
-           "2.5", "5.0", "10.0", "+Inf"]
+TTFT_LE = [
+    "0.001",
+    "0.005",
+    "0.01",
+    "0.02",
+    "0.04",
+    "0.06",
+    "0.08",
+    "0.1",
+    "0.25",
+    "0.5",
+    "0.75",
+    "1.0",
+    "2.5",
+    "5.0",
+    "10.0",
+    "+Inf",
+]
 ITL_LE = ["0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "+Inf"]
 BYTES_PER_TOKEN = 147_456
 ID = {"model_name": "qwen3-8b", "engine": "0"}
 CACHE_CONFIG = {
-    **ID, "block_size": "16", "cache_dtype": "auto", "enable_prefix_caching": "True",
-    "kv_offloading_size": "4", "kv_offloading_backend": "native", "num_gpu_blocks": "4096",
+    **ID,
+    "block_size": "16",
+    "cache_dtype": "auto",
+    "enable_prefix_caching": "True",
+    "kv_offloading_size": "4",
+    "kv_offloading_backend": "native",
+    "num_gpu_blocks": "4096",
 }
 TYPES = {
-    "vllm:prompt_tokens_by_source": "counter", "vllm:prompt_tokens": "counter",
-    "vllm:prompt_tokens_cached": "counter", "vllm:prefix_cache_hits": "counter",
-    "vllm:prefix_cache_queries": "counter", "vllm:external_prefix_cache_hits": "counter",
-    "vllm:external_prefix_cache_queries": "counter", "vllm:kv_offload_load_bytes": "counter",
-    "vllm:kv_offload_load_time": "counter", "vllm:kv_offload_store_bytes": "counter",
-    "vllm:kv_offload_store_time": "counter", "vllm:num_preemptions": "counter",
-    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:external_prefix_cache_hits": "counter",
+    "vllm:external_prefix_cache_queries": "counter",
+    "vllm:kv_offload_load_bytes": "counter",
+    "vllm:kv_offload_load_time": "counter",
+    "vllm:kv_offload_store_bytes": "counter",
+    "vllm:kv_offload_store_time": "counter",
+    "vllm:num_preemptions": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
     "vllm:request_prefill_time_seconds": "histogram",
-    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge", "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:kv_offload_cpu_cache_usage_perc": "gauge", "vllm:cache_config_info": "gauge",
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:kv_offload_cpu_cache_usage_perc": "gauge",
+    "vllm:cache_config_info": "gauge",
 }
 HOST_TYPES = {
-    "kvscope:gpu_memory_used_bytes": "gauge", "kvscope:gpu_memory_total_bytes": "gauge",
-    "kvscope:gpu_utilization_ratio": "gauge", "kvscope:gpu_pcie_rx_bytes_per_second": "gauge",
-    "kvscope:gpu_pcie_tx_bytes_per_second": "gauge", "kvscope:gpu_pcie_link_gen": "gauge",
-    "kvscope:gpu_pcie_link_width": "gauge", "kvscope:gpu_count": "gauge",
-    "kvscope:host_memory_total_bytes": "gauge", "kvscope:host_memory_available_bytes": "gauge",
-    "kvscope:pinned_offload_file_bytes": "gauge", "kvscope:pinned_offload_resident_bytes": "gauge",
+    "kvscope:gpu_memory_used_bytes": "gauge",
+    "kvscope:gpu_memory_total_bytes": "gauge",
+    "kvscope:gpu_utilization_ratio": "gauge",
+    "kvscope:gpu_pcie_rx_bytes_per_second": "gauge",
+    "kvscope:gpu_pcie_tx_bytes_per_second": "gauge",
+    "kvscope:gpu_pcie_link_gen": "gauge",
+    "kvscope:gpu_pcie_link_width": "gauge",
+    "kvscope:gpu_count": "gauge",
+    "kvscope:host_memory_total_bytes": "gauge",
+    "kvscope:host_memory_available_bytes": "gauge",
+    "kvscope:pinned_offload_file_bytes": "gauge",
+    "kvscope:pinned_offload_resident_bytes": "gauge",
     "kvscope:pinned_vllm_rss_shmem_bytes": "gauge",
 }
 
@@ -157,9 +194,17 @@ def host_samples(rng: random.Random) -> list[dict[str, Any]]:
 
 
 def recorded_batches(
-    t0: float, n: int, *, interval: float = 5.0, reset_at: int | None = None, seed: int = 7,
-    instance: str = "http://127.0.0.1:8000", host: str = "rig1", agent_id: str = "agent-rec",
-    simulated: bool = False, seq0: int = 1,
+    t0: float,
+    n: int,
+    *,
+    interval: float = 5.0,
+    reset_at: int | None = None,
+    seed: int = 7,
+    instance: str = "http://127.0.0.1:8000",
+    host: str = "rig1",
+    agent_id: str = "agent-rec",
+    simulated: bool = False,
+    seq0: int = 1,
 ) -> list[dict[str, Any]]:
     """n batches, one scrape each, about `interval` apart (jittered); counters restart at reset_at."""
     rng = random.Random(seed)
@@ -172,14 +217,30 @@ def recorded_batches(
         if reset_at is not None and i == reset_at:
             eng.reset()
         eng.step(dt)
-        out.append({
-            "agent_id": agent_id, "host": host, "seq": seq0 + i, "sent_at": t,
-            "scrapes": [{
-                "instance": instance, "ts": t, "ok": True, "healthy": True, "model": "qwen3-8b",
-                "version": "0.33.0", "simulated": simulated, "types": dict(TYPES), "samples": eng.samples(),
-            }],
-            "host_ts": t, "host_samples": host_samples(rng), "host_types": dict(HOST_TYPES),
-        })
+        out.append(
+            {
+                "agent_id": agent_id,
+                "host": host,
+                "seq": seq0 + i,
+                "sent_at": t,
+                "scrapes": [
+                    {
+                        "instance": instance,
+                        "ts": t,
+                        "ok": True,
+                        "healthy": True,
+                        "model": "qwen3-8b",
+                        "version": "0.33.0",
+                        "simulated": simulated,
+                        "types": dict(TYPES),
+                        "samples": eng.samples(),
+                    }
+                ],
+                "host_ts": t,
+                "host_samples": host_samples(rng),
+                "host_types": dict(HOST_TYPES),
+            }
+        )
     return out
 
 

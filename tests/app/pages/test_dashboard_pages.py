@@ -134,18 +134,30 @@ def test_empty_states_say_why(client: Any, token: str, clock: Any, batch_factory
     # an instance without offload and a host whose agent found no GPU
     t = clock()
     for seq in range(1, 6):
-        b = batch_factory(seq, t - 50 + seq * 5, samples=[
-            ("vllm:prompt_tokens_total", {"model_name": "m"}, 100.0 * seq),
-            ("vllm:cache_config_info", {"model_name": "m", "kv_offloading_size": "None", "block_size": "2096"}, 1.0),
-        ])
+        b = batch_factory(
+            seq,
+            t - 50 + seq * 5,
+            samples=[
+                ("vllm:prompt_tokens_total", {"model_name": "m"}, 100.0 * seq),
+                (
+                    "vllm:cache_config_info",
+                    {"model_name": "m", "kv_offloading_size": "None", "block_size": "2096"},
+                    1.0,
+                ),
+            ],
+        )
         b["host_ts"] = b["sent_at"]
-        b["host_samples"] = [{"name": "kvscope:gpu_count", "labels": {}, "value": 0.0},
-                             {"name": "kvscope:gpu_source_info", "labels": {"source": "none"}, "value": 1.0}]
+        b["host_samples"] = [
+            {"name": "kvscope:gpu_count", "labels": {}, "value": 0.0},
+            {"name": "kvscope:gpu_source_info", "labels": {"source": "none"}, "value": 1.0},
+        ]
         r = client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200
     clock.t = t + 2
+
     def empty(key: str) -> str | None:
         return client.get(f"/api/v1/instances/1/charts/{key}?range=15m").json()["empty"]
+
     assert "no offload configured" in (empty("transfer") or "")
     assert "no GPU on this host" in (empty("gpu") or "")
     assert "no " in (empty("latency") or "")
@@ -158,11 +170,16 @@ def test_empty_states_say_why(client: Any, token: str, clock: Any, batch_factory
 def test_hybrid_block_size_is_called_out(client: Any, token: str, clock: Any, batch_factory: Any) -> None:
     t = clock()
     for seq in range(1, 5):
-        b = batch_factory(seq, t - 40 + seq * 5, samples=[
-            ("vllm:prefix_cache_queries_total", {"model_name": "m"}, 1000.0 * seq),
-            ("vllm:prefix_cache_hits_total", {"model_name": "m"}, 0.0),
-            ("vllm:cache_config_info", {"model_name": "m", "block_size": "2096"}, 1.0),
-        ], types={"vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter"})
+        b = batch_factory(
+            seq,
+            t - 40 + seq * 5,
+            samples=[
+                ("vllm:prefix_cache_queries_total", {"model_name": "m"}, 1000.0 * seq),
+                ("vllm:prefix_cache_hits_total", {"model_name": "m"}, 0.0),
+                ("vllm:cache_config_info", {"model_name": "m", "block_size": "2096"}, 1.0),
+            ],
+            types={"vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter"},
+        )
         assert client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"}).status_code == 200
     clock.t = t + 1
     body = client.get("/api/v1/instances/1/charts/hitrates?range=15m").json()
@@ -204,8 +221,14 @@ def test_restarting_then_down(client: Any, token: str, clock: Any, batch_factory
     assert client.post("/api/v1/ingest", json=batch_factory(1, t - 10), headers=auth).status_code == 200
     b = batch_factory(2, t - 5)
     b["scrapes"][0].update(ok=False, healthy=False, error="connection refused", samples=[])
-    b["events"] = [{"ts": t - 6, "kind": "restart", "message": "vLLM restarted by the launcher",
-                    "instance": "http://127.0.0.1:8000"}]
+    b["events"] = [
+        {
+            "ts": t - 6,
+            "kind": "restart",
+            "message": "vLLM restarted by the launcher",
+            "instance": "http://127.0.0.1:8000",
+        }
+    ]
     assert client.post("/api/v1/ingest", json=b, headers=auth).status_code == 200
     html = client.get("/").text
     assert 'data-state="restarting"' in html and "connection refused" in html
@@ -217,16 +240,21 @@ def test_restarting_then_down(client: Any, token: str, clock: Any, batch_factory
     assert 'data-state="down"' in client.get("/").text
 
 
-def test_instance_page_links_apply_ab_alert_rules_and_loads_rollouts(client: Any, token: str, clock: Any,
-                                                                     batch_factory: Any) -> None:
+def test_instance_page_links_apply_ab_alert_rules_and_loads_rollouts(
+    client: Any, token: str, clock: Any, batch_factory: Any
+) -> None:
     """The instance page is where a user starts a switch or an A/B: the links must lead somewhere real."""
     r = client.post("/api/v1/ingest", json=batch_factory(1, clock()), headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200
     iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
     page = client.get(f"/instances/{iid}")
     assert page.status_code == 200
-    for href in (f"/instances/{iid}/apply", f"/instances/{iid}/experiment", f"/alerts/rules?instance={iid}",
-                 f"/instances/{iid}/rollouts"):
+    for href in (
+        f"/instances/{iid}/apply",
+        f"/instances/{iid}/experiment",
+        f"/alerts/rules?instance={iid}",
+        f"/instances/{iid}/rollouts",
+    ):
         assert href in page.text
         target = client.get(href)
         assert target.status_code == 200, (href, target.text[:300])

@@ -59,8 +59,10 @@ def test_overview_of_a_fresh_instance_shows_its_few_minutes(tmp_path: Any) -> No
     batches = recorded_batches(T0 - 240, 48, interval=5.0)  # 4 minutes of scrapes
     with fed_app(tmp_path, batches, T0) as (_app, client, _clock):
         html = client.get("/").text
-    figs = {fid: json.loads(body) for fid, body in
-            re.findall(r'<script type="application/json" id="([^"]+)">(.*?)</script>', html, re.S)}
+    figs = {
+        fid: json.loads(body)
+        for fid, body in re.findall(r'<script type="application/json" id="([^"]+)">(.*?)</script>', html, re.S)
+    }
     first, last = batches[0]["sent_at"], batches[-1]["sent_at"]
     for fid in ("spark-hit-1", "spark-ttft-1"):
         fig = figs[fid]
