@@ -224,9 +224,17 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
 
 
 def range_increase(s: TieredSeries, start: float, end: float) -> float:
-    """Reset-corrected increase of a counter over [start, end] from whichever tier it came."""
+    """Reset-corrected increase of a counter over [start, end] from whichever tier it came. Raw:
+    counted from the last fetched point before start (app.storage.raw_store.counter_increases
+    does the same in the database); rollups: the buckets inside the range, each counted from the
+    sample before it."""
     if s.tier == "raw":
-        return increase([p for p in _all_points(s) if start <= p[0] <= end])
+        pts = _all_points(s)
+        inside = [p for p in pts if start <= p[0] <= end]
+        if not inside:
+            return 0.0
+        before = [p for p in pts if p[0] < start]
+        return increase(before[-1:] + inside)
     return sum(b.inc or 0.0 for b in s.buckets if b.ts >= start and b.ts + s.res <= end + 1e-9)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from agent import kv_vocabulary as kv
 from app.derived.evaluate import Values, gauge_window, range_increase
 from app.derived.grid import Grid, make_grid
 from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
@@ -58,8 +59,10 @@ class Scope:
     state: str  # up | down | restarting | stale
     lookback: float
     live: LiveValues | None = None  # raw tier: reuse final values of earlier refreshes (pages)
+    raw_since: float | None = None  # raw samples are kept from here on (range increases read them)
     _cache: dict[tuple[bool, str], list[TieredSeries]] = field(default_factory=dict)
     _lean_cache: dict[str, list[TieredSeries]] = field(default_factory=dict)
+    _tiers: list[str] | None = None
 
     @property
     def instance_id(self) -> int:
@@ -93,8 +96,12 @@ class Scope:
 
     def range_increases(self, names: list[str], start: float, end: float) -> dict[str, list[Increase]]:
         """Reset-corrected increase over [start, end] of each instance counter named, with its
-        labels. Live raw scopes ask the database (no points shipped); others fold fetched points."""
-        if self.live is not None and self.grid.tier == "raw":
+        labels, counted from the last sample before start. Within raw retention the database
+        folds the raw samples (no points shipped, exact at any window edge, whatever tier the
+        charts use); beyond it, fetched rollup buckets inside the range."""
+        if (self.live is not None and self.grid.tier == "raw") or (
+            self.raw_since is not None and start >= self.raw_since
+        ):
             metas = series_meta(self.engine, names, instance_id=self.instance_id, host_id=None)
             incs = counter_increases(self.engine, [m[0] for m in metas], start, end)
             out: dict[str, list[Increase]] = {n: [] for n in names}
@@ -179,19 +186,50 @@ def make_scope(
     grid = make_grid(start, end, chosen, px, gap)
     # raw: one rate window or gauge lookback (whichever is longer) before the first instant; rollups one step
     lookback = gauge_window(grid) + 1.0 if chosen == "raw" else grid.step
-    return Scope(engine=engine, instance=instance, grid=grid, now=now, state=state, lookback=lookback, live=live)
+    return Scope(
+        engine=engine,
+        instance=instance,
+        grid=grid,
+        now=now,
+        state=state,
+        lookback=lookback,
+        live=live,
+        raw_since=now - raw_retention_s,
+    )
 
 
 def offload_size_bytes(instance: dict[str, Any]) -> float | None:
     """Configured CPU offload size: kv_offloading_size (GiB, "None" when off) of cache_config_info."""
-    raw = (instance.get("cache_config") or {}).get("kv_offloading_size")
-    if raw is None or str(raw).strip() in ("", "None", "none", "0", "0.0"):
-        return None
+    gib = kv.configured_offload_gib(instance.get("cache_config"))
+    return gib * 2**30 if gib is not None else None
+
+
+TIERING_HITS = "vllm:kv_offload_tiering_block_hits_total"
+
+
+def offload_tiers(scope: Scope) -> list[str]:
+    """The offload tiers of the instance over the scope's range, named by what they are (see
+    agent.kv_vocabulary.offload_tiers): configured backend, TieringOffloadingSpec tiers, and the
+    tiers prompt_tokens_cached_by_source saw supply tokens. Memoised on the scope."""
+    memo = getattr(scope, "_tiers", None)
+    if memo is not None:
+        return memo
+    g = scope.grid
+    got = scope.range_increases([kv.CACHED_BY_SOURCE, TIERING_HITS], g.start, g.end)
+    moved = sorted({str(lab.get("source", "")) for lab, inc in got.get(kv.CACHED_BY_SOURCE, []) if inc > 0})
+    tiering = sorted({str(lab.get("tier", "")) for lab, _inc in got.get(TIERING_HITS, [])})
+    cfg = scope.instance.get("cache_config") or {}
+    tiers = kv.offload_tiers(cfg, cached_sources=moved, tiering_tiers=tiering, lmcache=False)
     try:
-        gib = float(raw)
-    except ValueError:
-        return None
-    return gib * 2**30 if gib > 0 else None
+        scope._tiers = tiers
+    except AttributeError:
+        pass
+    return tiers
+
+
+def offload_tier(scope: Scope) -> str | None:
+    """One name for the instance's offload tiers ("CPU", "disk", "CPU + disk" ...), None if none."""
+    return kv.tier_name(offload_tiers(scope))
 
 
 def offload_capacity_bytes(instance: dict[str, Any]) -> float | None:

@@ -66,17 +66,28 @@ def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> 
 _INCREASES = text("""
 SELECT series_id, SUM(CASE WHEN prev IS NULL THEN 0.0 WHEN value >= prev THEN value - prev ELSE value END)
 FROM (
-    SELECT series_id, value, LAG(value) OVER (PARTITION BY series_id ORDER BY ts_ms) AS prev
-    FROM samples WHERE series_id IN :ids AND ts_ms >= :lo AND ts_ms <= :hi
+    SELECT series_id, ts_ms, value, LAG(value) OVER (PARTITION BY series_id ORDER BY ts_ms) AS prev
+    FROM (
+        SELECT series_id, ts_ms, value FROM samples WHERE series_id IN :ids AND ts_ms >= :lo AND ts_ms <= :hi
+        UNION ALL
+        SELECT b.series_id, b.ts_ms, b.value FROM series AS x CROSS JOIN LATERAL (
+            SELECT series_id, ts_ms, value FROM samples
+            WHERE series_id = x.id AND ts_ms < :lo ORDER BY ts_ms DESC LIMIT 1
+        ) AS b
+        WHERE x.id IN :ids
+    ) AS window_and_before
 ) AS steps
 GROUP BY series_id
+HAVING MAX(ts_ms) >= :lo
 """).bindparams(bindparam("ids", expanding=True))
 
 
 def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: float) -> dict[int, float]:
-    """Reset-corrected increase of each counter over the raw points in [start, end] (a decrease
-    is a restart: the new value is all increase), as app.rates.increase computes it. Series with
-    no point there are absent; one point gives 0."""
+    """Reset-corrected increase of each counter over [start, end], counted from the last sample
+    before start (as PromQL's increase over adjacent windows and the rollup buckets do: traffic
+    between that sample and the first one inside belongs to the window). A decrease is a restart:
+    the new value is all increase, as app.rates.increase computes it. Series with no point in
+    [start, end] are absent; one point and nothing before it gives 0."""
     if not ids:
         return {}
     lo, hi = int(start * 1000), int(end * 1000)
@@ -86,9 +97,11 @@ def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: flo
             cur = conn.connection.cursor()
             try:
                 sql = "SELECT value FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
+                before = "SELECT value FROM samples WHERE series_id = ? AND ts_ms < ? ORDER BY ts_ms DESC LIMIT 1"
                 for sid in ids:
                     values = [v for (v,) in cur.execute(sql, (sid, lo, hi))]
                     if values:
+                        values[:0] = [v for (v,) in cur.execute(before, (sid, lo))]
                         out[int(sid)] = sum((b - a if b >= a else b for a, b in pairwise(values)), 0.0)
             finally:
                 cur.close()

@@ -1,0 +1,221 @@
+"""The KV vocabulary every part of kvscope speaks: where prompt tokens came from, how hit rates are
+defined (one fallback order), which offload tier reloaded them, and their colours and labels.
+
+Pure standard library, beside the wire contract (agent/protocol.py): the agent (workload
+snapshots, probes) and the app (charts, overview, worth, summary API, exporter, alerts, A/B)
+import the same definitions, so a hit rate or a source colour cannot drift between them.
+
+Sources, as vLLM labels them in `vllm:prompt_tokens_by_source_total{source}`:
+- local_cache_hit       -> gpu_hit         the GPU prefix cache supplied them
+- external_kv_transfer  -> offload_reload  a KV connector reloaded them (CPU, disk, LMCache, ...)
+- local_compute         -> recompute       prefilled again
+Unknown source label values pass through under their own name.
+
+Hit rates (vLLM's own definitions, fixtures/vllm/NOTES.md), each a ratio of increases over one
+window (never a mean of per-instant ratios):
+- gpu:     prefix_cache_hits / prefix_cache_queries
+- offload: external_prefix_cache_hits / external_prefix_cache_queries
+- overall: cached prompt tokens / prompt tokens, where
+    cached  = prompt_tokens_cached_total (vLLM's own definition),
+              else local_cache_hit + external_kv_transfer of prompt_tokens_by_source;
+    prompts = prompt_tokens_total, else the sum of prompt_tokens_by_source.
+  vLLM keeps both equal (prompt_tokens_cached == local_cache_hit + external_kv_transfer), so the
+  fallbacks only matter on builds lacking a family; vLLM's own counter comes first because the
+  by-source counter is the one with a known decrement bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+# --- metric families -------------------------------------------------------------------------
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+CACHED = "vllm:prompt_tokens_cached_total"
+CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+GPU_HITS = "vllm:prefix_cache_hits_total"
+GPU_QUERIES = "vllm:prefix_cache_queries_total"
+EXT_HITS = "vllm:external_prefix_cache_hits_total"
+EXT_QUERIES = "vllm:external_prefix_cache_queries_total"
+LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+LOAD_TIME = "vllm:kv_offload_load_time_total"
+STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+STORE_TIME = "vllm:kv_offload_store_time_total"
+TIERING_PREFIX = "vllm:kv_offload_tiering_"
+LMCACHE_PREFIX = "lmcache:"
+
+
+# --- token sources ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenSource:
+    key: str  # gpu_hit | offload_reload | recompute (the summary API's keys)
+    vllm_label: str  # value of the `source` label of prompt_tokens_by_source
+    label: str  # what a person reads; the offload one is completed by the tier's name
+    color: str
+
+
+GPU_HIT = TokenSource("gpu_hit", "local_cache_hit", "GPU prefix-cache hit", "#2ca02c")
+OFFLOAD_RELOAD = TokenSource("offload_reload", "external_kv_transfer", "offload reload", "#1f77b4")
+RECOMPUTE = TokenSource("recompute", "local_compute", "recompute", "#d62728")
+SOURCES: tuple[TokenSource, ...] = (GPU_HIT, OFFLOAD_RELOAD, RECOMPUTE)  # stacking order
+SOURCE_BY_LABEL: dict[str, TokenSource] = {s.vllm_label: s for s in SOURCES}
+CACHED_SOURCE_LABELS: frozenset[str] = frozenset({GPU_HIT.vllm_label, OFFLOAD_RELOAD.vllm_label})
+
+
+def source_label(vllm_label: str, tier: str | None = None) -> str:
+    """How a source is named on screen: the offload reload by the tier it came from."""
+    src = SOURCE_BY_LABEL.get(vllm_label)
+    if src is None:
+        return vllm_label or "(no source label)"
+    if src is OFFLOAD_RELOAD:
+        return f"{tier or 'offload'} reload"
+    return src.label
+
+
+def source_color(vllm_label: str) -> str | None:
+    src = SOURCE_BY_LABEL.get(vllm_label)
+    return src.color if src is not None else None
+
+
+# --- offload tiers ---------------------------------------------------------------------------
+# prompt_tokens_cached_by_source{source}: the tier that supplied cached tokens (device = GPU)
+CACHED_SOURCE_TIERS: dict[str, str | None] = {
+    "device": None,
+    "host": "CPU",
+    "disk": "disk",
+    "p2p": "peer instance (p2p)",
+    "external_unspecified": "external connector",
+}
+# --kv-offloading-backend (cache_config_info kv_offloading_backend)
+BACKEND_TIERS: dict[str, str] = {"native": "CPU", "lmcache": "LMCache"}
+# TieringOffloadingSpec tier label kinds: "0:primary", "1:fs", "2:obj"
+TIERING_KINDS: dict[str, str] = {"primary": "CPU", "cpu": "CPU", "fs": "disk", "obj": "object store"}
+
+
+def configured_offload_gib(cache_config: Mapping[str, Any] | None) -> float | None:
+    """kv_offloading_size of cache_config_info in GiB; None when off ("None", 0) or unreadable."""
+    raw = (cache_config or {}).get("kv_offloading_size")
+    if raw is None or str(raw).strip() in ("", "None", "none"):
+        return None
+    try:
+        gib = float(str(raw))
+    except ValueError:
+        return None
+    return gib if gib > 0 and gib == gib and gib != float("inf") else None
+
+
+def offload_tiers(
+    cache_config: Mapping[str, Any] | None,
+    *,
+    cached_sources: Iterable[str] = (),
+    tiering_tiers: Iterable[str] = (),
+    lmcache: bool = False,
+) -> list[str]:
+    """The offload tiers an instance has, named by what they are (CPU, disk, LMCache, ...), in
+    order: the configured backend, TieringOffloadingSpec tiers, tiers that supplied cached tokens
+    (cached_sources: source labels of prompt_tokens_cached_by_source seen moving), LMCache metrics.
+    Empty when nothing shows an offload tier."""
+    names: list[str] = []
+
+    def add(name: str | None) -> None:
+        if name and name not in names:
+            names.append(name)
+
+    backend = str((cache_config or {}).get("kv_offloading_backend") or "")
+    if configured_offload_gib(cache_config) is not None:
+        add(BACKEND_TIERS.get(backend.lower(), backend if backend not in ("", "None") else "CPU"))
+    for tier in tiering_tiers:
+        kind = tier.split(":", 1)[-1].lower()
+        add(TIERING_KINDS.get(kind, kind or None))
+    for src in cached_sources:
+        add(CACHED_SOURCE_TIERS.get(src, src or None))
+    if lmcache:
+        add("LMCache")
+    return names
+
+
+def tier_name(tiers: Iterable[str]) -> str | None:
+    """One name for the offload tiers: "CPU", "CPU + disk", ...; None when there is none."""
+    names = list(tiers)
+    return " + ".join(names) if names else None
+
+
+# --- hit rates -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HitRateDef:
+    key: str  # gpu | offload | overall
+    label: str
+    color: str
+    hits: str  # the numerator's family (overall: see overall_terms for its fallbacks)
+    queries: str
+    meaning: str
+
+
+HIT_GPU = HitRateDef("gpu", "GPU prefix cache", GPU_HIT.color, GPU_HITS, GPU_QUERIES, "GPU prefix-cache hits / queries")
+HIT_OFFLOAD = HitRateDef(
+    "offload", "offload tier", OFFLOAD_RELOAD.color, EXT_HITS, EXT_QUERIES, "external (connector) hits / queries"
+)
+HIT_OVERALL = HitRateDef("overall", "overall", "#ff7f0e", CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens")
+HIT_RATES: tuple[HitRateDef, ...] = (HIT_GPU, HIT_OFFLOAD, HIT_OVERALL)
+HIT_RATE_NOTE = "GPU = hits/queries; offload = external hits/queries; overall = cached/prompt tokens."
+# every family a hit rate may read, per rate
+HIT_RATE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "gpu": (GPU_HITS, GPU_QUERIES),
+    "offload": (EXT_HITS, EXT_QUERIES),
+    "overall": (BY_SOURCE, CACHED, PROMPT_TOKENS),
+}
+
+T = TypeVar("T")
+
+
+def overall_terms(
+    counter: Callable[[str], T | None], by_source: Callable[[frozenset[str] | None], T | None]
+) -> tuple[T | None, T | None]:
+    """(cached tokens, prompt tokens) of the overall hit rate, in the one fallback order.
+
+    `counter(name)` is a family's increase (or rate) over the window, None when absent;
+    `by_source(labels)` the same summed over prompt_tokens_by_source series whose source is in
+    `labels` (None: every source), None when no such series. Works on floats and on per-instant
+    value lists alike: each consumer brings its own arithmetic, the order is defined here."""
+    cached = counter(CACHED)
+    if cached is None:
+        cached = by_source(CACHED_SOURCE_LABELS)
+    prompts = counter(PROMPT_TOKENS)
+    if prompts is None:
+        prompts = by_source(None)
+    return cached, prompts
+
+
+def share(part: float | None, whole: float | None) -> float | None:
+    """part / whole in 0..1; None without volume (a window without traffic has no hit rate)."""
+    if part is None or whole is None or whole <= 0:
+        return None
+    return max(0.0, min(1.0, part / whole))
+
+
+@dataclass(frozen=True)
+class HitRates:
+    gpu: float | None
+    offload: float | None
+    overall: float | None
+
+
+def hit_rates(increases: Mapping[str, float | None], by_source: Mapping[str, float]) -> HitRates:
+    """The three hit rates of one window from scalar increases: `increases` by family name (absent
+    or None: the server does not export it), `by_source` the increase per source label."""
+
+    def counter(name: str) -> float | None:
+        return increases.get(name)
+
+    def sources(labels: frozenset[str] | None) -> float | None:
+        vals = [v for k, v in by_source.items() if labels is None or k in labels]
+        return sum(vals) if vals else None
+
+    cached, prompts = overall_terms(counter, sources)
+    return HitRates(
+        share(counter(GPU_HITS), counter(GPU_QUERIES)),
+        share(counter(EXT_HITS), counter(EXT_QUERIES)),
+        share(cached, prompts),
+    )
