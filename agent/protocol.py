@@ -84,6 +84,39 @@ class RolloutUpdate:
 
 
 @dataclass(slots=True)
+class ReuseWindow:
+    """One push interval of one vLLM instance's KV-event stream, as LRU reuse distances (optional).
+
+    Built by ``agent/kvevents``: each block vLLM stores in its GPU prefix cache that was not
+    there already is a lookup an offload tier would have served; ``bins`` holds the
+    SHARDS-sampled, already scaled reuse distances of those lookups, in blocks, as
+    ``[[lower edge, weight], ...]`` on the fixed edges of ``agent.kvevents.reuse.BIN_EDGES``.
+    Windows add. Omitted from the wire when empty, so apps that predate it accept the batch.
+    """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = _STRICT
+    instance: str  # vLLM base URL, as in Scrape.instance
+    start: float
+    end: float
+    block_size: int | None = None  # tokens per block, from BlockStored
+    rate: float = 1.0  # SHARDS sampling rate at the end of the window
+    references: int = 0  # GPU blocks stored (every one, sampled or not)
+    sampled: float = 0.0  # weight of the sampled references (SHARDS-adj: references - sampled goes to bin 0)
+    cold: float = 0.0  # weight of first references (no tier of any size serves them)
+    reannounced: float = 0.0  # weight of blocks re-announced while resident on GPU (GPU hits)
+    bins: list[list[float]] = field(default_factory=list)
+    stored_tokens: int = 0  # token_ids carried by GPU BlockStored events
+    messages: int = 0
+    events: int = 0
+    lost: int = 0  # messages missed (sequence gaps not recovered by replay)
+    garbage: int = 0  # frames refused and events skipped
+    epochs: int = 0  # new epochs (publisher restart, AllBlocksCleared) in the window
+    tier_stored: int = 0  # blocks stored by other media (CPU / STORAGE offload tiers)
+    tier_removed: int = 0
+    tracked_keys: int = 0
+
+
+@dataclass(slots=True)
 class PushBatch:
     """What the agent POSTs to /api/v1/ingest. Idempotent by (agent_id, seq)."""
 
@@ -102,6 +135,7 @@ class PushBatch:
     host_types: dict[str, MetricType] = field(default_factory=dict)
     events: list[AgentEvent] = field(default_factory=list)
     rollout_updates: list[RolloutUpdate] = field(default_factory=list)
+    reuse: list[ReuseWindow] = field(default_factory=list)  # optional: KV-event reuse distances
 
 
 @dataclass(slots=True)
@@ -125,8 +159,11 @@ class PushReply:
 
 
 def to_wire(obj: PushBatch | PushReply) -> dict[str, Any]:
-    """Plain JSON-able dict of a batch or reply."""
-    return asdict(obj)
+    """Plain JSON-able dict of a batch or reply (an empty ``reuse`` is left out: older apps refuse it)."""
+    data = asdict(obj)
+    if isinstance(obj, PushBatch) and not obj.reuse:
+        data.pop("reuse", None)
+    return data
 
 
 def reply_from_wire(data: dict[str, Any]) -> PushReply:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agent.protocol import AgentEvent, PushBatch, RolloutUpdate, Sample, Scrape
+from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Sample, Scrape
 
 
 def _samples(samples: list[Sample]) -> list[dict[str, Any]]:
@@ -48,6 +48,12 @@ def _update(u: RolloutUpdate) -> dict[str, Any]:
     }
 
 
+def _reuse(w: ReuseWindow) -> dict[str, Any]:
+    d = {f: getattr(w, f) for f in ReuseWindow.__dataclass_fields__}
+    d["bins"] = [list(b) for b in w.bins]
+    return d
+
+
 def batch_to_wire(b: PushBatch) -> dict[str, Any]:
     return {
         "agent_id": b.agent_id,
@@ -62,4 +68,5 @@ def batch_to_wire(b: PushBatch) -> dict[str, Any]:
         "host_types": dict(b.host_types),
         "events": [_event(e) for e in b.events],
         "rollout_updates": [_update(u) for u in b.rollout_updates],
+        **({"reuse": [_reuse(w) for w in b.reuse]} if b.reuse else {}),
     }
