@@ -38,6 +38,7 @@ from agent import preflight as pf
 from agent.failure_cause import failure_cause
 from agent.launcher.base import Launcher, LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
+from agent.preflight_policy import check_disk_tier, check_flag_policy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
 from agent.protocol import AgentEvent, Command, RolloutUpdate
 from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
@@ -69,6 +70,7 @@ class ManagedInstance:
     restart_on_exit: bool = True
     state_file: Path | None = None
     lkg_args: list[str] | None = None  # last argv verified healthy on this host
+    allow_flags: list[str] = field(default_factory=list)  # widens agent/flag_policy.py's list
 
     def last_good(self) -> list[str]:
         return list(self.lkg_args) if self.lkg_args is not None else list(self.initial_args)
@@ -376,8 +378,10 @@ class Controller:
         config_path = pf.find_model_config(root, inst.model_dirs, inst.hf_cache)
         checks.append(pf.check_hybrid(plan, config_path, labels, override=bool(payload.get("override_hybrid"))))
         fs = pf.check_fs_tier(plan)
-        if fs is not None:
-            checks.append(fs)
+        disk = check_disk_tier(plan)
+        checks += [c for c in (fs, disk) if c is not None]
+        lkg = payload.get("lkg_argv") if isinstance(payload.get("lkg_argv"), list) else None
+        checks.append(check_flag_policy(argv, [str(a) for a in lkg or []], inst.allow_flags))
         checks.append(pf.check_flags(argv, self._accepted_flags(inst)))
         return checks
 
@@ -550,6 +554,7 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
             hf_cache=Path(os.path.expanduser(str(spec.get("hf_cache", "~/.cache/huggingface/hub")))),
             restart_on_exit=bool(spec.get("restart_on_exit", own_process)),
             state_file=state_dir / f"{name}.state.json",
+            allow_flags=_strs(data.get("allow_flags"), "allow_flags") + _strs(spec.get("allow_flags"), "allow_flags"),
         )
         inst.load_state()
         out.append(inst)

@@ -49,21 +49,24 @@ class OffloadPlan:
     spec: str | None = None  # cpu | tiering
     pinned_bytes: int = 0
     fs_root: str | None = None
+    connector: str | None = None  # OffloadingConnector | ExampleConnector | LMCacheConnectorV1 | ...
+    disk_path: str | None = None  # a disk tier's folder (ExampleConnector, LMCache local disk)
+    disk_min_free_bytes: int = 0
 
     @classmethod
     def from_payload(cls, data: Any) -> OffloadPlan:
         if not isinstance(data, dict):
             return cls()
-        try:
-            pinned = int(data.get("pinned_bytes") or 0)
-        except (TypeError, ValueError):
-            pinned = 0
+        pinned = _int_or_zero(data.get("pinned_bytes"))
         return cls(
             enabled=bool(data.get("enabled")),
             backend=_opt_str(data.get("backend")),
             spec=_opt_str(data.get("spec")),
             pinned_bytes=max(0, pinned),
             fs_root=_opt_str(data.get("fs_root")),
+            connector=_opt_str(data.get("connector")),
+            disk_path=_opt_str(data.get("disk_path")),
+            disk_min_free_bytes=_int_or_zero(data.get("disk_min_free_bytes")),
         )
 
 
@@ -78,6 +81,13 @@ class HostMemory:
 
 def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
+
+
+def _int_or_zero(v: Any) -> int:
+    try:
+        return max(0, int(v or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def gib(n: float | None) -> str:

@@ -10,33 +10,36 @@ Offload is expressed in the simplest form vLLM accepts:
   ``--kv-transfer-config`` with the ``OffloadingConnector`` (``CPUOffloadingSpec`` /
   ``TieringOffloadingSpec``), ``cpu_bytes_to_use`` and the knobs;
 - LMCache: ``--kv-offloading-size GiB --kv-offloading-backend lmcache``.
+
+Other connectors (vLLM's ExampleConnector as a disk tier, LMCacheConnectorV1 with its settings,
+MooncakeStoreConnector) and KV events are fields too (app/profile_connectors.py). `extra_args`
+take only the allow-listed flags of agent/flag_policy.py (the agent checks the whole argv again).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from agent import flag_policy
+from app.profile_connectors import DiskTier, KVEvents, LMCache, MooncakeStore
 
 GIB = 1024**3
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$")
 # Flags a profile owns: free-form extra_args may not set them behind the profile's back.
-OWNED_FLAGS = frozenset(
-    {
-        "--kv-offloading-size",
-        "--kv-offloading-backend",
-        "--kv-transfer-config",
-        "--kv-cache-dtype",
-        "--gpu-memory-utilization",
-        "--kv-cache-memory-bytes",
-        "--max-model-len",
-        "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
-    }
-)
+OWNED_FLAGS = frozenset(flag_policy.FIELD_FLAGS)
 KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
 
 
@@ -75,6 +78,11 @@ class Profile(BaseModel):
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=16, le=10_000_000)
     enable_prefix_caching: bool | None = None
+    # --- other KV connectors (one connector per profile: not with offload_size_gib) and KV events
+    disk_tier: DiskTier | None = None
+    lmcache: LMCache | None = None
+    mooncake_store: MooncakeStore | None = None
+    kv_events: KVEvents | None = None
     # --- anything else, as argv items (e.g. ["--enforce-eager"])
     extra_args: list[str] = Field(default_factory=list, max_length=64)
 
@@ -87,14 +95,14 @@ class Profile(BaseModel):
 
     @field_validator("extra_args")
     @classmethod
-    def _extra(cls, v: list[str]) -> list[str]:
+    def _extra(cls, v: list[str], info: ValidationInfo) -> list[str]:
         for item in v:
             if len(item) > 4096 or "\x00" in item or "\n" in item:
                 raise ValueError("extra_args items must be single-line strings under 4096 characters")
-            if item.startswith("--") and item.split("=", 1)[0] in OWNED_FLAGS:
-                raise ValueError(f"{item.split('=', 1)[0]} is a profile field; set the field, not extra_args")
-        if v and not FLAG_RE.match(v[0]):
-            raise ValueError("extra_args must start with a --flag")
+        widen = (info.context or {}).get("allow_flags") or ()
+        why = flag_policy.refusal(v, allowed=flag_policy.allowed_flags(widen))
+        if why is not None:
+            raise ValueError(why)
         return v
 
     @model_validator(mode="after")
@@ -112,6 +120,11 @@ class Profile(BaseModel):
             raise ValueError("offload_spec 'tiering' needs an fs_tier (root_dir)")
         if self.offload_spec == "cpu" and self.fs_tier is not None:
             raise ValueError("an fs_tier needs offload_spec 'tiering'")
+        named = [k for k in ("disk_tier", "lmcache", "mooncake_store") if getattr(self, k) is not None]
+        if not off:
+            named.insert(0, "offload_size_gib")
+        if len(named) > 1:
+            raise ValueError(f"one KV connector per profile: {' and '.join(named)} both set one")
         return self
 
     # ------------------------------------------------------------------ derived facts
@@ -124,14 +137,55 @@ class Profile(BaseModel):
     def uses_cpu_offload(self) -> bool:
         return self.offload_size_gib is not None
 
+    @property
+    def connector(self) -> str | None:
+        """The vLLM connector this profile runs (None: no external KV tier)."""
+        if self.uses_cpu_offload:
+            return "OffloadingConnector" if self.offload_backend == "native" else "LMCache"
+        if self.disk_tier is not None:
+            return "ExampleConnector"
+        if self.lmcache is not None:
+            return "LMCacheConnectorV1"
+        if self.mooncake_store is not None:
+            return "MooncakeStoreConnector"
+        return None
+
+    def tier_label(self) -> str:
+        """The KV tier in plain words (for the A/B page and the profile list)."""
+        if self.uses_cpu_offload:
+            tier = f"CPU tier {_num(self.offload_size_gib or 0)} GiB ({self.offload_backend})"
+            return tier + (f" + fs tier {self.fs_tier.root_dir}" if self.fs_tier else "")
+        if self.disk_tier is not None:
+            return f"disk tier {self.disk_tier.shared_storage_path} (ExampleConnector)"
+        if self.lmcache is not None:
+            disk = f" + disk {self.lmcache.local_disk}" if self.lmcache.local_disk else ""
+            return f"LMCache CPU {_num(self.lmcache.max_local_cpu_size_gib)} GiB{disk}"
+        if self.mooncake_store is not None:
+            return "Mooncake store"
+        return "no KV tier (GPU only)"
+
     def offload_summary(self) -> dict[str, Any]:
         """What the agent's preflight needs to know about the offload of this profile."""
+        if self.lmcache is not None:
+            backend: str | None = "lmcache"
+            pinned = round(self.lmcache.max_local_cpu_size_gib * GIB)
+        elif self.disk_tier is not None or self.mooncake_store is not None:
+            backend, pinned = ("example" if self.disk_tier else "mooncake"), 0
+        else:
+            backend = self.offload_backend if self.uses_cpu_offload else None
+            pinned = self.pinned_bytes
+        disk = self.disk_tier.shared_storage_path if self.disk_tier else None
+        if self.lmcache is not None and self.lmcache.local_disk:
+            disk = self.lmcache.local_disk
         return {
-            "enabled": self.uses_cpu_offload,
-            "backend": self.offload_backend if self.uses_cpu_offload else None,
+            "enabled": self.connector is not None,
+            "backend": backend,
             "spec": self.offload_spec if self.uses_cpu_offload else None,
-            "pinned_bytes": self.pinned_bytes,
+            "pinned_bytes": pinned,
             "fs_root": self.fs_tier.root_dir if self.fs_tier else None,
+            "connector": self.connector,
+            "disk_path": disk,
+            "disk_min_free_bytes": round(self.disk_tier.min_free_gib * GIB) if self.disk_tier else 0,
         }
 
     def spec(self) -> dict[str, Any]:
@@ -153,6 +207,11 @@ class Profile(BaseModel):
                     "--kv-offloading-backend",
                     self.offload_backend,
                 ]
+        other = self.disk_tier or self.lmcache or self.mooncake_store
+        if other is not None:
+            argv += ["--kv-transfer-config", json.dumps(other.transfer_config(), separators=(",", ":"))]
+        if self.kv_events is not None:
+            argv += ["--kv-events-config", json.dumps(self.kv_events.events_config(), separators=(",", ":"))]
         if self.kv_cache_dtype != "auto":
             argv += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.gpu_memory_utilization is not None:
@@ -198,11 +257,12 @@ class ProfileError(ValueError):
     """A profile that does not validate; the message names the field."""
 
 
-def parse_profile(name: str, spec: dict[str, Any]) -> Profile:
-    """Validate a stored or submitted spec; raise ProfileError with one readable line."""
+def parse_profile(name: str, spec: dict[str, Any], *, allow_flags: Sequence[str] = ()) -> Profile:
+    """Validate a stored or submitted spec; raise ProfileError with one readable line.
+    `allow_flags`: extra_args flags this app allows beyond agent/flag_policy.py's list."""
     data = {k: v for k, v in spec.items() if k != "name"}
     try:
-        return Profile(name=name, **data)
+        return Profile.model_validate({**data, "name": name}, context={"allow_flags": list(allow_flags)})
     except ValidationError as exc:
         parts = []
         for err in exc.errors()[:4]:

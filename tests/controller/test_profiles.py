@@ -84,7 +84,7 @@ def test_pool_and_cache_flags() -> None:
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"kv_cache_dtype": "int3"}, "kv_cache_dtype"),
         ({"extra_args": ["--kv-cache-dtype", "fp8"]}, "is a profile field"),
-        ({"extra_args": ["rm -rf /"]}, "must start with a --flag"),
+        ({"extra_args": ["rm -rf /"]}, "is not a --flag"),
         ({"bogus": 1}, "bogus"),
     ],
 )
