@@ -6,30 +6,41 @@ one INSERT of the batch id plus one executemany of the samples.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, and_, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError
 
 from agent.protocol import PushBatch, Sample
 from app.storage.events import add_event
-from app.storage.models import Host, IngestBatch, Instance, SampleRow, Series
+from app.storage.models import Host, IngestBatch, Instance, SampleRow
 from app.storage.rollup_late import mark_late
+from app.storage.series_index import (
+    Scope,
+    SeriesCapExceeded,
+    SeriesIndex,
+    SeriesKey,
+    SeriesLimits,
+    labels_key,
+    last_values,
+    scope_name,
+)
 
 CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 INFO_CONFIG = "vllm:cache_config_info"
 INFO_OFFLOAD = "vllm:kv_offload_config_info"
 # Labels that identify the sample rather than describe the config.
 _ID_LABELS = frozenset({"model_name", "engine"})
+MAX_DROPPED_LISTED = 20  # dropped samples named in a reply / event; the count covers all
+# A cached series id is trusted this long after its last sample (the retention job deletes series
+# idle for the raw retention, 48 h by default; ingest_store never deletes).
+SERIES_FRESH_MS = 12 * 3600 * 1000
 
-
-def labels_key(labels: dict[str, str]) -> str:
-    return json.dumps(labels, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+__all__ = ["IngestWriter", "SeriesCapExceeded", "SeriesLimits", "WriteResult", "labels_key", "sample_kind"]
 
 
 def sample_kind(name: str, types: Mapping[str, str]) -> str:
@@ -56,40 +67,47 @@ class WriteResult:
     stored: int = 0
     host_id: int = 0
     resets: list[str] = field(default_factory=list)  # instance URLs with a counter reset
+    dropped_samples: int = 0  # samples refused one by one (negative counter values); the rest stored
+    dropped: list[str] = field(default_factory=list)  # the first MAX_DROPPED_LISTED, said in words
 
 
 class IngestWriter:
     """One per app process. Thread-safe; with SQLite, writes are serialised in-process."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, limits: SeriesLimits | None = None) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self.limits = limits or SeriesLimits()
         self._lock = threading.Lock()
         self._hosts: dict[str, int] = {}
         self._instances: dict[tuple[int, str], int] = {}
-        # (host, instance, name, sorted label items) -> (series id, kind): no JSON on the hot path
-        self._series: dict[tuple[int, int | None, str, tuple[tuple[str, str], ...]], tuple[int, str]] = {}
+        # per (host, instance): (name, sorted label items) -> [series id, kind, last ts_ms]
+        self._index = SeriesIndex(self.dialect, SERIES_FRESH_MS)
         self._last: dict[int, float] = {}  # series id -> last cumulative value seen
         self._configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
     # ---------------------------------------------------------------- public
-    def write(self, batch: PushBatch, now: float) -> WriteResult:
+    def write(self, batch: PushBatch, now: float, limits: SeriesLimits | None = None) -> WriteResult:
+        """Store a batch (idempotent by agent_id/seq). SeriesCapExceeded: nothing stored."""
+        lim = limits or self.limits
+        _check_scrape_sizes(batch, lim)  # before any work: a 50,000-series push costs nothing here
         if self.dialect == "sqlite":
             with self._lock:
-                return self._write(batch, now)
-        return self._write(batch, now)
+                return self._write(batch, now, lim)
+        return self._write(batch, now, lim)
 
     def forget_caches(self) -> None:
         with self._lock:
             self._hosts.clear()
             self._instances.clear()
-            self._series.clear()
+            self._index.clear()
             self._last.clear()
             self._configs.clear()
 
     # ---------------------------------------------------------------- internals
-    def _write(self, batch: PushBatch, now: float) -> WriteResult:
+    def _write(self, batch: PushBatch, now: float, limits: SeriesLimits) -> WriteResult:
         result = WriteResult()
+        budget = [limits.new_per_push]  # new series this push may still create
         rows: list[tuple[int, int, float]] = []
         try:
             with self.engine.begin() as conn:
@@ -116,7 +134,21 @@ class IngestWriter:
                     if not scrape.samples:
                         continue
                     ts_ms = round(scrape.ts * 1000)
-                    reset = self._collect(conn, host_id, iid, scrape.samples, scrape.types, ts_ms, rows)
+                    dropped_before = result.dropped_samples
+                    reset = self._collect(
+                        conn, (host_id, iid), scrape.instance, scrape, now, ts_ms, rows, limits, budget, result
+                    )
+                    if result.dropped_samples > dropped_before:
+                        add_event(
+                            conn,
+                            ts=scrape.ts,
+                            kind="values_dropped",
+                            host_id=host_id,
+                            instance_id=iid,
+                            message=f"{result.dropped_samples - dropped_before} negative counter value(s) refused "
+                            "(counters never go below 0); the rest of the scrape was stored",
+                            data={"dropped": result.dropped[:MAX_DROPPED_LISTED]},
+                        )
                     if reset:
                         result.resets.append(scrape.instance)
                         add_event(
@@ -130,7 +162,8 @@ class IngestWriter:
                         )
                 if batch.host_samples and batch.host_ts is not None:
                     ts_ms = round(batch.host_ts * 1000)
-                    self._collect(conn, host_id, None, batch.host_samples, batch.host_types, ts_ms, rows)
+                    host_part = _HostPart(batch.host_samples, batch.host_types)
+                    self._collect(conn, (host_id, None), None, host_part, now, ts_ms, rows, limits, budget, result)
                 for ev in batch.events:
                     iid_ev = url_to_id.get(ev.instance) if ev.instance else None
                     if ev.instance and iid_ev is None:
@@ -153,7 +186,7 @@ class IngestWriter:
             # A failed transaction may have cached ids that were rolled back.
             self._hosts.clear()
             self._instances.clear()
-            self._series.clear()
+            self._index.clear()
             self._last.clear()
             raise
         return result
@@ -276,25 +309,51 @@ class IngestWriter:
     def _collect(
         self,
         conn: Connection,
-        host_id: int,
-        iid: int | None,
-        samples: list[Sample],
-        types: Mapping[str, str],
+        key: Scope,
+        url: str | None,
+        part: Any,
+        now: float,
         ts_ms: int,
         rows: list[tuple[int, int, float]],
+        limits: SeriesLimits,
+        budget: list[int],
+        result: WriteResult,
     ) -> list[str]:
-        resets: list[str] = []
-        cache = self._series
-        last = self._last
+        """Append (series id, ts_ms, value) rows for the samples of one scrape (or the host-level
+        samples); returns the counters that went down. Unknown series are resolved in bulk."""
+        samples: list[Sample] = part.samples
+        types: Mapping[str, str] = part.types
+        scope = self._index.scope(key)
+        stale_before = round(now * 1000) - self._index.fresh_ms
+        keys: list[SeriesKey] = []
+        hits: list[list[Any] | None] = []
+        kept: list[Sample] = []
+        missing: dict[SeriesKey, Sample] = {}
         for s in samples:
-            key = (host_id, iid, s.name, tuple(sorted(s.labels.items())))
-            hit = cache.get(key)
-            if hit is None:
-                kind = sample_kind(s.name, types)
-                hit = (self._series_id(conn, host_id, iid, s, labels_key(s.labels), kind), kind)
-                cache[key] = hit
-            sid, kind = hit
-            if kind == "counter":
+            skey = (s.name, tuple(sorted(s.labels.items())))
+            hit = scope.get(skey)
+            if s.value < 0 and _is_monotonic(s.name, hit[1] if hit is not None else sample_kind(s.name, types)):
+                result.dropped_samples += 1
+                if len(result.dropped) < MAX_DROPPED_LISTED:
+                    where = f"instance {url}" if url else "host samples"
+                    result.dropped.append(f"{s.name}{labels_key(s.labels)} = {s.value:g} ({where}): negative counter")
+                continue
+            if hit is None or hit[2] < stale_before:
+                missing[skey] = s
+                hit = None
+            keys.append(skey)
+            hits.append(hit)
+            kept.append(s)
+        if missing:
+            self._resolve(conn, key, url, scope, missing, types, limits, budget)
+        resets: list[str] = []
+        last = self._last
+        for skey, hit, s in zip(keys, hits, kept, strict=True):
+            entry = hit if hit is not None else scope[skey]
+            sid = entry[0]
+            if entry[2] < ts_ms:
+                entry[2] = ts_ms
+            if entry[1] == "counter":
                 prev = last.get(sid)
                 if prev is not None and s.value < prev:
                     resets.append(f"{s.name}{labels_key(s.labels)}")
@@ -302,41 +361,84 @@ class IngestWriter:
             rows.append((sid, ts_ms, s.value))
         return resets
 
-    def _series_id(self, conn: Connection, host_id: int, iid: int | None, s: Sample, lk: str, kind: str) -> int:
-        t = cast(Table, Series.__table__)
-        cond = and_(
-            t.c.host_id == host_id,
-            t.c.instance_id.is_(None) if iid is None else t.c.instance_id == iid,
-            t.c.name == s.name,
-            t.c.labels_key == lk,
+    def _resolve(
+        self,
+        conn: Connection,
+        key: Scope,
+        url: str | None,
+        scope: dict[SeriesKey, list[Any]],
+        missing: dict[SeriesKey, Sample],
+        types: Mapping[str, str],
+        limits: SeriesLimits,
+        budget: list[int],
+    ) -> None:
+        """Put every missing series of one scope into the cache: one SELECT of the scope's stored
+        series, one INSERT of the new ones (after the caps), one SELECT of their ids."""
+        stored = self._index.load(conn, key)
+        lks = {skey: labels_key(s.labels) for skey, s in missing.items()}
+        new: list[tuple[str, str, dict[str, str], str]] = []
+        new_keys: list[SeriesKey] = []
+        counters: list[int] = []
+        for skey, s in missing.items():
+            got = stored.get((s.name, lks[skey]))
+            if got is None:
+                new.append((s.name, lks[skey], dict(s.labels), sample_kind(s.name, types)))
+                new_keys.append(skey)
+                continue
+            scope[skey] = [got[0], got[1], 0]
+            if got[1] == "counter" and got[0] not in self._last:
+                counters.append(got[0])
+        if counters:
+            self._last.update(last_values(conn, counters))
+        if not new:
+            return
+        if len(stored) + len(new) > limits.per_instance:
+            raise SeriesCapExceeded(
+                f"{scope_name(key[1], url)} would have {len(stored) + len(new)} series ({len(new)} new in this push); "
+                f"the cap is {limits.per_instance} series per instance (KVSCOPE_MAX_SERIES_PER_INSTANCE): "
+                "a label with unbounded values?"
+            )
+        if len(new) > budget[0]:
+            raise SeriesCapExceeded(
+                f"this push creates more than {limits.new_per_push} new series; the cap is "
+                f"{limits.new_per_push} new series per push (KVSCOPE_MAX_NEW_SERIES_PER_PUSH)"
+            )
+        budget[0] -= len(new)
+        self._index.create(conn, key, new)
+        stored = self._index.load(conn, key)
+        for skey in new_keys:
+            got = stored[(skey[0], lks[skey])]
+            scope[skey] = [got[0], got[1], 0]
+
+
+@dataclass
+class _HostPart:
+    """The host-level samples of a batch, shaped like a scrape for _collect."""
+
+    samples: list[Sample]
+    types: Mapping[str, str]
+
+
+def _is_monotonic(name: str, kind: str) -> bool:
+    """A sample that can never be negative: counters, histogram/summary buckets and counts. A
+    histogram's _sum may be (negative observations), so it is not refused."""
+    return kind == "counter" and not name.endswith("_sum")
+
+
+def _check_scrape_sizes(batch: PushBatch, limits: SeriesLimits) -> None:
+    """A scrape with more samples than an instance may have series is refused before any lookup
+    (each series has one sample per scrape)."""
+    for i, scrape in enumerate(batch.scrapes):
+        if len(scrape.samples) > limits.per_instance:
+            raise SeriesCapExceeded(
+                f"scrapes.{i} (instance {scrape.instance}) has {len(scrape.samples)} samples; the cap is "
+                f"{limits.per_instance} series per instance (KVSCOPE_MAX_SERIES_PER_INSTANCE)"
+            )
+    if len(batch.host_samples) > limits.per_instance:
+        raise SeriesCapExceeded(
+            f"host_samples has {len(batch.host_samples)} samples; the cap is {limits.per_instance} "
+            "series per instance or host (KVSCOPE_MAX_SERIES_PER_INSTANCE)"
         )
-        row = conn.execute(select(t.c.id).where(cond)).first()
-        if row is not None:
-            sid = int(row[0])
-            if kind == "counter" and sid not in self._last:
-                last = conn.execute(
-                    select(SampleRow.value).where(SampleRow.series_id == sid).order_by(SampleRow.ts_ms.desc()).limit(1)
-                ).first()
-                if last is not None:
-                    self._last[sid] = float(last[0])
-            return sid
-        try:
-            with conn.begin_nested():
-                res = conn.execute(
-                    insert(Series).values(
-                        host_id=host_id,
-                        instance_id=iid,
-                        name=s.name,
-                        labels_key=lk,
-                        labels=dict(s.labels),
-                        kind=kind,
-                    )
-                )
-            return int(res.inserted_primary_key[0])  # type: ignore[index]
-        except IntegrityError:  # another process created it meanwhile
-            row = conn.execute(select(t.c.id).where(cond)).first()
-            assert row is not None
-            return int(row[0])
 
 
 def _info_labels(samples: list[Sample], name: str) -> dict[str, Any] | None:
