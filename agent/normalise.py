@@ -29,6 +29,10 @@ KEEP_PREFIXES: tuple[str, ...] = (
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds",
+    # the worth panel's prefill speed: recomputed tokens / prefill seconds, and its fallback
+    # (TTFT - queue time) where a build lacks the prefill histogram
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_queue_time_seconds",
     "vllm:num_requests_",  # running, waiting, waiting_by_reason, kv_fetch_by_stage
     "vllm:num_preemptions",
     "vllm:request_success",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from agent import kv_vocabulary as kv
 from app.api.read import instance_state
 from app.rates import rate_at
 from app.storage.series_store import list_instances
@@ -141,19 +142,9 @@ def _last(series: Iterable[WindowSeries]) -> float | None:
     return sum(vals) if vals else None
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or den is None or den <= 0:
-        return None
-    return max(0.0, min(1.0, num / den))
-
-
 def offload_configured_bytes(cache_config: dict[str, Any] | None) -> float | None:
-    raw = (cache_config or {}).get("kv_offloading_size")
-    try:
-        gib = float(str(raw))
-    except ValueError:
-        return None
-    return gib * 2**30 if gib > 0 else None
+    gib = kv.configured_offload_gib(cache_config)
+    return gib * 2**30 if gib is not None else None
 
 
 def derive(
@@ -203,31 +194,24 @@ def _instance_samples(
     def r(name: str) -> float | None:
         return _rate(got.get(name, []), now, window)
 
-    gpu = _ratio(r("vllm:prefix_cache_hits_total"), r("vllm:prefix_cache_queries_total"))
-    if gpu is not None:
-        yield "instance_gpu_prefix_cache_hit_ratio", lab, gpu
-    ext = _ratio(r("vllm:external_prefix_cache_hits_total"), r("vllm:external_prefix_cache_queries_total"))
-    if ext is not None:
-        yield "instance_offload_hit_ratio", lab, ext
     by_source: dict[str, float] = {}
     groups: dict[str, list[WindowSeries]] = defaultdict(list)
-    for s in got.get("vllm:prompt_tokens_by_source_total", []):
+    for s in got.get(kv.BY_SOURCE, []):
         groups[str(s.labels.get("source", ""))].append(s)
     for src, ss in sorted(groups.items()):
         v = _rate(ss, now, window)
         if v is not None:
             by_source[src] = v
             yield "instance_prompt_tokens_per_second", {**lab, "source": src}, v
-    cached = r("vllm:prompt_tokens_cached_total")
-    if cached is None and by_source:
-        parts = [by_source[k] for k in ("local_cache_hit", "external_kv_transfer") if k in by_source]
-        cached = sum(parts) if parts else None
-    prompt = r("vllm:prompt_tokens_total")
-    if prompt is None and by_source:
-        prompt = sum(by_source.values())
-    overall = _ratio(cached, prompt)
-    if overall is not None:
-        yield "instance_prompt_cache_hit_ratio", lab, overall
+    names = {n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams if n != kv.BY_SOURCE}
+    rates = kv.hit_rates({n: r(n) for n in names}, by_source)
+    for key, value in (
+        ("instance_gpu_prefix_cache_hit_ratio", rates.gpu),
+        ("instance_offload_hit_ratio", rates.offload),
+        ("instance_prompt_cache_hit_ratio", rates.overall),
+    ):
+        if value is not None:
+            yield key, lab, value
     for direction in ("load", "store"):
         b = r(f"vllm:kv_offload_{direction}_bytes_total")
         t = r(f"vllm:kv_offload_{direction}_time_total")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent import kv_vocabulary as kv
 from app.ab.results import SOURCE_LABELS, SOURCES, request_values
 from app.ab.verdict import focus_tags, headline_metrics
 
@@ -82,13 +83,12 @@ def ttft_cdf_figure(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 def source_share_figure(runs: list[dict[str, Any]]) -> dict[str, Any]:
     done = [r for r in runs if r.get("summary")]
     x = [f"{r['idx'] + 1}{r['arm']}" for r in done]
-    colors = {"local_compute": "#d62728", "local_cache_hit": "#2ca02c", "external_kv_transfer": "#9467bd"}
     traces = [
         {
             "type": "bar",
             "name": SOURCE_LABELS[s],
             "x": x,
-            "marker": {"color": colors[s]},
+            "marker": {"color": kv.source_color(s)},
             "y": [r["summary"].get(f"share_{s}") for r in done],
         }
         for s in SOURCES

@@ -11,14 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from agent import kv_vocabulary as kv
 from app.ab.stats import percentile
 
-SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-SOURCE_LABELS = {
-    "local_compute": "recomputed",
-    "local_cache_hit": "GPU prefix-cache hit",
-    "external_kv_transfer": "reloaded from the offload tier",
-}
+# vLLM's source labels in the order the A/B pages list them, named as everywhere else
+SOURCES = tuple(src.vllm_label for src in (kv.RECOMPUTE, kv.GPU_HIT, kv.OFFLOAD_RELOAD))
+SOURCE_LABELS = {label: kv.source_label(label) for label in SOURCES}
 
 
 @dataclass(frozen=True)
@@ -112,6 +110,13 @@ def summarise_run(record: dict[str, Any], focus_tags: tuple[str, ...] = ()) -> d
         m = h.get("mean_s")
         s[f"server_{kind}_mean_ms"] = m * 1000.0 if isinstance(m, int | float) else None
     s["host_pinned_resident_bytes"] = record.get("host_pinned_resident_bytes")
+    foreign = record.get("foreign") if isinstance(record.get("foreign"), dict) else {}
+    s["foreign_requests"] = foreign.get("requests")
+    s["foreign_prompt_tokens"] = foreign.get("prompt_tokens")
+    s["foreign_request_share"] = foreign.get("request_share")
+    s["foreign_prompt_token_share"] = foreign.get("prompt_token_share")
+    plan = (record.get("driver") or {}).get("plan") if isinstance(record.get("driver"), dict) else None
+    s["probe_plan"] = plan.get("text") if isinstance(plan, dict) else None
     srv = record.get("server") or {}
     s["reset"] = record.get("reset")
     s["version"] = srv.get("version")
@@ -131,3 +136,24 @@ def arm_samples(records: list[dict[str, Any]], metric: Metric, focus_tags: tuple
         if vals:
             out.append(vals)
     return out
+
+
+def contamination(record: dict[str, Any], max_share: float) -> str | None:
+    """Why a run's numbers are not the experiment's own, or None: requests or prompt tokens the run
+    did not send (other clients of the server) above `max_share` of what the server served."""
+    foreign = record.get("foreign")
+    if not isinstance(foreign, dict):
+        return None
+    parts = []
+    rs, ts = foreign.get("request_share"), foreign.get("prompt_token_share")
+    if isinstance(rs, int | float) and rs > max_share:
+        parts.append(f"{foreign.get('requests')} requests ({rs * 100:.0f}% of those served)")
+    if isinstance(ts, int | float) and ts > max_share:
+        parts.append(f"{foreign.get('prompt_tokens'):,} prompt tokens ({ts * 100:.0f}%)")
+    if not parts:
+        return None
+    return (
+        "foreign traffic during the run: "
+        + " and ".join(parts)
+        + f" that the experiment did not send (over the {max_share * 100:.0f}% allowed)"
+    )

@@ -1,10 +1,6 @@
-"""Prefix-cache hit rates with vLLM's own definitions (fixtures/vllm/NOTES.md):
-
-- gpu:     increase(prefix_cache_hits) / increase(prefix_cache_queries)
-- offload: increase(external_prefix_cache_hits) / increase(external_prefix_cache_queries)
-- overall: increase(prompt_tokens_cached) / increase(prompt_tokens), where cached =
-           local_cache_hit + external_kv_transfer of prompt_tokens_by_source
-           (fallback: vllm:prompt_tokens_cached_total; denominator fallback: sum of by_source).
+"""Prefix-cache hit rates over a window, with the definitions and the one fallback order of
+agent.kv_vocabulary (vLLM's own: gpu = hits/queries, offload = external hits/queries, overall =
+cached/prompt tokens), plus the resets seen inside the window.
 
 Every increase is reset-corrected, so a restart inside the window neither adds negative tokens
 nor double counts.
@@ -14,25 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.alerts.series import SeriesMap, ratio, window_increase
+from agent import kv_vocabulary as kv
+from app.alerts.series import SeriesMap, Window, window_increase
 
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-CACHED = "vllm:prompt_tokens_cached_total"
-GPU_HITS = "vllm:prefix_cache_hits_total"
-GPU_QUERIES = "vllm:prefix_cache_queries_total"
-EXT_HITS = "vllm:external_prefix_cache_hits_total"
-EXT_QUERIES = "vllm:external_prefix_cache_queries_total"
-CACHED_SOURCES = frozenset({"local_cache_hit", "external_kv_transfer"})
+PROMPT_TOKENS = kv.PROMPT_TOKENS
+BY_SOURCE = kv.BY_SOURCE
+CACHED = kv.CACHED
+GPU_HITS = kv.GPU_HITS
+GPU_QUERIES = kv.GPU_QUERIES
+EXT_HITS = kv.EXT_HITS
+EXT_QUERIES = kv.EXT_QUERIES
+CACHED_SOURCES = kv.CACHED_SOURCE_LABELS
 
 TIERS = ("overall", "gpu", "offload")
 
 # What each tier's hit rate needs (for the loader).
-TIER_METRICS: dict[str, tuple[str, ...]] = {
-    "overall": (PROMPT_TOKENS, BY_SOURCE, CACHED),
-    "gpu": (GPU_HITS, GPU_QUERIES),
-    "offload": (EXT_HITS, EXT_QUERIES),
-}
+TIER_METRICS: dict[str, tuple[str, ...]] = kv.HIT_RATE_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -50,19 +43,27 @@ def hit_rate(series: SeriesMap, tier: str, start: float, end: float) -> HitRate:
         return _simple(series, EXT_HITS, EXT_QUERIES, start, end)
     if tier != "overall":
         raise ValueError(f"unknown hit-rate tier {tier!r}")
-    by_source = series.get(BY_SOURCE)
-    hits_w = window_increase(by_source, start, end, where=lambda lab: lab.get("source") in CACHED_SOURCES)
-    if hits_w.value is None:
-        hits_w = window_increase(series.get(CACHED), start, end)
-    den_w = window_increase(series.get(PROMPT_TOKENS), start, end)
-    if den_w.value is None:
-        den_w = window_increase(by_source, start, end)
-    resets = tuple(sorted(set(hits_w.resets) | set(den_w.resets)))
-    return HitRate(ratio(hits_w.value, den_w.value), hits_w.value, den_w.value, resets)
+
+    def counter(name: str) -> Window | None:
+        return _valued(window_increase(series.get(name), start, end))
+
+    def sources(labels: frozenset[str] | None) -> Window | None:
+        where = None if labels is None else (lambda lab: lab.get("source") in labels)
+        return _valued(window_increase(series.get(BY_SOURCE), start, end, where=where))
+
+    hits_w, den_w = kv.overall_terms(counter, sources)
+    resets = tuple(sorted({t for w in (hits_w, den_w) if w is not None for t in w.resets}))
+    hits = hits_w.value if hits_w is not None else None
+    den = den_w.value if den_w is not None else None
+    return HitRate(kv.share(hits, den), hits, den, resets)
+
+
+def _valued(w: Window) -> Window | None:
+    return w if w.value is not None else None
 
 
 def _simple(series: SeriesMap, hits: str, queries: str, start: float, end: float) -> HitRate:
     h = window_increase(series.get(hits), start, end)
     q = window_increase(series.get(queries), start, end)
     resets = tuple(sorted(set(h.resets) | set(q.resets)))
-    return HitRate(ratio(h.value, q.value), h.value, q.value, resets)
+    return HitRate(kv.share(h.value, q.value), h.value, q.value, resets)

@@ -6,7 +6,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from app.derived.evaluate import add, counter_rate, quantile_series, ratio, scale, sum_by, total
+from agent import kv_vocabulary as kv
+from app.derived.evaluate import Values, add, counter_rate, quantile_series, ratio, scale, sum_by, total
 from app.derived.live import LiveValues
 from app.derived.panels import Scope, make_scope, offload_size_bytes
 from app.storage.events import list_events
@@ -58,20 +59,17 @@ def describe_offload(inst: dict[str, Any]) -> str:
 
 def sparklines(scope: Scope) -> dict[str, list[float | None]]:
     g = scope.grid
-    got = scope.fetch_counters(
-        [
-            "vllm:prompt_tokens_cached_total",
-            "vllm:prompt_tokens_total",
-            "vllm:prompt_tokens_by_source_total",
-            "vllm:time_to_first_token_seconds_bucket",
-        ]
-    )
-    cached = total(got["vllm:prompt_tokens_cached_total"], g, counter_rate)
-    if cached is None and got["vllm:prompt_tokens_by_source_total"]:
-        by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
-        parts = [by[k] for k in ("local_cache_hit", "external_kv_transfer") if k in by]
-        cached = add(parts) if parts else None
-    prompt = total(got["vllm:prompt_tokens_total"], g, counter_rate)
+    got = scope.fetch_counters([*kv.HIT_RATE_FAMILIES["overall"], "vllm:time_to_first_token_seconds_bucket"])
+
+    def r(name: str) -> Values | None:
+        return total(got[name], g, counter_rate)
+
+    def sources(labels: frozenset[str] | None) -> Values | None:
+        by = sum_by(got[kv.BY_SOURCE], "source", g, counter_rate)
+        parts = [v for k, v in by.items() if labels is None or k in labels]
+        return add(parts) if parts else None
+
+    cached, prompt = kv.overall_terms(r, sources)
     out: dict[str, list[float | None]] = {}
     if cached is not None and prompt is not None:
         out["hit"] = ratio(cached, prompt, 100.0)

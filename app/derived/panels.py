@@ -207,19 +207,23 @@ def offload_size_bytes(instance: dict[str, Any]) -> float | None:
 TIERING_HITS = "vllm:kv_offload_tiering_block_hits_total"
 
 
+def tiers_from(cache_config: dict[str, Any] | None, got: dict[str, list[Increase]]) -> list[str]:
+    """Offload tier names from the config and the increases of CACHED_BY_SOURCE / TIERING_HITS over
+    a range: tiers that supplied cached tokens in it, TieringOffloadingSpec tiers present."""
+    moved = sorted({str(lab.get("source", "")) for lab, inc in got.get(kv.CACHED_BY_SOURCE, []) if inc > 0})
+    tiering = sorted({str(lab.get("tier", "")) for lab, _inc in got.get(TIERING_HITS, [])})
+    return kv.offload_tiers(cache_config, cached_sources=moved, tiering_tiers=tiering)
+
+
 def offload_tiers(scope: Scope) -> list[str]:
     """The offload tiers of the instance over the scope's range, named by what they are (see
-    agent.kv_vocabulary.offload_tiers): configured backend, TieringOffloadingSpec tiers, and the
-    tiers prompt_tokens_cached_by_source saw supply tokens. Memoised on the scope."""
+    agent.kv_vocabulary.offload_tiers). Memoised on the scope."""
     memo = getattr(scope, "_tiers", None)
     if memo is not None:
         return memo
     g = scope.grid
     got = scope.range_increases([kv.CACHED_BY_SOURCE, TIERING_HITS], g.start, g.end)
-    moved = sorted({str(lab.get("source", "")) for lab, inc in got.get(kv.CACHED_BY_SOURCE, []) if inc > 0})
-    tiering = sorted({str(lab.get("tier", "")) for lab, _inc in got.get(TIERING_HITS, [])})
-    cfg = scope.instance.get("cache_config") or {}
-    tiers = kv.offload_tiers(cfg, cached_sources=moved, tiering_tiers=tiering, lmcache=False)
+    tiers = tiers_from(scope.instance.get("cache_config"), got)
     try:
         scope._tiers = tiers
     except AttributeError:

@@ -122,3 +122,19 @@ vllm:num_requests_waiting{engine="0"} 1
         ("vllm:num_requests_running", (("engine", "0"),)): 3,
         ("vllm:num_requests_waiting", (("engine", "0"),)): 1,
     }
+
+
+def test_every_vllm_fixture_keeps_what_the_worth_panel_needs() -> None:
+    """Prefill and queue-time histograms reach the app (the worth panel's prefill speed), on every
+    captured or synthetic /metrics file that has them."""
+    checked = 0
+    for path in sorted(FIX.glob("*.prom")):
+        text = path.read_text()
+        n = _norm(text)
+        names = {s[0] for s in n.samples}
+        for fam in ("vllm:request_prefill_time_seconds", "vllm:request_queue_time_seconds"):
+            if f"{fam}_sum" in text:
+                assert {f"{fam}_sum", f"{fam}_count"} <= names, (path.name, fam)
+                assert n.types[fam] == "histogram"
+                checked += 1
+    assert checked >= 3  # the real capture and both synthetic files carry the prefill histogram

@@ -107,7 +107,7 @@ def _raw(name: str, v0: float, v1: float, labels: dict[str, str] | None = None) 
     return TieredSeries(1, name, labels or {}, "counter", "raw", 0.0, [(0.0, v0), (100.0, v1)], [])
 
 
-def _worth(**incs: float) -> Any:
+def _worth(offload: str = "4", **incs: float) -> Any:
     series: dict[str, list[TieredSeries]] = {}
     by_source = []
     for src in ("external_kv_transfer", "local_compute", "local_cache_hit"):
@@ -119,10 +119,18 @@ def _worth(**incs: float) -> Any:
         ("load_t", "vllm:kv_offload_load_time_total"),
         ("store_b", "vllm:kv_offload_store_bytes_total"),
         ("prefill_s", "vllm:request_prefill_time_seconds_sum"),
+        ("ttft_s", "vllm:time_to_first_token_seconds_sum"),
+        ("queue_s", "vllm:request_queue_time_seconds_sum"),
     ):
         if key in incs:
             series[name] = [_raw(name, 0, incs[key])]
-    return compute_worth(_Scope(series))  # type: ignore[arg-type]
+    cached = [
+        _raw("vllm:prompt_tokens_cached_by_source_total", 0, incs[f"cached_{src}"], {"source": src})
+        for src in ("device", "host", "disk", "external_unspecified")
+        if f"cached_{src}" in incs
+    ]
+    series["vllm:prompt_tokens_cached_by_source_total"] = cached
+    return compute_worth(_Scope(series, offload=offload))  # type: ignore[arg-type]
 
 
 def test_worth_figures_and_verdicts() -> None:
@@ -147,3 +155,42 @@ def test_worth_figures_and_verdicts() -> None:
     assert idle.tone == "bad" and "Not earning its RAM" in idle.verdict
     off = compute_worth(_Scope({}, offload="None"))  # type: ignore[arg-type]
     assert off.tone == "neutral" and "off" in off.verdict
+
+
+def test_a_disk_connector_is_an_offload_tier_named_by_what_it_is() -> None:
+    """vLLM's ExampleConnector (a disk store) with no CPU offload size: reloads come through
+    external_kv_transfer and prompt_tokens_cached_by_source{external_unspecified}."""
+    w = _worth(
+        offload="None",
+        external_kv_transfer=2048,
+        local_compute=5504,
+        cached_external_unspecified=2048,
+        prefill_s=0.5,
+    )
+    assert w.offload_configured and w.tier == "external connector"
+    assert w.prefill_tokens_per_s == pytest.approx(5504 / 0.5) and w.prefill_basis == "measured"
+    # no kv_offload_* time from this connector: the load time is inside prefill, the saving an upper bound
+    assert w.saved_seconds == pytest.approx(2048 / (5504 / 0.5))
+    assert w.tone == "good" and "external connector" in w.verdict and "at most" in w.verdict
+    assert "off" not in w.verdict.split(":")[0]
+    disk = _worth(offload="None", external_kv_transfer=100, local_compute=100, cached_disk=100, prefill_s=1.0)
+    assert disk.tier == "disk"
+    both = _worth(external_kv_transfer=100, local_compute=100, cached_host=60, cached_disk=40, prefill_s=1.0)
+    assert both.tier == "CPU + disk"
+
+
+def test_prefill_speed_is_estimated_where_vllm_lacks_the_prefill_histogram_and_says_so() -> None:
+    base = {"external_kv_transfer": 10_000.0, "local_compute": 20_000.0, "load_b": 1e9, "load_t": 0.05}
+    est = _worth(**base, ttft_s=3.0, queue_s=1.0)
+    assert est.prefill_tokens_per_s == pytest.approx(20_000 / 2.0)
+    assert est.prefill_basis == "estimated from TTFT - queue time"
+    assert est.saved_seconds == pytest.approx(10_000 / 10_000 - 0.05)
+    assert "estimated from TTFT - queue time" in est.verdict
+    ttft_only = _worth(**base, ttft_s=4.0)
+    assert ttft_only.prefill_tokens_per_s == pytest.approx(5_000.0)
+    assert "includes queueing" in ttft_only.verdict
+    measured = _worth(**base, ttft_s=4.0, queue_s=1.0, prefill_s=1.0)
+    assert measured.prefill_basis == "measured" and "estimated" not in measured.verdict
+    none = _worth(**base)
+    assert none.prefill_tokens_per_s is None and none.saved_seconds is None and none.tone == "neutral"
+    assert "cannot be estimated" in none.verdict
