@@ -6,18 +6,19 @@ lines plus hoverable markers on a hidden axis; the figure is sized by the page, 
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from typing import Any
 
+from app.charts import palette
 from app.derived.panels import Panel, Trace
 
-EVENT_COLORS = {
-    "restart": "#d62728",
-    "config_change": "#ff7f0e",
-    "counter_reset": "#8c564b",
-    "rollout": "#9467bd",
-    "counter_clamped": "#bcbd22",
-}
+EVENT_COLORS = palette.EVENTS
+# a ceiling drawn as a line only when the data reach this share of it; below, a line at the
+# ceiling would set the y axis and squash the data into a flat line at zero
+CEILING_DRAWN_ABOVE = 0.5
+SIG_DIGITS = 5  # y values sent to the page: 5 significant digits (a 600 px plot shows fewer)
 DASH = {"line": "solid", "area": "solid", "dash": "dash", "dot": "dot"}
 ROW_GAP = 0.08
 MODEBAR_PX = 30  # top margin kept free for Plotly's modebar
@@ -25,6 +26,14 @@ MODEBAR_PX = 30  # top margin kept free for Plotly's modebar
 
 def _clean(values: list[float | None]) -> list[float | None]:
     return [v if v is not None and math.isfinite(v) else None for v in values]
+
+
+_NONE_WORDS = re.compile(r"\b(None|nan|NaN|null)\b")
+
+
+def readable(text: object) -> str:
+    """Text for a person: Python's None / nan (config labels, event messages) as 'not set' / 'n/a'."""
+    return _NONE_WORDS.sub(lambda m: "not set" if m.group(1) in ("None", "null") else "n/a", str(text))
 
 
 def _axis_name(row: int) -> tuple[str, str]:
@@ -109,6 +118,24 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
     data = [_trace(t, xs) for t in panel.traces]
     for row, y, label in panel.hlines:
         yref, _ = _axis_name(row)
+        peak = max((v for t in panel.traces if t.row == row for v in _clean(t.y) if v is not None), default=0.0)
+        if peak < CEILING_DRAWN_ABOVE * y:
+            # the data stay at their own scale; the ceiling is said in words, with the peak's share of it
+            share = f"peak here {peak:.3g} = {100 * peak / y:.2g} % of it" if y > 0 else ""
+            layout["annotations"].append(
+                {
+                    "xref": "paper",
+                    "x": 1,
+                    "xanchor": "right",
+                    "yref": "paper",
+                    "y": 1,
+                    "yanchor": "bottom",
+                    "text": f"{label} (off scale; {share})" if share else label,
+                    "showarrow": False,
+                    "font": {"size": 10, "color": palette.CEILING},
+                }
+            )
+            continue
         layout["shapes"].append(
             {
                 "type": "line",
@@ -163,7 +190,7 @@ def _add_events(
             }
         )
         evx.append(x)
-        texts.append(f"{e.get('kind')}: {str(e.get('message', ''))[:200]}")
+        texts.append(readable(f"{e.get('kind')}: {str(e.get('message', ''))[:200]}"))
         colors.append(color)
     layout["yaxis99"] = {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True}
     data.append(
@@ -180,6 +207,31 @@ def _add_events(
             "showlegend": False,
         }
     )
+
+
+def compact(fig: dict[str, Any]) -> dict[str, Any]:
+    """The figure as the page gets it: traces on the grid carry x0/dx instead of an x array (every
+    trace shares the grid's instants) and y rounded to SIG_DIGITS significant digits, about a
+    third of the bytes. The JSON API keeps full x arrays and full precision."""
+    out = {"layout": fig["layout"], "data": []}
+    for tr in fig["data"]:
+        xs = tr.get("x")
+        t = dict(tr)
+        if isinstance(xs, list) and len(xs) >= 2:
+            dx = xs[1] - xs[0]
+            if all(b - a == dx for a, b in itertools.pairwise(xs)):
+                del t["x"]
+                t["x0"], t["dx"] = xs[0], dx
+        if isinstance(tr.get("y"), list):
+            t["y"] = [_round(v) for v in tr["y"]]
+        out["data"].append(t)
+    return out
+
+
+def _round(v: Any) -> Any:
+    if not isinstance(v, float) or v == 0.0 or not math.isfinite(v):
+        return v
+    return round(v, SIG_DIGITS - 1 - math.floor(math.log10(abs(v))))
 
 
 SPARK_MARKERS_BELOW = 30  # fewer present points than this: draw markers too (a lone point shows)

@@ -1,11 +1,21 @@
-"""Evaluation instants of a chart: aligned to the step so refreshes line up."""
+"""Evaluation instants of a chart: aligned to the step so refreshes line up.
+
+At most MAX_POINTS instants per trace whatever the range (the step follows the plot's width in
+pixels, which the page sends); the rate window on raw samples is Grafana's $__rate_interval:
+max(step + scrape interval, 4 x scrape interval), so every window holds several scrapes and
+consecutive windows overlap or touch (no traffic falls between two instants).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from app.storage.rollups import DEFAULT_PX, TIER_RES
+from app.storage.rollups import TIER_RES
+
+MAX_POINTS = 600  # per trace, whatever the range and the screen
+DEFAULT_POINTS = MAX_POINTS  # when the page has not told its plot width yet
+MIN_POINTS = 20  # a very narrow plot still gets a readable line
 
 
 @dataclass(frozen=True)
@@ -26,16 +36,32 @@ class Grid:
         return TIER_RES[self.tier]
 
 
-def make_grid(start: float, end: float, tier: str, px: int = DEFAULT_PX, scrape_gap: float | None = None) -> Grid:
-    """Step = the tier's resolution or span/px, whichever is larger (<= 1 point per pixel column),
-    in whole seconds; instants are multiples of the step inside [start, end]."""
+def points_for(px: int | None) -> int:
+    """Instants for a plot `px` pixels wide: one per pixel column, between MIN_POINTS and MAX_POINTS."""
+    if px is None:
+        return DEFAULT_POINTS
+    return max(MIN_POINTS, min(MAX_POINTS, int(px)))
+
+
+def rate_interval(step: float, scrape_gap: float | None) -> float:
+    """Grafana's $__rate_interval: max(step + scrape interval, 4 x scrape interval); the step
+    alone when the scrape interval is unknown (fewer than two samples)."""
+    if not scrape_gap or scrape_gap <= 0:
+        return step
+    return max(step + scrape_gap, 4.0 * scrape_gap)
+
+
+def make_grid(start: float, end: float, tier: str, px: int | None = None, scrape_gap: float | None = None) -> Grid:
+    """Step = the tier's resolution or span / (points - 1), whichever is larger, in whole seconds
+    (whole buckets on rollup tiers); instants are multiples of the step inside [start, end], so
+    there are at most points_for(px) of them."""
     span = max(end - start, 1.0)
-    step = max(TIER_RES[tier], float(math.ceil(span / px)), 1.0)
+    points = points_for(px)
+    step = max(TIER_RES[tier], float(math.ceil(span / (points - 1))), 1.0)
     if tier != "raw":
         res = TIER_RES[tier]
         step = math.ceil(step / res) * res  # whole buckets per step
     first = math.ceil(start / step) * step
     n = math.floor((end - first) / step + 1e-9) + 1 if end >= first else 0
-    # rate window on raw samples: at least the step and two scrape gaps, like rate(x[w]) in PromQL
-    window = max(step, 2.0 * scrape_gap) if scrape_gap else step
+    window = rate_interval(step, scrape_gap) if tier == "raw" else step
     return Grid(start, end, step, tier, [first + i * step for i in range(n)], window)

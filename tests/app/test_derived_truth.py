@@ -86,11 +86,14 @@ def test_every_plotted_rate_and_ratio_matches_the_oracle(
     assert tokens["tier"] == "raw" and w >= tokens["step"]
     stamps = [b["scrapes"][0]["ts"] for b in recorded]
     max_gap = max(b - a for a, b in itertools.pairwise(stamps))
-    assert w <= max(tokens["step"], 2 * max_gap)  # rate(x[w]) over about two scrape gaps
+    min_gap = min(b - a for a, b in itertools.pairwise(stamps))
+    # Grafana's $__rate_interval: max(step + scrape interval, 4 x scrape interval)
+    assert w >= 4 * min_gap and w >= tokens["step"] + min_gap
+    assert w <= max(tokens["step"] + max_gap, 4 * max_gap)
     tr = _traces(tokens)
     for name, src in (
         ("GPU prefix-cache hit", "local_cache_hit"),
-        ("CPU/offload reload", "external_kv_transfer"),
+        ("CPU reload", "external_kv_transfer"),
         ("recompute", "local_compute"),
     ):
         s = series("vllm:prompt_tokens_by_source_total", {"source": src})

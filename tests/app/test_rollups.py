@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.derived.grid import make_grid
+from app.derived.grid import MAX_POINTS, make_grid
 from app.pages.ranges import RANGES
 from app.rates import increase
 from app.storage.models import SampleRow
@@ -151,9 +151,9 @@ def test_tier_per_range_and_at_most_one_point_per_pixel(name: str, tier: str) ->
     now = 1_800_000_000.0
     span = RANGES[name]
     assert pick_tier(now - span, now, now, 48 * 3600) == tier
-    grid = make_grid(now - span, now, tier)
-    assert len(grid.times) <= DEFAULT_PX + 1
-    assert len(grid.times) >= DEFAULT_PX / 3 - 1 or name in ("15m",)
+    grid = make_grid(now - span, now, tier, DEFAULT_PX)
+    assert len(grid.times) <= MAX_POINTS  # at most 600 points whatever the width asked
+    assert len(grid.times) >= MAX_POINTS / 6 or name in ("15m",)
 
 
 def test_old_custom_ranges_never_read_expired_raw_samples() -> None:
