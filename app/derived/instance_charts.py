@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from agent import kv_vocabulary as kv
+from app.charts import palette
 from app.derived.evaluate import (
     Values,
     add,
@@ -15,16 +17,13 @@ from app.derived.evaluate import (
     sum_by,
     total,
 )
-from app.derived.panels import Panel, Scope, Trace, offload_capacity_bytes, offload_size_bytes
+from app.derived.grid import Grid
+from app.derived.panels import Panel, Scope, Trace, offload_capacity_bytes, offload_size_bytes, offload_tier
 from app.derived.pcie import link_ceiling_gbps
 from app.storage.rollups import TieredSeries
 
 GIB = float(2**30)
-SOURCE_NAMES = {
-    "local_cache_hit": ("GPU prefix-cache hit", "#2ca02c"),
-    "external_kv_transfer": ("CPU/offload reload", "#1f77b4"),
-    "local_compute": ("recompute", "#d62728"),
-}
+NO_OFFLOAD = "no CPU offload configured (kv_offloading_size not set)"
 HYBRID_BLOCK_SIZE = 256  # attention block sizes at or above this are the hybrid models' floor
 
 
@@ -42,63 +41,71 @@ def _finish(panel: Panel, scope: Scope, what: str) -> Panel:
     return panel
 
 
+def _window(g: Grid) -> float:
+    """The span each point sums: the rate window on raw samples, the step on rollups."""
+    return g.rate_window if g.tier == "raw" else g.step
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def _window_note(g: Grid) -> str:
+    return f"Each point: the counters' increase over the {_span(_window(g))} before it / that time."
+
+
 def tokens_by_source(scope: Scope) -> Panel:
     g = scope.grid
     p = Panel("tokens", "Prompt tokens by source", g, ["tokens/s"])
-    got = scope.fetch(["vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_cached_by_source_total"])
-    by_src = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
-    for src in ("local_cache_hit", "external_kv_transfer", "local_compute"):
-        if src in by_src:
-            name, color = SOURCE_NAMES[src]
-            p.traces.append(Trace(name, by_src.pop(src), "tokens/s", style="area", color=color, group="src"))
-    for src, vals in sorted(by_src.items()):  # unknown sources pass through
-        p.traces.append(Trace(src or "(no source label)", vals, "tokens/s", style="area", group="src"))
-    tiers = sum_by(got["vllm:prompt_tokens_cached_by_source_total"], "source", g, counter_rate)
+    got = scope.fetch([kv.BY_SOURCE, kv.CACHED_BY_SOURCE])
+    by_src = sum_by(got[kv.BY_SOURCE], "source", g, counter_rate)
+    tier = offload_tier(scope)
+    for src in kv.SOURCES:
+        if src.vllm_label in by_src:
+            vals = by_src.pop(src.vllm_label)
+            name = kv.source_label(src.vllm_label, tier)
+            p.traces.append(Trace(name, vals, "tokens/s", style="area", color=src.color, group="src"))
+    for label, vals in sorted(by_src.items()):  # unknown sources pass through
+        p.traces.append(Trace(kv.source_label(label), vals, "tokens/s", style="area", group="src"))
+    tiers = sum_by(got[kv.CACHED_BY_SOURCE], "source", g, counter_rate)
     for src, vals in sorted(tiers.items()):
         p.traces.append(Trace(f"cached from {src}", vals, "tokens/s", style="dot"))
     if tiers:
         p.notes.append("Dotted: cached prompt tokens per tier (device / host / disk ...), as the server reports.")
+    p.notes.append(_window_note(g))
     return _finish(p, scope, "prompt_tokens_by_source samples")
 
 
 def hit_rates(scope: Scope) -> Panel:
     g = scope.grid
     p = Panel("hitrates", "Hit rates (vLLM's definitions)", g, ["hit rate (%)"], y_ranges={0: (0.0, 100.0)})
-    names = [
-        "vllm:prefix_cache_hits_total",
-        "vllm:prefix_cache_queries_total",
-        "vllm:external_prefix_cache_hits_total",
-        "vllm:external_prefix_cache_queries_total",
-        "vllm:prompt_tokens_cached_total",
-        "vllm:prompt_tokens_total",
-        "vllm:prompt_tokens_by_source_total",
-    ]
+    names = sorted({n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams})
     got = scope.fetch(names)
 
     def r(name: str) -> Values | None:
         return total(got[name], g, counter_rate)
 
-    pairs: list[tuple[str, str, str, str]] = [
-        ("GPU prefix cache", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "#2ca02c"),
-        (
-            "offload tier",
-            "vllm:external_prefix_cache_hits_total",
-            "vllm:external_prefix_cache_queries_total",
-            "#1f77b4",
-        ),
-    ]
-    for label, hits, queries, color in pairs:
-        h, q = r(hits), r(queries)
+    for d in (kv.HIT_GPU, kv.HIT_OFFLOAD):
+        h, q = r(d.hits), r(d.queries)
         if h is not None and q is not None:
-            p.traces.append(Trace(label, ratio(h, q, 100.0), "%", color=color))
-    cached = r("vllm:prompt_tokens_cached_total")
-    if cached is None and got["vllm:prompt_tokens_by_source_total"]:
-        by = sum_by(got["vllm:prompt_tokens_by_source_total"], "source", g, counter_rate)
-        parts = [by[k] for k in ("local_cache_hit", "external_kv_transfer") if k in by]
-        cached = add(parts) if parts else None
-    prompt = r("vllm:prompt_tokens_total")
+            p.traces.append(Trace(d.label, ratio(h, q, 100.0), "%", color=d.color))
+    by_src: dict[str, Values] | None = None
+
+    def sources(labels: frozenset[str] | None) -> Values | None:
+        nonlocal by_src
+        if by_src is None:
+            by_src = sum_by(got[kv.BY_SOURCE], "source", g, counter_rate)
+        parts = [v for k, v in by_src.items() if labels is None or k in labels]
+        return add(parts) if parts else None
+
+    cached, prompt = kv.overall_terms(r, sources)
     if cached is not None and prompt is not None:
-        p.traces.append(Trace("overall", ratio(cached, prompt, 100.0), "%", color="#ff7f0e", style="dash"))
+        d = kv.HIT_OVERALL
+        p.traces.append(Trace(d.label, ratio(cached, prompt, 100.0), "%", color=d.color, style="dash"))
     bs = (scope.instance.get("cache_config") or {}).get("block_size")
     try:
         block = int(str(bs))
@@ -109,7 +116,11 @@ def hit_rates(scope: Scope) -> Panel:
             f"block_size is {block} tokens (hybrid model): a shared prefix shorter than {block} tokens "
             "never hits, so a low hit rate here is not necessarily a regression."
         )
-    p.notes.append("GPU = hits/queries; offload = external hits/queries; overall = cached/prompt tokens.")
+    p.notes.append(kv.HIT_RATE_NOTE)
+    p.notes.append(
+        f"Each point is the ratio of the counters' increases over the {_span(_window(g))} before it "
+        "(not a mean of per-second ratios)."
+    )
     return _finish(p, scope, "prefix-cache counters")
 
 
@@ -126,20 +137,25 @@ def _host_latest(scope: Scope, name: str, where: Callable[[TieredSeries], bool])
 
 def transfer(scope: Scope) -> Panel:
     g = scope.grid
-    p = Panel("transfer", "KV transfer (CPU offload)", g, ["GB/s"])
+    p = Panel("transfer", "KV transfer (CPU offload)", g, [f"GB/s, {_span(_window(g))} average"])
     got = scope.fetch(["vllm:kv_offload_load_bytes_total", "vllm:kv_offload_store_bytes_total"])
     load = total(got["vllm:kv_offload_load_bytes_total"], g, counter_rate)
     store = total(got["vllm:kv_offload_store_bytes_total"], g, counter_rate)
     if load is None and store is None:
         if offload_size_bytes(scope.instance) is None:
-            p.empty = "no offload configured (kv_offloading_size is None): nothing moves between GPU and CPU"
+            p.empty = NO_OFFLOAD + ": nothing moves between GPU and CPU"
         else:
             p.empty = "offload is configured but the server exposes no kv_offload_*_bytes counters"
         return p
     if load is not None:
-        p.traces.append(Trace("load CPU->GPU", scale(load, 1e-9), "GB/s", color="#1f77b4"))
+        p.traces.append(Trace("load CPU->GPU", scale(load, 1e-9), "GB/s", color=palette.TRANSFER["load"]))
     if store is not None:
-        p.traces.append(Trace("store GPU->CPU", scale(store, 1e-9), "GB/s", color="#9467bd"))
+        p.traces.append(Trace("store GPU->CPU", scale(store, 1e-9), "GB/s", color=palette.TRANSFER["store"]))
+    p.notes.append(
+        f"GB/s here = bytes moved in each {_span(_window(g))} window / the window, all workers together: idle "
+        "time counts. The worth panel's load speed is bytes / the seconds transfers ran, per worker, so it "
+        "is much higher than this average."
+    )
     gen = _host_latest(scope, "kvscope:gpu_pcie_link_gen", lambda s: s.labels.get("kind") == "max")
     width = _host_latest(scope, "kvscope:gpu_pcie_link_width", lambda s: s.labels.get("kind") == "max")
     ceiling = link_ceiling_gbps(gen, width)
@@ -161,12 +177,18 @@ def pinned_memory(scope: Scope) -> Panel:
     configured = offload_size_bytes(scope.instance)
     if configured is not None:
         p.traces.append(
-            Trace("configured offload size", [configured / GIB] * len(g.times), "GiB", style="dash", color="#7f7f7f")
+            Trace(
+                "configured offload size",
+                [configured / GIB] * len(g.times),
+                "GiB",
+                style="dash",
+                color=palette.PINNED["configured"],
+            )
         )
     for name, label, color in (
-        ("kvscope:pinned_offload_file_bytes", "shm offload files (size)", "#17becf"),
-        ("kvscope:pinned_offload_resident_bytes", "shm offload files (resident)", "#1f77b4"),
-        ("kvscope:pinned_vllm_rss_shmem_bytes", "vLLM RssShmem", "#9467bd"),
+        ("kvscope:pinned_offload_file_bytes", "shm offload files (size)", palette.PINNED["file"]),
+        ("kvscope:pinned_offload_resident_bytes", "shm offload files (resident)", palette.PINNED["resident"]),
+        ("kvscope:pinned_vllm_rss_shmem_bytes", "vLLM RssShmem", palette.PINNED["rss_shmem"]),
     ):
         v = _host_sum(scope, name)
         if v is not None:
@@ -182,16 +204,21 @@ def pinned_memory(scope: Scope) -> Panel:
         if limit is not None and avail is not None:
             used = [a - b if a is not None and b is not None else None for a, b in zip(limit, avail, strict=True)]
     if limit is not None:
-        p.traces.append(Trace(limit_label, scale(limit, 1 / GIB), "GiB", color="#d62728", style="dash"))
+        p.traces.append(Trace(limit_label, scale(limit, 1 / GIB), "GiB", color=palette.PINNED["limit"], style="dash"))
         if used is not None:
             head = [a - b if a is not None and b is not None else None for a, b in zip(limit, used, strict=True)]
             p.traces.append(
                 Trace(
-                    "headroom (limit - used)", scale(head, 1 / GIB), "GiB", color="#2ca02c", style="dot", derived=True
+                    "headroom (limit - used)",
+                    scale(head, 1 / GIB),
+                    "GiB",
+                    color=palette.PINNED["headroom"],
+                    style="dot",
+                    derived=True,
                 )
             )
     if not p.has_data() and configured is None:
-        p.empty = "no offload configured (kv_offloading_size is None) and no host memory readings"
+        p.empty = NO_OFFLOAD + " and no host memory readings"
     p.notes.append("Host-level readings: shared by every vLLM instance on this host.")
     return _finish(p, scope, "host memory readings")
 
@@ -208,18 +235,30 @@ def tier_occupancy(scope: Scope) -> Panel:
     )
     gpu = total(got["vllm:kv_cache_usage_perc"], g, gauge_values)
     if gpu is not None:
-        p.traces.append(Trace("GPU KV pool usage", scale(gpu, 100.0), "%", color="#2ca02c"))
+        p.traces.append(Trace("GPU KV pool usage", scale(gpu, 100.0), "%", color=palette.TIERS["gpu"]))
     pin = total(got["vllm:kv_offload_cpu_cache_usage_perc"], g, gauge_values)
     if pin is not None:
         p.traces.append(
-            Trace("CPU tier pinned by in-flight transfers (vLLM gauge)", scale(pin, 100.0), "%", color="#1f77b4")
+            Trace(
+                "CPU tier pinned by in-flight transfers (vLLM gauge)",
+                scale(pin, 100.0),
+                "%",
+                color=palette.TIERS["cpu_pinned"],
+            )
         )
     cap = offload_capacity_bytes(scope.instance)
     stored = total(got["vllm:kv_offload_store_bytes_total"], g, lambda s, gr: gauge_values(s, gr, "last"))
     if cap is not None and stored is not None:
         fill = [min(100.0, 100.0 * v / cap) if v is not None else None for v in stored]
         p.traces.append(
-            Trace("CPU tier fill estimate (derived)", fill, "%", style="dash", color="#ff7f0e", derived=True)
+            Trace(
+                "CPU tier fill estimate (derived)",
+                fill,
+                "%",
+                style="dash",
+                color=palette.TIERS["cpu_fill"],
+                derived=True,
+            )
         )
         p.notes.append(
             "Derived: bytes stored since the server started / CPU-tier capacity, capped at 100 % "
@@ -239,24 +278,25 @@ def latency(scope: Scope) -> Panel:
         **scope.fetch(["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total"]),
     }
     ttft = quantile_series(got["vllm:time_to_first_token_seconds_bucket"], (0.5, 0.95, 0.99), g)
-    colors = {0.5: "#2ca02c", 0.95: "#ff7f0e", 0.99: "#d62728"}
     if got["vllm:time_to_first_token_seconds_bucket"]:
         for q, vals in ttft.items():
-            p.traces.append(Trace(f"TTFT p{round(q * 100)}", scale(vals, 1000.0), "ms", color=colors[q]))
+            p.traces.append(Trace(f"TTFT p{round(q * 100)}", scale(vals, 1000.0), "ms", color=palette.TTFT[q]))
     if got["vllm:inter_token_latency_seconds_bucket"]:
         itl = quantile_series(got["vllm:inter_token_latency_seconds_bucket"], (0.5, 0.95), g)
         for q, vals in itl.items():
-            p.traces.append(Trace(f"ITL p{round(q * 100)}", scale(vals, 1000.0), "ms", style="dot"))
+            p.traces.append(
+                Trace(f"ITL p{round(q * 100)}", scale(vals, 1000.0), "ms", style="dot", color=palette.ITL[q])
+            )
     for name, label, color in (
-        ("vllm:num_requests_running", "running", "#1f77b4"),
-        ("vllm:num_requests_waiting", "waiting", "#9467bd"),
+        ("vllm:num_requests_running", "running", palette.LOAD["running"]),
+        ("vllm:num_requests_waiting", "waiting", palette.LOAD["waiting"]),
     ):
         v = total(got[name], g, gauge_values)
         if v is not None:
             p.traces.append(Trace(label, v, "requests", row=1, color=color))
     pre = total(got["vllm:num_preemptions_total"], g, counter_rate)
     if pre is not None:
-        p.traces.append(Trace("preemptions", pre, "1/s", row=2, color="#d62728"))
+        p.traces.append(Trace("preemptions", pre, "1/s", row=2, color=palette.LOAD["preemptions"]))
     p.notes.append("Quantiles from histogram bucket rates (histogram_quantile); bucket bounds limit precision.")
     return _finish(p, scope, "latency histograms")
 

@@ -7,23 +7,28 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.charts.figures import build_figure
+from app.charts.figures import build_figure, compact
 from app.context import AppContext
+from app.derived.grid import MAX_POINTS
 from app.derived.instance_charts import CHARTS
 from app.derived.overview import describe_offload, state_of
 from app.derived.panels import Scope, make_scope
+from app.derived.summary import compute_summary
 from app.derived.worth import compute_worth
 from app.pages import live_values
 from app.pages.chart_cache import quantise, shared_cache
+from app.pages.errors import html_error
 from app.pages.overview import figure_json
-from app.pages.ranges import RANGES, TimeRange, resolve
+from app.pages.ranges import RANGES, TimeRange, default_range, resolve
 from app.pages.workers import run_page_work
 from app.storage.events import list_events
-from app.storage.rollups import DEFAULT_PX
 from app.storage.series_store import get_instance
 
 CHART_ORDER = list(CHARTS)
+SUMMARY_PX = 100  # the summary reads increases, not a chart: a coarse grid keeps its scope cheap
 EVENT_KINDS = ("restart", "config_change", "counter_reset", "counter_clamped", "rollout")
+PX_QUANTUM = 50  # plot widths are rounded down to this (viewers of similar widths share a computation)
+RESTART_MERGE_S = 120.0  # a counter_reset this close to a restart is that restart: one annotation
 
 
 def _instance(ctx: AppContext, instance_id: int) -> dict[str, Any]:
@@ -31,6 +36,29 @@ def _instance(ctx: AppContext, instance_id: int) -> dict[str, Any]:
     if inst is None:
         raise HTTPException(404, f"no instance {instance_id}: see the overview for the known ones")
     return inst
+
+
+def plot_px(px: int | None) -> int:
+    """The grid's width: the plot width the page sent, rounded down to PX_QUANTUM (MAX_POINTS when
+    not sent or out of range; make_grid caps it)."""
+    if px is None or px < PX_QUANTUM:
+        return MAX_POINTS
+    return min(MAX_POINTS, px - px % PX_QUANTUM)
+
+
+def merge_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One restart, one annotation: a counter_reset within RESTART_MERGE_S of a restart of the same
+    instance is the restart's own consequence, so it is folded into the restart's message."""
+    restarts = [e for e in events if e.get("kind") == "restart"]
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.get("kind") == "counter_reset" and any(
+            r.get("instance_id") == e.get("instance_id") and abs(float(r["ts"]) - float(e["ts"])) <= RESTART_MERGE_S
+            for r in restarts
+        ):
+            continue
+        out.append(e)
+    return out
 
 
 def _scope(
@@ -62,7 +90,7 @@ def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[s
         )
         if e.get("instance_id") is None
     ]
-    return sorted(evs + host_evs, key=lambda e: float(e["ts"]))
+    return merge_restarts(sorted(evs + host_evs, key=lambda e: float(e["ts"])))
 
 
 def chart_data(
@@ -70,7 +98,7 @@ def chart_data(
     inst: dict[str, Any],
     key: str,
     tr: TimeRange,
-    px: int = DEFAULT_PX,
+    px: int = MAX_POINTS,
     scope: Scope | None = None,
     events: list[dict[str, Any]] | None = None,
     tier: str | None = None,
@@ -94,6 +122,23 @@ def chart_data(
     }
 
 
+def parse_instance_id(raw: str) -> int:
+    """An instance id from a URL: a positive integer, else 404 (no such page), never a traceback."""
+    text = raw.strip()
+    if not text.isdigit() or len(text) > 12:
+        raise HTTPException(404, f"no instance {raw[:40]!r}: instance ids are numbers; see the overview")
+    return int(text)
+
+
+def parse_time(raw: str | None, what: str) -> float | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise HTTPException(400, f"{what} must be a Unix time in seconds, not {raw[:40]!r}") from None
+
+
 def router(ctx: AppContext) -> APIRouter:
     r = APIRouter()
     # Live fragments: every viewer of an instance shares one computation per chart per quantum.
@@ -102,31 +147,36 @@ def router(ctx: AppContext) -> APIRouter:
     def shared_now() -> float:
         return quantise(ctx.now(), ctx.settings.chart_cache_s)
 
-    def frame(inst: dict[str, Any], tr: TimeRange) -> tuple[Scope, list[dict[str, Any]]]:
+    def frame(inst: dict[str, Any], tr: TimeRange, px: int = MAX_POINTS) -> tuple[Scope, list[dict[str, Any]]]:
         """What the eight fragments of one refresh share: the scope (state, grid, fetched series)
-        and the events, computed once per quantum."""
+        and the events, computed once per quantum (and plot width)."""
         key = (int(inst["id"]), tr.name, tr.start, tr.end)
-        sc = cache.get_or_compute(("scope", *key), lambda: _scope(ctx, inst, tr, DEFAULT_PX))
+        sc = cache.get_or_compute(("scope", *key, px), lambda: _scope(ctx, inst, tr, px))
         events = cache.get_or_compute(("events", *key), lambda: _events(ctx, inst, tr))
         return sc, events
 
     def page_context(instance_id: int, range_: str | None, start: float | None, end: float | None) -> dict[str, Any]:
         inst = _instance(ctx, instance_id)
-        tr = resolve(ctx.now(), range_, start, end)
-        sc = _scope(ctx, inst, tr, DEFAULT_PX)
+        now = ctx.now()
+        if not range_ and start is None and end is None:
+            range_ = default_range(now, inst.get("first_seen"))
+        tr = resolve(now, range_, start, end)
+        sc = _scope(ctx, inst, tr, MAX_POINTS)
         events = _events(ctx, inst, tr)
         charts = []
         for key in CHART_ORDER:
             c = chart_data(ctx, inst, key, tr, scope=sc, events=events)
-            c["figure_json"] = figure_json(c["figure"]) if c["figure"] else None
+            c["figure_json"] = figure_json(compact(c["figure"])) if c["figure"] else None
             charts.append(c)
-        worth = compute_worth(sc)
+        summary = compute_summary(sc)
+        worth = summary.worth
         return {
             "inst": inst,
             "range": tr,
             "ranges": list(RANGES),
             "charts": charts,
             "worth": worth,
+            "summary": summary,
             "state": sc.state,
             "offload": describe_offload(inst),
             "now": ctx.now(),
@@ -139,12 +189,18 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/instances/{instance_id}", response_class=HTMLResponse, include_in_schema=False)
     async def instance_page(
         request: Request,
-        instance_id: int,
+        instance_id: str,
         range: str | None = None,
-        start: float | None = None,
-        end: float | None = None,
+        start: str | None = None,
+        end: str | None = None,
     ) -> HTMLResponse:
-        data = await run_page_work(ctx, lambda: page_context(instance_id, range, start, end))
+        """The instance page (viewer). Unknown or malformed ids and ranges answer an HTML page."""
+        try:
+            iid = parse_instance_id(instance_id)
+            s, e = parse_time(start, "start"), parse_time(end, "end")
+            data = await run_page_work(ctx, lambda: page_context(iid, range, s, e))
+        except HTTPException as exc:
+            return html_error(request, exc.status_code, str(exc.detail))
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/instance.html", data)  # type: ignore[no-any-return]
 
     @r.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse, include_in_schema=False)
@@ -155,18 +211,21 @@ def router(ctx: AppContext) -> APIRouter:
         range: str | None = None,
         start: float | None = None,
         end: float | None = None,
+        px: int | None = Query(None, ge=1, le=20000, description="plot width in pixels"),
     ) -> HTMLResponse:
+        width = plot_px(px)
+
         def build() -> dict[str, Any]:
             inst = _instance(ctx, instance_id)
             tr = resolve(shared_now(), range, start, end)
 
             def compute() -> dict[str, Any]:
-                sc, events = frame(inst, tr)
+                sc, events = frame(inst, tr, width)
                 c = chart_data(ctx, inst, key, tr, scope=sc, events=events)
-                c["figure_json"] = figure_json(c["figure"]) if c["figure"] else None
+                c["figure_json"] = figure_json(compact(c["figure"])) if c["figure"] else None
                 return c
 
-            c = cache.get_or_compute(("chart", instance_id, key, tr.name, tr.start, tr.end), compute)
+            c = cache.get_or_compute(("chart", instance_id, key, tr.name, tr.start, tr.end, width), compute)
             return {"c": c, "inst": inst, "range": tr}
 
         data = await run_page_work(ctx, build)
@@ -192,6 +251,57 @@ def router(ctx: AppContext) -> APIRouter:
         data = await run_page_work(ctx, build)
         return ctx.extras["templates"].TemplateResponse(request, "dashboard/_worth.html", data)  # type: ignore[no-any-return]
 
+    @r.get("/instances/{instance_id}/fragments/summary", response_class=HTMLResponse, include_in_schema=False)
+    async def summary_fragment(
+        request: Request,
+        instance_id: int,
+        range: str | None = None,
+        start: float | None = None,
+        end: float | None = None,
+    ) -> HTMLResponse:
+        """The page's opening verdict and its three numbers (role: viewer)."""
+
+        def build() -> dict[str, Any]:
+            inst = _instance(ctx, instance_id)
+            tr = resolve(shared_now(), range, start, end)
+            summary = cache.get_or_compute(
+                ("summary", instance_id, tr.name, tr.start, tr.end),
+                lambda: compute_summary(frame(inst, tr)[0]),
+            )
+            return {"summary": summary, "inst": inst, "range": tr}
+
+        data = await run_page_work(ctx, build)
+        return ctx.extras["templates"].TemplateResponse(request, "dashboard/_summary.html", data)  # type: ignore[no-any-return]
+
+    @r.get("/api/v1/instances/{instance_id}/summary")
+    async def summary_json(
+        instance_id: int,
+        range: str | None = Query(None, description="5m, 15m, 1h, 6h, 24h, 7d, 30d, or custom with start/end"),
+        start: float | None = Query(None, description="custom range start, Unix seconds"),
+        end: float | None = Query(None, description="custom range end, Unix seconds (at most 400 days after start)"),
+    ) -> JSONResponse:
+        """Over the range: prompt tokens by source (gpu_hit, offload_reload, recompute), the GPU,
+        offload-tier and overall hit rates (0..1), and the worth verdict with the figures behind it
+        (prefill_tokens_per_s, load_gbps, reloaded_tokens, saved_prefill_s). The same code as the
+        instance page's header. Role: viewer."""
+
+        def build() -> dict[str, Any]:
+            inst = _instance(ctx, instance_id)
+            tr = resolve(ctx.now(), range, start, end)
+            sc = make_scope(
+                ctx.engine,
+                inst,
+                start=tr.start,
+                end=tr.end,
+                now=ctx.now(),
+                state=state_of(ctx.engine, inst, ctx.now(), ctx.settings.stale_after_s),
+                raw_retention_s=ctx.settings.raw_retention_h * 3600,
+                px=SUMMARY_PX,
+            )
+            return {"instance_id": instance_id, "range": tr.name, "state": sc.state, **compute_summary(sc).as_json()}
+
+        return JSONResponse(await run_page_work(ctx, build))
+
     @r.get("/api/v1/instances/{instance_id}/charts/{key}")
     async def chart_json(
         instance_id: int,
@@ -199,7 +309,7 @@ def router(ctx: AppContext) -> APIRouter:
         range: str | None = None,
         start: float | None = None,
         end: float | None = None,
-        px: int = Query(DEFAULT_PX, ge=50, le=4000, description="plot width in pixels"),
+        px: int = Query(MAX_POINTS, ge=50, le=4000, description="plot width in pixels (at most 600 points)"),
         tier: str | None = Query(None, pattern="^(raw|1m|1h)$", description="force a storage tier"),
     ) -> JSONResponse:
         def build() -> dict[str, Any]:

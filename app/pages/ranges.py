@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fastapi import HTTPException
 
 RANGES: dict[str, float] = {
+    "5m": 300.0,
     "15m": 900.0,
     "1h": 3600.0,
     "6h": 6 * 3600.0,
@@ -16,6 +17,7 @@ RANGES: dict[str, float] = {
     "30d": 30 * 86400.0,
 }
 DEFAULT_RANGE = "1h"
+FIT_MARGIN = 1.2  # the default range holds the instance's data with this much room to spare
 MAX_CUSTOM_S = 400 * 86400.0
 
 
@@ -47,3 +49,19 @@ def resolve(now: float, range_: str | None, start: float | None, end: float | No
     if name not in RANGES:
         raise HTTPException(400, f"unknown range {name!r}: use one of {', '.join(RANGES)} or custom")
     return TimeRange(name, now - RANGES[name], now)
+
+
+def default_range(now: float, first_seen: object) -> str:
+    """The range an instance page opens on: the shortest named range that holds all the data the
+    instance has (with FIT_MARGIN to spare), so a fresh demo fills the chart instead of sitting in
+    a sliver at the right of an hour; DEFAULT_RANGE once the instance is older than that."""
+    try:
+        age = now - float(first_seen)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return DEFAULT_RANGE
+    if not math.isfinite(age) or age < 0:
+        return DEFAULT_RANGE
+    for name, span in RANGES.items():
+        if span >= age * FIT_MARGIN or span >= RANGES[DEFAULT_RANGE]:
+            return name
+    return DEFAULT_RANGE

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi.templating import Jinja2Templates
 
+from app.charts.figures import readable
 from app.paths import templates_dir
 
 
@@ -53,5 +54,6 @@ def make_templates() -> Jinja2Templates:
     env = templates.env
     env.filters["bytes"] = fmt_bytes
     env.filters["utc"] = fmt_time
+    env.filters["readable"] = readable
     env.globals["fmt_ago"] = fmt_ago
     return templates

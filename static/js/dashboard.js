@@ -3,12 +3,30 @@
 (function () {
   "use strict";
   var REFRESH_MS = 15000;
+  var PLOT_MARGIN_PX = 80;  /* the figures' left + right margins */
+  var LEGEND_ROW_PX = 19;
   var lastRefresh = Date.now();
   var syncing = false;
 
   function picker() { return document.getElementById("range-picker"); }
 
-  /* The range sent with every fragment request (hx-vals="js:{...kvscopeRange()}"). */
+  /* The range sent with every fragment request of an element marked data-range-params (added
+     here rather than with hx-vals="js:...", which needs eval and the CSP forbids it). */
+  document.addEventListener("htmx:configRequest", function (evt) {
+    var el = evt.detail.elt;
+    if (!el || !el.closest || !el.closest("[data-range-params]")) { return; }
+    var r = window.kvscopeRange();
+    Object.keys(r).forEach(function (k) { evt.detail.parameters[k] = r[k]; });
+  });
+
+  /* A chart fragment also says how wide its plot is: the server draws at most one point per
+     pixel column (and at most 600), so a phone gets a lighter refresh than a wide screen. */
+  document.addEventListener("htmx:configRequest", function (evt) {
+    var el = evt.detail.elt;
+    var chart = el && el.querySelector ? el.querySelector(".chart") : null;
+    if (chart && chart.clientWidth > 0) { evt.detail.parameters.px = Math.round(chart.clientWidth - PLOT_MARGIN_PX); }
+  });
+
   window.kvscopeRange = function () {
     var p = picker();
     if (!p) { return {}; }
@@ -35,6 +53,37 @@
     return layout;
   }
 
+  /* Legends that fit: a horizontal legend wraps into rows under the plot; the element grows by
+     those rows so the plot keeps its height and no entry is cut off (a phone at 390 px wraps the
+     token chart's legend into 3-4 rows). Narrow screens get smaller legend and axis-title fonts. */
+  function fitLegend(el, fig) {
+    var w = el.clientWidth;
+    if (!w) { return; }
+    if (!el.dataset.baseH) { el.dataset.baseH = String(el.clientHeight); }
+    var base = Number(el.dataset.baseH);
+    var narrow = w < 640;
+    var charW = narrow ? 5.6 : 6.3;
+    var names = fig.data.filter(function (t) { return t.showlegend !== false && t.name; })
+      .map(function (t) { return String(t.name).length * charW + 40; });
+    var rows = 0, used = w;
+    names.forEach(function (px) {
+      if (used + px > w) { rows += 1; used = 0; }
+      used += px;
+    });
+    var extra = Math.max(0, rows - 1) * LEGEND_ROW_PX;
+    el.style.height = (base + extra) + "px";
+    if (narrow) {
+      fig.layout.legend = Object.assign({}, fig.layout.legend || {}, { font: { size: 10 } });
+      Object.keys(fig.layout).forEach(function (k) {
+        var ax = fig.layout[k];
+        if (/^yaxis\d*$/.test(k) && ax && ax.title) {
+          ax.title = Object.assign({}, ax.title, { font: { size: 10 }, standoff: 2 });
+          ax.tickfont = { size: 9 };
+        }
+      });
+    }
+  }
+
   function draw(el) {
     if (!window.Plotly) { return; }
     var src = document.getElementById(el.dataset.figure);
@@ -42,6 +91,7 @@
     var fig;
     try { fig = JSON.parse(src.textContent); } catch (e) { el.textContent = "figure unreadable"; return; }
     var isStatic = el.dataset.static === "1";
+    if (!el.classList.contains("spark")) { fitLegend(el, fig); }
     window.Plotly.react(el, fig.data, themed(fig.layout), {
       responsive: true, displaylogo: false, staticPlot: isStatic,
       modeBarButtonsToRemove: ["lasso2d", "select2d"]
