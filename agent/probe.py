@@ -41,6 +41,43 @@ _VOCAB = (
 _WORDS = tuple(_VOCAB.split())
 
 
+# The bounds of every probe setting, checked by the app (422) and again here (an out-of-range value
+# from a command keeps the default). A probe sends (1 + evict_count) prefixes of prefix_words.
+PROBE_LIMITS: dict[str, tuple[float, float]] = {
+    "prefix_words": (16, 200_000),
+    "evict_count": (0, 1000),
+    "max_tokens": (1, 4096),
+    "request_timeout_s": (0.1, 3600.0),
+}
+PROBE_MAX_WORDS = 20_000_000  # prefix_words x (1 + evict_count): ~20 M tokens at most per probe
+
+
+def probe_settings_error(data: Any) -> str | None:
+    """Why a probe settings object is out of bounds (None: fine). Keys: PROBE_LIMITS, enabled, nonce."""
+    if not isinstance(data, dict):
+        return "probe settings must be an object"
+    for key, value in data.items():
+        if key == "enabled":
+            if not isinstance(value, bool):
+                return "probe.enabled must be true or false"
+        elif key == "nonce":
+            if not isinstance(value, str) or len(value) > 64:
+                return "probe.nonce must be a string of at most 64 characters"
+        elif key in PROBE_LIMITS:
+            lo, hi = PROBE_LIMITS[key]
+            whole = key != "request_timeout_s"
+            if isinstance(value, bool) or not isinstance(value, int | float) or (whole and value != int(value)):
+                return f"probe.{key} must be a {'whole number' if whole else 'number'}"
+            if not lo <= value <= hi:  # also refuses NaN
+                return f"probe.{key} must be between {lo:g} and {hi:g}, not {value!r}"
+        else:
+            return f"unknown probe setting {str(key)[:40]!r} (one of enabled, nonce, {', '.join(PROBE_LIMITS)})"
+    words = int(data.get("prefix_words") or 1500) * (1 + int(data.get("evict_count") or 8))
+    if words > PROBE_MAX_WORDS:
+        return f"probe sends {words:,} words (prefix_words x (1 + evict_count)); at most {PROBE_MAX_WORDS:,}"
+    return None
+
+
 @dataclass
 class ProbeConfig:
     prefix_words: int = 1500  # ~1 token per word for most tokenizers (plus the document header)
@@ -53,11 +90,12 @@ class ProbeConfig:
     def from_dict(cls, data: Any) -> ProbeConfig:
         c = cls()
         if isinstance(data, dict):
-            for key in ("prefix_words", "evict_count", "max_tokens"):
-                if isinstance(data.get(key), int | float) and data[key] >= 0:
-                    setattr(c, key, int(data[key]))
-            if isinstance(data.get("request_timeout_s"), int | float) and data["request_timeout_s"] > 0:
-                c.request_timeout_s = float(data["request_timeout_s"])
+            for key in ("prefix_words", "evict_count", "max_tokens", "request_timeout_s"):
+                v, (lo, hi) = data.get(key), PROBE_LIMITS[key]
+                if isinstance(v, int | float) and not isinstance(v, bool) and lo <= v <= hi:
+                    setattr(c, key, float(v) if key == "request_timeout_s" else int(v))
+            if c.prefix_words * (1 + c.evict_count) > PROBE_MAX_WORDS:
+                c.prefix_words, c.evict_count = cls.prefix_words, cls.evict_count
             if data.get("nonce"):
                 c.nonce = str(data["nonce"])
         return c

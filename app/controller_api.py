@@ -282,6 +282,8 @@ def _save(
 
 
 def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, who: str, probe: Any) -> int:
+    if probe is not None and not isinstance(probe, dict):
+        raise HTTPException(422, "probe must be an object of probe settings")
     try:
         return rollouts.request_rollout(
             ctx,
@@ -289,7 +291,7 @@ def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, wh
             profile,
             override_hybrid=override,
             requested_by=who,
-            probe=probe if isinstance(probe, dict) else None,
+            probe=probe,
         )
     except rollouts.RolloutError as exc:
         raise HTTPException(exc.status, str(exc)) from None

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from agent import preflight as pf
+from agent.probe import probe_settings_error
 from app.context import AppContext
 from app.profiles import Profile, ProfileError, argv_diff, parse_profile
 from app.storage import rollouts_store as rs
@@ -100,6 +101,8 @@ def request_rollout(
     probe: dict[str, Any] | None = None,
 ) -> int:
     now = ctx.now() if now is None else now
+    if probe is not None and (why := probe_settings_error(probe)) is not None:
+        raise RolloutError(why, 422)
     inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     version = rs.get_version(ctx.engine, int(prof["version_id"]))
     assert version is not None

@@ -154,6 +154,18 @@ class Settings(BaseSettings):
     ab_bootstrap_resamples: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples per verdict.")
     ab_workers: int = Field(2, ge=1, le=16, description="Workload runs that may run at once (app-side threads).")
 
+    # --- ingest limits (issue 14; app/storage/series_index.py): sized from real vLLM exporters
+    max_series_per_instance: int = Field(
+        10_000,
+        ge=100,
+        le=10_000_000,
+        description="Series one vLLM instance (or one host's GPU/memory readings) may have; a push "
+        "over it is refused (422). One vLLM engine exposes ~330-410.",
+    )
+    max_new_series_per_push: int = Field(
+        20_000, ge=100, le=10_000_000, description="New series one push may create; more is refused (422)."
+    )
+
     @field_validator("data_dir", mode="before")
     @classmethod
     def _expand(cls, v: Any) -> Any:

@@ -116,6 +116,8 @@ def _parse(body: bytes) -> tuple[str, str, set[int]] | str:
         data: Any = json.loads(body or b"{}")
     except ValueError:
         return "not JSON"
+    except RecursionError:  # e.g. 5,000 nested arrays: within the 64 KiB cap, past Python's stack
+        return "nested too deeply (the body is a flat object)"
     if not isinstance(data, dict):
         return "must be a JSON object"
     agent_id, host, known = data.get("agent_id"), data.get("host"), data.get("known", [])

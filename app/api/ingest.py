@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from app.auth import TokenChecker
 from app.context import AppContext
 from app.ingest import BadBatch, parse_batch
-from app.storage.ingest_store import WriteResult
+from app.storage.ingest_store import SeriesCapExceeded, SeriesLimits, WriteResult
 
 log = logging.getLogger("kvscope.ingest")
 
@@ -22,12 +22,26 @@ def _store(ctx: AppContext, body: bytes, now: float) -> tuple[WriteResult, list[
     batch = parse_batch(
         body, now, max_future_skew_s=ctx.settings.max_future_skew_s, max_past_age_s=ctx.settings.max_past_age_s
     )
-    result = ctx.writer.write(batch, now)
+    limits = SeriesLimits(
+        per_instance=ctx.settings.max_series_per_instance, new_per_push=ctx.settings.max_new_series_per_push
+    )
+    try:
+        result = ctx.writer.write(batch, now, limits)
+    except SeriesCapExceeded as exc:
+        raise BadBatch(str(exc)) from None
     if result.duplicate:
         ctx.metrics.ingest_batches.labels("duplicate").inc()
     else:
         ctx.metrics.ingest_batches.labels("stored").inc()
         ctx.metrics.ingest_samples.inc(result.stored)
+    if result.dropped_samples:
+        log.warning(
+            "push seq %s of %s: %d sample(s) dropped: %s",
+            batch.seq,
+            batch.host,
+            result.dropped_samples,
+            "; ".join(result.dropped[:3]),
+        )
     host_id = result.host_id or 0
     for hook in ctx.push_hooks:
         try:
@@ -76,6 +90,9 @@ def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
                 "accepted": True,
                 "duplicate": result.duplicate,
                 "stored_samples": result.stored,
+                # samples refused one by one (negative counters): the rest of the batch is stored
+                "dropped_samples": result.dropped_samples,
+                "dropped": result.dropped,
                 "commands": commands,
             }
         )
