@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app.ab import service
+from app.auth.roles import requester
 from app.ab.agent_executor import AgentExecutor
 from app.ab.charts import experiment_figures
 from app.ab.orchestrator import Limits, Orchestrator
@@ -52,6 +53,7 @@ def build_orchestrator(ctx: AppContext) -> Orchestrator:
         run_timeout_s=s.ab_run_timeout_s,
         max_error_rate=s.ab_max_error_rate,
         n_boot=s.ab_bootstrap_resamples,
+        max_foreign_share=s.ab_max_foreign_share,
     )
     return Orchestrator(
         ctx.engine,
@@ -123,8 +125,9 @@ def _start_from(ctx: AppContext, body: dict[str, Any], who: str) -> int:
             runs_per_arm=_int(body.get("runs", 3), "runs"),
             seed=_int(body.get("seed", 0), "seed"),
             override_hybrid=bool(body.get("override_hybrid")),
-            requested_by=str(body.get("requested_by") or who),
+            requested_by=who,
             executor=str(body.get("executor") or "auto"),
+            max_foreign_share=ctx.settings.ab_max_foreign_share,
         )
     except service.ExperimentError as exc:
         raise _http(exc) from None
@@ -166,7 +169,7 @@ def api_router(ctx: AppContext) -> APIRouter:
             raise HTTPException(400, "body is not valid JSON") from None
         if not isinstance(body, dict):
             raise HTTPException(422, "body must be a JSON object")
-        eid = await run_in_threadpool(_start_from, ctx, body, "api")
+        eid = await run_in_threadpool(_start_from, ctx, body, requester(request, body.get("requested_by")))
         exp, runs = service.load(ctx, eid)
         return JSONResponse(service.experiment_view(exp, runs), status_code=201)
 
@@ -225,7 +228,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         except ValueError:
             raise HTTPException(400, "body is not valid JSON") from None
         arm = str((body or {}).get("arm", "")) if isinstance(body, dict) else ""
-        rid = await run_in_threadpool(_keep, ctx, experiment_id, arm, "api")
+        rid = await run_in_threadpool(_keep, ctx, experiment_id, arm, requester(request, None))
         return JSONResponse({"rollout_id": rid, "rollout": f"/api/v1/rollouts/{rid}"}, status_code=201)
 
     return r
@@ -309,7 +312,7 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.post("/experiments")
     async def experiments_create(request: Request) -> Response:
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         data = {k: str(v) for k, v in form.items() if k != csrf.FIELD}
         try:
             body = {
@@ -322,7 +325,7 @@ def page_router(ctx: AppContext) -> APIRouter:
                 "workload": _workload_from_form(form),
                 "executor": data.get("executor") or "auto",
             }
-            eid = await run_in_threadpool(_start_from, ctx, body, "web")
+            eid = await run_in_threadpool(_start_from, ctx, body, requester(request, None))
         except service.ExperimentError as exc:
             return list_page(request, data, str(exc), exc.status)
         except HTTPException as exc:
@@ -354,15 +357,15 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.post("/experiments/{experiment_id}/cancel")
     async def cancel_form(experiment_id: int, request: Request) -> Response:
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         orchestrator(ctx).cancel(experiment_id, ctx.now(), by="web")
         return RedirectResponse(f"/experiments/{experiment_id}", status_code=303)
 
     @r.post("/experiments/{experiment_id}/keep")
     async def keep_form(experiment_id: int, request: Request) -> Response:
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
-        rid = await run_in_threadpool(_keep, ctx, experiment_id, str(form.get("arm") or ""), "web")
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
+        rid = await run_in_threadpool(_keep, ctx, experiment_id, str(form.get("arm") or ""), requester(request, None))
         return RedirectResponse(f"/rollouts/{rid}", status_code=303)
 
     return r

@@ -1,11 +1,10 @@
-"""`kvscope serve` and `kvscope token ...`. Module level imports stay stdlib-only (see kvscope.cli)."""
+"""`kvscope serve`. Module level imports stay stdlib-only (see kvscope.cli)."""
 
 from __future__ import annotations
 
 import argparse
 import errno
 import socket
-import time
 from typing import Any
 
 from kvscope.errors import UserError
@@ -35,20 +34,6 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port (default 8080)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
-
-    t = sub.add_parser("token", help="manage agent tokens")
-    tsub = t.add_subparsers(dest="token_cmd", metavar="ACTION", required=True)
-    c = tsub.add_parser("create", help="create an agent token and print it (shown once)")
-    c.add_argument("name")
-    add_settings_args(c)
-    c.set_defaults(func=run_token_create)
-    ls = tsub.add_parser("list", help="list tokens (names and prefixes only)")
-    add_settings_args(ls)
-    ls.set_defaults(func=run_token_list)
-    rv = tsub.add_parser("revoke", help="revoke a token by name")
-    rv.add_argument("name")
-    add_settings_args(rv)
-    rv.set_defaults(func=run_token_revoke)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -88,35 +73,4 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=3,
     )
-    return 0
-
-
-def _engine(args: argparse.Namespace) -> Any:
-    from app.storage.engine import open_database
-
-    return open_database(settings_from_args(args).effective_database_url)
-
-
-def run_token_create(args: argparse.Namespace) -> int:
-    from app.storage.tokens import create_token
-
-    print(create_token(_engine(args), args.name, time.time()))
-    return 0
-
-
-def run_token_list(args: argparse.Namespace) -> int:
-    from app.storage.tokens import list_tokens
-
-    for t in list_tokens(_engine(args)):
-        state = "revoked" if t["revoked_at"] else "active"
-        print(f"{t['name']}\t{t['prefix']}...\t{state}")
-    return 0
-
-
-def run_token_revoke(args: argparse.Namespace) -> int:
-    from app.storage.tokens import revoke_token
-
-    if not revoke_token(_engine(args), args.name, time.time()):
-        raise UserError(f"no active token named {args.name!r}")
-    print(f"revoked {args.name}")
     return 0

@@ -27,6 +27,7 @@ class AppContext:
     writer: IngestWriter
     metrics: SelfMetrics
     clock: Clock = time.time
+    secret: str = ""  # signs sessions and form tokens (app.auth.secret.effective_secret)
     command_providers: list[CommandProvider] = field(default_factory=list)
     push_hooks: list[PushHook] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app import rollouts
+from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
 from app.profiles import ProfileError, parse_profile
@@ -226,7 +227,7 @@ def api_router(ctx: AppContext) -> APIRouter:
             instance_id,
             str(body.get("profile") or ""),
             bool(body.get("override_hybrid")),
-            str(body.get("requested_by") or "api"),
+            requester(request, body.get("requested_by")),
             body.get("probe"),
         )
         r_ = rs.get_rollout(ctx.engine, rid)
@@ -312,7 +313,7 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.post("/profiles")
     async def profiles_create(request: Request) -> Response:
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         name = str(form.get("name") or "").strip()
         try:
             spec = spec_from_form(form)
@@ -339,7 +340,7 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.post("/profiles/{name}")
     async def profile_edit(name: str, request: Request) -> Response:
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         try:
             _save(ctx, name, spec_from_form(form), str(form.get("note") or ""), create=False, author="web")
         except (ProfileError, HTTPException) as exc:
@@ -383,9 +384,14 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.post("/instances/{instance_id}/apply")
     async def apply(instance_id: int, request: Request) -> Response:
         form = await request.form()
-        csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         rid = _request(
-            ctx, instance_id, str(form.get("profile") or ""), form.get("override_hybrid") == "on", "web", None
+            ctx,
+            instance_id,
+            str(form.get("profile") or ""),
+            form.get("override_hybrid") == "on",
+            requester(request, None),
+            None,
         )
         return RedirectResponse(f"/rollouts/{rid}", status_code=303)
 

@@ -74,7 +74,7 @@ def render_page(
         templates = ctx.extras["templates"] = make_templates()
     if template_globals:
         templates.env.globals.update(template_globals)
-    token, new_cookie = issue(request, ctx.settings.secret_key)
+    token, new_cookie = issue(request, ctx.secret)
     resp: Response = templates.TemplateResponse(
         request, name, {"active_nav": active_nav, "now": ctx.now(), "csrf": token, **data}, status_code=status
     )

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import logging
+import html
 import time
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.gzip import GZipMiddleware
 
-from app import jobs
+from app import auth, jobs
 from app.api import commands as commands_api
 from app.api import ingest as ingest_api
 from app.api import read as read_api
-from app.auth import TokenChecker
+from app.auth import guard
+from app.api.docs import install_docs
+from app.auth.secret import effective_secret
 from app.context import AppContext, Clock
 from app.selfmetrics import SelfMetrics
 from app.settings import Settings
@@ -40,16 +44,32 @@ def create_app(
     settings: Settings, *, engine: Engine | None = None, clock: Clock = time.time, start_jobs: bool | None = None
 ) -> FastAPI:
     engine = engine or open_database(settings.effective_database_url)
-    ctx = AppContext(settings=settings, engine=engine, writer=IngestWriter(engine), metrics=SelfMetrics(), clock=clock)
-    app = FastAPI(title="kvscope", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    ctx = AppContext(
+        settings=settings,
+        engine=engine,
+        writer=IngestWriter(engine),
+        metrics=SelfMetrics(),
+        clock=clock,
+        secret=effective_secret(settings),
+    )
+    # Every route runs the role check first (app/auth): a route states its role with @requires,
+    # else reading needs a viewer and changing needs an operator.
+    app = FastAPI(
+        title="kvscope",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        dependencies=[Depends(guard.dependency(ctx))],
+    )
     app.state.ctx = ctx
     app.state.start_jobs = settings.run_scheduler if start_jobs is None else start_jobs
     _install_errors(app)
     _install_timing(app, ctx)
-    tokens = TokenChecker(ctx)
-    app.include_router(ingest_api.router(ctx, tokens))
-    app.include_router(commands_api.router(ctx, tokens))  # long-poll: the same commands, sooner
+    app.include_router(ingest_api.router(ctx))
+    app.include_router(commands_api.router(ctx))  # long-poll: the same commands, sooner
     app.include_router(read_api.router(ctx))
+    install_docs(app)
     import importlib
 
     for name in OPTIONAL_PARTS:
@@ -60,6 +80,7 @@ def create_app(
                 continue
             raise
         mod.install(app, ctx)
+    auth.install(app, ctx)  # login pages, admin API, Host allow-list and security headers (outermost)
     jobs.install(app, ctx)  # last: starts whatever jobs the parts registered
     return app
 
@@ -76,11 +97,12 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException) -> Response:
         accept = req.headers.get("accept", "")
-        if "text/html" in accept and not req.url.path.startswith("/api/") and exc.status_code in (404, 405):
+        if "text/html" in accept and not req.url.path.startswith("/api/") and exc.status_code in (403, 404, 405):
             from fastapi.responses import HTMLResponse
 
+            detail = html.escape(str(exc.detail))  # the detail may quote the path: never raw HTML
             return HTMLResponse(
-                f"<!doctype html><title>{exc.status_code}</title><p>{exc.status_code}: {exc.detail}</p>"
+                f"<!doctype html><title>{exc.status_code}</title><p>{exc.status_code}: {detail}</p>"
                 "<p><a href='/'>kvscope overview</a></p>",
                 status_code=exc.status_code,
             )
@@ -121,6 +143,7 @@ class _Timing:
 
 def _install_timing(app: FastAPI, ctx: AppContext) -> None:
     app.add_middleware(_Timing, ctx=ctx)
+    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=6)  # every text response (issue 15)
 
 
 __all__ = ["HTTPException", "create_app"]

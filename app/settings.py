@@ -40,7 +40,12 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default sqlite:///<data_dir>/kvscope.db. Postgres works too."
     )
-    secret_key: str = Field("change-me", description="Signs CSRF tokens. Must be set when binding off loopback.")
+    secret_key: str = Field(
+        "change-me",
+        description="Signs sessions and form tokens. Must be set (32+ bytes) when binding off loopback; on "
+        "loopback a placeholder is replaced by a random key kept in <data_dir>/secret-key.",
+        max_length=4096,
+    )
     agent_token: str | None = Field(
         None, description="Optional static agent token accepted besides those from `kvscope token create`."
     )
@@ -153,6 +158,32 @@ class Settings(BaseSettings):
     )
     ab_bootstrap_resamples: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples per verdict.")
     ab_workers: int = Field(2, ge=1, le=16, description="Workload runs that may run at once (app-side threads).")
+    ab_max_foreign_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="A/B: a run in which other clients sent more than this share of the requests or prompt "
+        "tokens the server served is left out of the verdict (flagged, with the figures).",
+    )
+
+    # --- security (issue 14; app/auth, docs/security.md)
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host headers the app answers (DNS-rebinding guard); empty: the bind address, "
+        "localhost, 127.0.0.1, ::1 and, off loopback, this machine's names and addresses. '*' allows any.",
+        max_length=256,
+    )
+    public_dashboards: bool = Field(
+        False, description="Open the read-only pages and JSON reads to everyone (never state changes)."
+    )
+    metrics_public: bool = Field(False, description="Serve the app's /metrics without a login (for a Prometheus).")
+    session_max_age_h: float = Field(168.0, gt=0, le=24 * 365, description="A login lasts this long.")
+    login_max_failures: int = Field(
+        5, ge=1, le=1000, description="Failed logins per client address and per user name in 5 minutes before 429."
+    )
+    cookie_secure: bool | None = Field(
+        None, description="Mark cookies Secure; default: when the request came over https (behind a TLS proxy)."
+    )
 
     # --- ingest limits (issue 14; app/storage/series_index.py): sized from real vLLM exporters
     max_series_per_instance: int = Field(
@@ -187,12 +218,12 @@ class Settings(BaseSettings):
             return False
 
     def check_for_bind(self) -> None:
-        """Refuse placeholder secrets when the app is reachable from other machines."""
+        """Refuse placeholder or short secrets when the app is reachable from other machines."""
         if self.is_loopback:
             return
-        if self.secret_key.strip().lower() in PLACEHOLDER_SECRETS:
+        if self.secret_key.strip().lower() in PLACEHOLDER_SECRETS or len(self.secret_key.encode()) < 32:
             raise UserError(
-                f"binding to {self.host} needs a real secret: set KVSCOPE_SECRET_KEY "
+                f"binding to {self.host} needs a real secret of 32 bytes or more: set KVSCOPE_SECRET_KEY "
                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
         if self.agent_token is not None and self.agent_token.strip().lower() in PLACEHOLDER_SECRETS:

@@ -17,7 +17,8 @@ from kvscope.errors import UserError
 
 # Modules that register sub-commands, in the order `kvscope --help` lists them.
 COMMAND_MODULES = (
-    "app.cli",  # serve, token
+    "app.cli",  # serve
+    "app.auth.cli",  # user, token
     "agent.cli",  # agent
     "simulator.cli",  # sim
     "kvscope.demo",  # demo

@@ -26,6 +26,7 @@ from typing import Any
 from kvscope.errors import UserError
 
 GIB = 1024**3
+DEMO_HOST = "demo-rig"  # the agent's host name; its token is bound to it
 # The dense server's GPU KV pool is capped (a card shared with other work: ~7,300 tokens, with
 # --max-model-len 4096 so one request fits, as vLLM requires) so that the
 # demo's documents overflow it and the CPU tier, larger than the pool, has something to give back.
@@ -216,6 +217,7 @@ def _assign_profiles(engine: Any, ports: dict[str, int], now: float) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     import logging
 
+    from app.auth import local_access
     from app.cli import check_port_free
     from app.main import create_app
     from app.settings import default_data_dir, load_settings
@@ -249,7 +251,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     engine = open_database(settings.effective_database_url)
     now = time.time()
-    token = create_token(engine, f"kvscope-demo-{int(now * 1000)}", now)
+    token = create_token(engine, f"kvscope-demo-{int(now * 1000)}", now, host=DEMO_HOST)
+    access = local_access.prepare(engine, data_dir, now)
     _seed_profiles(engine, offload_gib, now)
     app = create_app(settings, engine=engine)
     served = start_app_thread(app, settings.host, settings.port, args.log_level)
@@ -280,7 +283,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "--nvidia-smi",
         fake_nvidia_smi(),
         "--host-name",
-        "demo-rig",
+        DEMO_HOST,
         "--log-level",
         "warning",
     ]
@@ -298,6 +301,12 @@ def run_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     print(f"kvscope demo: dashboard {url}   (everything here is SIMULATED: no GPU, no real vLLM)")
+    print(f"kvscope demo: log in once with {url}{access.login_path}  (valid 24 h, one use)")
+    if access.admin_created:
+        print(
+            "kvscope demo: created the user 'admin'; set its password with `kvscope user passwd admin --data-dir ...`"
+        )
+    print(f"kvscope demo: the kvscope CLI here uses the operator token in {access.api_token_file}")
     print(f"kvscope demo: data in {data_dir}; logs in {data_dir / 'logs'}; Ctrl-C stops everything", flush=True)
 
     traffic: list[Traffic] = []

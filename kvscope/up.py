@@ -37,21 +37,24 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_up)
 
 
-def _local_token(engine: Any, now: float) -> str:
+def _local_token(engine: Any, now: float, host: str) -> str:
+    """An agent token for this machine's agent, bound to its host name (earlier ones revoked)."""
     from app.storage.tokens import create_token, list_tokens, revoke_token
 
     for t in list_tokens(engine):
         name = str(t["name"])
         if name.startswith(TOKEN_PREFIX) and not t["revoked_at"]:
             revoke_token(engine, name, now)
-    return create_token(engine, f"{TOKEN_PREFIX}{int(now * 1000)}", now)
+    return create_token(engine, f"{TOKEN_PREFIX}{int(now * 1000)}", now, host=host)
 
 
 def run_up(args: argparse.Namespace) -> int:
     import logging
     import signal
+    import socket
 
     from agent.cli import build_agent, parse_interval
+    from app.auth import local_access
     from app.cli import check_port_free, settings_from_args
     from app.main import create_app
     from app.storage.engine import open_database
@@ -67,7 +70,9 @@ def run_up(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     engine = open_database(settings.effective_database_url)
-    token = _local_token(engine, time.time())
+    host_name = socket.gethostname()
+    token = _local_token(engine, time.time(), host_name)
+    access = local_access.prepare(engine, Path(settings.data_dir), time.time())
     app = create_app(settings, engine=engine)
     served = start_app_thread(app, settings.host, settings.port, args.log_level)
     url = served.url
@@ -77,7 +82,7 @@ def run_up(args: argparse.Namespace) -> int:
         state_dir=args.state_dir or str(Path(settings.data_dir) / "agent"),
         no_gpu=args.no_gpu,
         nvidia_smi=args.nvidia_smi,
-        host_name=None,
+        host_name=host_name,
         spool_max_mb=256.0,
     )
     stop = threading.Event()
@@ -96,6 +101,10 @@ def run_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     urls = ", ".join(r.base_url for r in agent.readers)
     print(f"kvscope up: dashboard {url}  (agent reading {urls}; data: {settings.effective_database_url})")
+    print(f"kvscope up: log in once with {url}{access.login_path}  (valid 24 h, one use)")
+    if access.admin_created:
+        print("kvscope up: created the user 'admin'; set its password with `kvscope user passwd admin`")
+    print(f"kvscope up: the kvscope CLI here uses the operator token in {access.api_token_file}")
     print("kvscope up: Ctrl-C stops both", flush=True)
     while not stop.is_set():
         stop.wait(0.5)

@@ -12,6 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_FIXTURES = REPO / "tests" / "fixtures"
+# Host headers the in-process test clients send (TestClient: "testserver").
+TEST_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 
 
 class FakeClock:
@@ -104,7 +106,9 @@ def settings(tmp_path: Path, db_backend: str, request: Any) -> Any:
     from app.settings import load_settings
 
     url = request.getfixturevalue("db_url") if db_backend != "sqlite" else None
-    return load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False, database_url=url)
+    return load_settings(
+        None, data_dir=str(tmp_path / "data"), run_scheduler=False, database_url=url, allowed_hosts=TEST_HOSTS
+    )
 
 
 @pytest.fixture
@@ -125,17 +129,27 @@ def app(settings: Any, engine: Any, clock: FakeClock) -> Any:
 
 @pytest.fixture
 def token(engine: Any, clock: FakeClock) -> str:
+    """An agent token bound to host rig1 (make_batch's default host)."""
     from app.storage.tokens import create_token
 
-    return create_token(engine, "test-agent", clock())
+    return create_token(engine, "test-agent", clock(), host="rig1")
+
+
+def api_token(engine: Any, role: str = "admin", name: str | None = None) -> str:
+    """An API token of `role` for a test's requests (Authorization: Bearer)."""
+    from app.storage.tokens import create_token
+
+    return create_token(engine, name or f"test-{role}-{os.urandom(4).hex()}", time.time(), role=role)
 
 
 @pytest.fixture
 def client(app: Any) -> Iterator[Any]:
-    """A synchronous client driving the real ASGI app in-process."""
+    """A synchronous client driving the real ASGI app in-process, as an admin (API token); a test
+    that sends its own Authorization header (an agent token) replaces it."""
     from fastapi.testclient import TestClient
 
     with TestClient(app) as c:
+        c.headers["Authorization"] = "Bearer " + api_token(app.state.ctx.engine)
         yield c
 
 

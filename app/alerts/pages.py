@@ -27,7 +27,7 @@ def _back(path: str, msg: str | None = None) -> RedirectResponse:
 
 
 def _render(ctx: AppContext, request: Request, name: str, data: dict[str, Any]) -> HTMLResponse:
-    token, new_cookie = csrf.issue(request, ctx.settings.secret_key)
+    token, new_cookie = csrf.issue(request, ctx.secret)
     data.setdefault("active_nav", "alerts")
     data.setdefault("now", ctx.now())
     data.setdefault("msg", request.query_params.get("msg"))
@@ -41,7 +41,7 @@ def _render(ctx: AppContext, request: Request, name: str, data: dict[str, Any]) 
 async def _checked_form(ctx: AppContext, request: Request) -> Any:
     """The posted form, after the same-origin and signed-token checks (app.controller_csrf)."""
     form = await request.form()
-    csrf.check(request, form.get(csrf.FIELD), ctx.settings.secret_key)
+    csrf.check(request, form.get(csrf.FIELD), ctx.secret)
     return form
 
 

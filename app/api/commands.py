@@ -26,7 +26,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.auth import TokenChecker
+from app.auth.guard import agent_host_check
+from app.auth.roles import AGENT, requires
 from app.context import AppContext
 from app.storage.series_store import list_hosts
 
@@ -54,13 +55,14 @@ def poll_state(ctx: AppContext) -> PollState:
     return state
 
 
-def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
+def router(ctx: AppContext) -> APIRouter:
     r = APIRouter()
     state = poll_state(ctx)
 
     @r.post("/api/v1/commands")
+    @requires(AGENT)
     async def commands(request: Request, wait: str = "0") -> JSONResponse:
-        tokens.check(request)  # 401 before reading the body
+        """Agent (bound to the asked host): the host's pending commands, long-polled."""
         try:
             wait_s = float(wait)
         except ValueError:
@@ -77,6 +79,7 @@ def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
         if isinstance(parsed, str):
             return _error(422 if parsed != "not JSON" else 400, f"bad request body: {parsed}")
         agent_id, host, known = parsed
+        agent_host_check(request, host)
         host_id = await run_in_threadpool(_host_id, ctx, host)
         if host_id is None:
             return _error(409, f"host {host!r} is not known yet: the agent's first push creates it; retry after it")

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.auth import TokenChecker
+from app.auth.guard import agent_host_check
+from app.auth.roles import AGENT, requires
 from app.context import AppContext
 from app.ingest import BadBatch, parse_batch
 from app.storage.ingest_store import SeriesCapExceeded, SeriesLimits, WriteResult
@@ -17,11 +18,12 @@ from app.storage.ingest_store import SeriesCapExceeded, SeriesLimits, WriteResul
 log = logging.getLogger("kvscope.ingest")
 
 
-def _store(ctx: AppContext, body: bytes, now: float) -> tuple[WriteResult, list[dict[str, Any]]]:
+def _store(ctx: AppContext, request: Request, body: bytes, now: float) -> tuple[WriteResult, list[dict[str, Any]]]:
     """Validate and store a push, run the push hooks, collect the host's pending commands."""
     batch = parse_batch(
         body, now, max_future_skew_s=ctx.settings.max_future_skew_s, max_past_age_s=ctx.settings.max_past_age_s
     )
+    agent_host_check(request, str(batch.host))  # 403 before anything is stored for another host
     limits = SeriesLimits(
         per_instance=ctx.settings.max_series_per_instance, new_per_push=ctx.settings.max_new_series_per_push
     )
@@ -58,12 +60,13 @@ def _store(ctx: AppContext, body: bytes, now: float) -> tuple[WriteResult, list[
     return result, commands
 
 
-def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
+def router(ctx: AppContext) -> APIRouter:
     r = APIRouter()
 
     @r.post("/api/v1/ingest")
+    @requires(AGENT)
     async def ingest(request: Request) -> JSONResponse:
-        tokens.check(request)  # 401 before reading the body
+        """Agent (bound to the batch's host): store a push. The token is checked before the body is read."""
         cap = ctx.settings.max_batch_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
@@ -81,7 +84,7 @@ def router(ctx: AppContext, tokens: TokenChecker) -> APIRouter:
                 return _error(413, f"batch over the {cap}-byte cap: push more often")
         now = ctx.now()
         try:  # one trip to a worker thread for the whole push: under load every hop waits its turn
-            result, commands = await run_in_threadpool(_store, ctx, bytes(body), now)
+            result, commands = await run_in_threadpool(_store, ctx, request, bytes(body), now)
         except BadBatch as exc:
             ctx.metrics.ingest_batches.labels("rejected").inc()
             return _error(422, str(exc))

@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.rates import gauge_series, rate_series, reset_times
 from app.storage.events import list_events
@@ -52,6 +53,7 @@ def router(ctx: AppContext) -> APIRouter:
     r = APIRouter()
 
     @r.get("/healthz")
+    @requires(PUBLIC)
     def healthz() -> dict[str, Any]:
         return {"status": "ok"}
 

@@ -90,6 +90,8 @@ class SampleRow(Base):
 
 
 class AgentToken(Base):
+    """Bearer tokens: agents' (role "agent", bound to one host) and scripts' (viewer/operator/admin)."""
+
     __tablename__ = "agent_tokens"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
@@ -98,6 +100,34 @@ class AgentToken(Base):
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_used: Mapped[float | None] = mapped_column(Float, nullable=True)
+    role: Mapped[str] = mapped_column(String(16), default="agent", server_default="agent")
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)  # agent tokens: the one host it may speak for
+
+
+class User(Base):
+    """People who log in. The password is stored as an argon2id hash; `session_epoch` grows on
+    every password change or role change, which ends every session signed for an older epoch."""
+
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    password_hash: Mapped[str] = mapped_column(String(255))
+    session_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    last_login: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class LoginLink(Base):
+    """One-time login links (`kvscope up` / `demo` print one): stored hashed, used once, expire."""
+
+    __tablename__ = "login_links"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    user_id: Mapped[int] = mapped_column(Integer, ForeignKey("users.id", ondelete="CASCADE"))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class IngestBatch(Base):

@@ -310,7 +310,8 @@ def apply_update(
     now: float,
 ) -> bool:
     """Record one transition reported by the agent of `host_id`. False when refused (unknown
-    rollout, another host's rollout, already finished, unknown state)."""
+    rollout, another host's rollout, one not yet handed to an agent, already finished, unknown
+    state)."""
     if state not in AGENT_STATES and state not in TERMINAL_STATES:
         return False
     with engine.begin() as conn:
@@ -319,7 +320,7 @@ def apply_update(
             .join(_I, _I.c.id == _R.c.instance_id)
             .where(_R.c.id == rollout_id)
         ).first()
-        if row is None or int(row.host_id) != host_id or row.finished_at is not None:
+        if row is None or int(row.host_id) != host_id or row.finished_at is not None or row.state == "requested":
             return False
         result = dict(row.result or {})
         for key in ("preflight", "probe", "rollback_probe", "timings", "argv", "health", "error", "log_tail"):

@@ -47,7 +47,7 @@ def test_replayed_batch_is_acknowledged_not_stored_twice(
     assert _count(engine, SampleRow) == 1
     assert _count(engine, IngestBatch) == 1
     # Same seq from another agent is a different batch.
-    other = batch_factory(7, clock(), agent_id="agent-2", host="rig2")
+    other = batch_factory(7, clock(), agent_id="agent-2", host="rig1")  # a second agent on rig1
     assert _post(client, token, other).json()["duplicate"] is False
     assert _count(engine, SampleRow) == 2
 

@@ -1,0 +1,12 @@
+"""Who may do what: logins, sessions, API and agent tokens, roles, the Host allow-list and the
+security headers. See docs/security.md.
+
+Every route needs a role. A route states it with `@requires(...)` (roles.py); one without it needs
+"viewer" to read (GET/HEAD) and "operator" for anything else, so a new route is never open by
+accident. `install(app, ctx)` wires the checks into the app.
+"""
+
+from app.auth.install import install
+from app.auth.roles import ADMIN, AGENT, OPERATOR, PUBLIC, VIEWER, Principal, principal_of, requires
+
+__all__ = ["ADMIN", "AGENT", "OPERATOR", "PUBLIC", "VIEWER", "Principal", "install", "principal_of", "requires"]

@@ -1,0 +1,28 @@
+"""Wires the auth part into the app: login pages, the admin API, the login redirect, the perimeter.
+
+The role check itself is an app-wide dependency that create_app passes to FastAPI (guard.dependency),
+so it runs for every route, whichever part adds it."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse
+
+from app.auth import admin_api, pages
+from app.auth.guard import LoginRequired
+from app.auth.perimeter import Perimeter, default_allowed_hosts
+from app.context import AppContext
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    app.include_router(pages.router(ctx))
+    app.include_router(admin_api.router(ctx))
+
+    @app.exception_handler(LoginRequired)
+    async def _to_login(_req: Request, exc: LoginRequired) -> RedirectResponse:
+        return RedirectResponse("/login?next=" + quote(exc.next_path, safe="/"), status_code=303)
+
+    allowed = set(ctx.settings.allowed_hosts) or default_allowed_hosts(ctx.settings)
+    app.add_middleware(Perimeter, allowed=allowed)  # added last: the outermost layer

@@ -1,0 +1,118 @@
+"""The login page, logout, and one-time login links."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from starlette.concurrency import run_in_threadpool
+
+from app import controller_csrf as csrf
+from app.auth import sessions
+from app.auth.limiter import LoginLimiter
+from app.auth.passwords import verify_password
+from app.auth.roles import PUBLIC, VIEWER, principal_of, requires
+from app.context import AppContext
+from app.storage.users_store import consume_login_link, record_login, user_by_id, user_by_name
+
+MAX_NEXT_CHARS = 2000
+
+
+def safe_next(value: Any) -> str:
+    """A local path to go to after logging in (never another site)."""
+    v = value if isinstance(value, str) else ""
+    if not v.startswith("/") or v.startswith("//") or "\\" in v or len(v) > MAX_NEXT_CHARS or v.startswith("/login"):
+        return "/"
+    return v
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def start_session(ctx: AppContext, request: Request, response: Response, user_id: int, epoch: int) -> None:
+    value = sessions.encode(ctx.secret, sessions.SessionClaim(user_id=user_id, epoch=epoch, issued_at=ctx.now()))
+    secure = ctx.settings.cookie_secure
+    if secure is None:
+        secure = request.url.scheme == "https"
+    response.set_cookie(
+        sessions.COOKIE,
+        value,
+        max_age=int(ctx.settings.session_max_age_h * 3600),
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+        path="/",
+    )
+
+
+def router(ctx: AppContext) -> APIRouter:
+    r = APIRouter()
+    limiter = LoginLimiter(ctx.settings.login_max_failures)
+
+    def page(request: Request, status: int = 200, **data: Any) -> Response:
+        data = {"error": "", "message": "", "name": "", "next": "/", **data}
+        return csrf.render_page(ctx, request, "auth/login.html", data, active_nav="", status=status)
+
+    @r.get("/login", response_class=HTMLResponse, include_in_schema=False)
+    @requires(PUBLIC)
+    def login_page(request: Request, next: str = "/") -> Response:
+        return page(request, next=safe_next(next))
+
+    @r.post("/login", include_in_schema=False)
+    @requires(PUBLIC)
+    async def login(request: Request) -> Response:
+        form = await request.form(max_files=0, max_fields=10, max_part_size=4096)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
+        name = str(form.get("name") or "")[:64]
+        password = str(form.get("password") or "")
+        nxt = safe_next(form.get("next"))
+        now = ctx.now()
+        keys = (f"addr:{_client(request)}", f"name:{name.lower()}")
+        wait = limiter.retry_after(keys, now)
+        if wait > 0:
+            resp = page(request, 429, error=f"Too many failed logins: try again in {wait:.0f} s.", name=name, next=nxt)
+            resp.headers["Retry-After"] = str(int(wait) + 1)
+            return resp
+        user = await run_in_threadpool(user_by_name, ctx.engine, name)
+        ok = await run_in_threadpool(verify_password, user.password_hash if user else None, password)
+        if user is None or not ok:
+            limiter.failed(keys, now)
+            return page(request, 401, error="Wrong user name or password.", name=name, next=nxt)
+        limiter.succeeded(keys)
+        await run_in_threadpool(record_login, ctx.engine, user.id, now)
+        resp = RedirectResponse(nxt, status_code=303)
+        start_session(ctx, request, resp, user.id, user.session_epoch)
+        return resp
+
+    @r.get("/login/once", include_in_schema=False)
+    @requires(PUBLIC)
+    def login_once(request: Request, t: str = "") -> Response:
+        """The one-time link `kvscope up` / `demo` print: logs in once, then is spent."""
+        uid = consume_login_link(ctx.engine, t[:256], ctx.now())
+        user = user_by_id(ctx.engine, uid) if uid is not None else None
+        if user is None:
+            return page(request, 401, error="This login link is used up or expired: log in with a password.")
+        record_login(ctx.engine, user.id, ctx.now())
+        resp = RedirectResponse("/", status_code=303)
+        start_session(ctx, request, resp, user.id, user.session_epoch)
+        return resp
+
+    @r.post("/logout", include_in_schema=False)
+    @requires(VIEWER)
+    async def logout(request: Request) -> Response:
+        form = await request.form(max_files=0, max_fields=5, max_part_size=1024)
+        csrf.check(request, form.get(csrf.FIELD), ctx.secret)
+        resp = RedirectResponse("/login", status_code=303)
+        resp.delete_cookie(sessions.COOKIE, path="/")
+        return resp
+
+    @r.get("/api/v1/whoami")
+    @requires(VIEWER)
+    def whoami(request: Request) -> dict[str, Any]:
+        """Viewer: who this session or token is."""
+        who = principal_of(request)
+        return {"kind": who.kind, "name": who.name, "role": who.role}
+
+    return r

@@ -1,0 +1,277 @@
+"""Issue 14: logins, roles, tokens. Each test is one finding of the attack on the unlocked app."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from app.auth.passwords import hash_password
+from app.auth.roles import ADMIN, AGENT, PUBLIC, VIEWER
+from app.auth.route_table import role_table
+from app.storage.tokens import create_token, revoke_token
+from app.storage.users_store import create_user, set_password
+from tests.conftest import make_batch
+
+PUBLIC_PATHS = {"/healthz", "/login", "/login/once", "/static/vendor/plotly.min.js"}
+
+
+def _routes(app: Any) -> list[tuple[str, str, str]]:
+    """(method, path with ids filled in, role) of every route."""
+    out = [(m, re.sub(r"\{[^}]+\}", "1", p), role) for m, p, role in role_table(app)]
+    assert len(out) > 40, "the route table looks empty"
+    return out
+
+
+def test_every_route_refuses_an_anonymous_caller_except_the_public_ones(app: Any, anon: Any) -> None:
+    for method, path, need in _routes(app):
+        r = anon.request(method, path, headers={"accept": "application/json"}, follow_redirects=False)
+        if need == PUBLIC:
+            assert path in PUBLIC_PATHS, f"{method} {path} is public: add it to PUBLIC_PATHS only if it must be"
+            continue
+        assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
+        assert "error" in r.json()
+
+
+def test_a_browser_without_a_session_is_sent_to_the_login_page(anon: Any) -> None:
+    r = anon.get("/instances/1?range=1h", headers={"accept": "text/html"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=/instances/1%3Frange%3D1h"
+    page = anon.get(r.headers["location"])
+    assert page.status_code == 200 and 'name="password"' in page.text
+
+
+def test_a_viewer_may_read_but_changes_nothing(app: Any, as_role: Any) -> None:
+    viewer = as_role("viewer")
+    assert viewer.get("/api/v1/instances").status_code == 200
+    for method, path, need in _routes(app):
+        if need in (PUBLIC, VIEWER, AGENT):
+            continue
+        r = viewer.request(method, path, follow_redirects=False)
+        assert r.status_code == 403, (method, path, r.status_code, r.text[:200])
+
+
+def test_state_changes_found_open_are_refused_to_viewers(as_role: Any) -> None:
+    viewer = as_role("viewer")
+    spec = {"name": "evil", "spec": {"extra_args": ["--enforce-eager"]}}
+    assert viewer.post("/api/v1/profiles", json=spec).status_code == 403
+    assert viewer.post("/api/v1/rollouts", json={"instance": 1, "profile": "evil"}).status_code == 403
+    assert viewer.post("/api/v1/alerts/silences", json={"minutes": 43200}).status_code == 403
+    assert viewer.post("/api/v1/experiments", json={"instance": 1, "b": "evil"}).status_code == 403
+    operator = as_role("operator")
+    assert operator.post("/api/v1/profiles", json=spec).status_code in (200, 201)
+
+
+def test_only_admins_manage_users_and_tokens(app: Any, as_role: Any) -> None:
+    operator, admin = as_role("operator"), as_role("admin")
+    body = {"name": "bob", "role": "viewer", "password": "a long enough password"}
+    assert operator.post("/api/v1/users", json=body).status_code == 403
+    assert operator.post("/api/v1/tokens", json={"name": "x", "role": "admin"}).status_code == 403
+    assert operator.get("/api/v1/tokens").status_code == 403
+    assert admin.post("/api/v1/users", json=body).status_code == 201
+    assert [u["name"] for u in admin.get("/api/v1/users").json()["users"]] == ["bob"]
+    assert "password" not in admin.get("/api/v1/users").text
+    for method, path, need in _routes(app):
+        if need == ADMIN:
+            assert operator.request(method, path).status_code == 403, (method, path)
+
+
+def test_requested_by_is_the_caller_not_what_the_body_claims(as_role: Any, client: Any) -> None:
+    operator = as_role("operator")
+    who = operator.get("/api/v1/whoami").json()
+    assert who["kind"] == "token" and who["role"] == "operator"
+    from app.auth.roles import Principal, requester
+
+    class _Req:
+        class state:  # noqa: N801
+            principal = Principal(kind="user", name="alice", role="operator")
+
+    assert requester(_Req(), "admin") == "user:alice (admin)"  # type: ignore[arg-type]
+    assert requester(_Req(), None) == "user:alice"  # type: ignore[arg-type]
+
+
+def test_a_foreign_host_header_is_refused_so_dns_rebinding_cannot_drive_the_app(client: Any) -> None:
+    r = client.post("/api/v1/profiles", json={"name": "x", "spec": {}}, headers={"host": "rebind.attacker.example"})
+    assert r.status_code == 400 and "KVSCOPE_ALLOWED_HOSTS" in r.json()["error"]
+    assert client.get("/healthz", headers={"host": "rebind.attacker.example:8080"}).status_code == 400
+    assert client.get("/healthz", headers={"host": "localhost:8080"}).status_code == 200
+
+
+def test_html_error_pages_escape_the_path(client: Any) -> None:
+    r = client.get("/profiles/%3Cimg%20src=x%20onerror=alert(1)%3E", headers={"accept": "text/html"})
+    assert r.status_code == 404
+    assert "<img" not in r.text and "onerror=alert(1)&gt;" in r.text or "&lt;img" in r.text
+
+
+def test_every_response_carries_the_security_headers(client: Any, anon: Any) -> None:
+    for r in (client.get("/"), anon.get("/login"), anon.get("/healthz"), anon.get("/static/css/kvscope.css")):
+        csp = r.headers["content-security-policy"]
+        script_src = next(p for p in csp.split(";") if p.strip().startswith("script-src"))
+        assert "'unsafe-inline'" not in script_src and "'unsafe-eval'" not in script_src
+        assert "frame-ancestors 'none'" in csp
+        assert r.headers["x-frame-options"] == "DENY"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["referrer-policy"] == "same-origin"
+
+
+def test_an_agent_token_pushes_only_for_its_own_host(client: Any, engine: Any, clock: Any) -> None:
+    rig2 = create_token(engine, "rig2", clock())  # bound to host rig2 by its name
+    ok = client.post(
+        "/api/v1/ingest", json=make_batch(1, clock(), host="rig2"), headers={"Authorization": f"Bearer {rig2}"}
+    )
+    assert ok.status_code == 200, ok.text
+    r = client.post(
+        "/api/v1/ingest", json=make_batch(2, clock(), host="rig1"), headers={"Authorization": f"Bearer {rig2}"}
+    )
+    assert r.status_code == 403 and "bound to host 'rig2'" in r.json()["error"]
+    hosts = {i["host"] for i in client.get("/api/v1/instances").json()["instances"]}
+    assert hosts == {"rig2"}
+    poll = client.post(
+        "/api/v1/commands", json={"agent_id": "a", "host": "rig1"}, headers={"Authorization": f"Bearer {rig2}"}
+    )
+    assert poll.status_code == 403
+
+
+def test_an_agent_token_cannot_use_the_api_and_an_api_token_cannot_push(client: Any, token: str, as_role: Any) -> None:
+    agent = {"Authorization": f"Bearer {token}"}
+    assert client.get("/api/v1/instances", headers=agent).status_code == 403
+    assert client.post("/api/v1/profiles", json={"name": "x", "spec": {}}, headers=agent).status_code == 403
+    admin = as_role("admin")
+    assert admin.post("/api/v1/ingest", json=make_batch(1, time.time())).status_code == 403
+
+
+def test_a_rollout_update_for_another_hosts_rollout_is_ignored(client: Any, engine: Any, clock: Any) -> None:
+    from app.storage import rollouts_store as rs
+
+    rig1 = create_token(engine, "rig1", clock())
+    rig2 = create_token(engine, "rig2", clock())
+    for seq, (host, tok) in enumerate((("rig1", rig1), ("rig2", rig2)), start=1):
+        b = make_batch(seq, clock(), host=host, agent_id=f"agent-{host}", instance=f"http://{host}:8000")
+        assert client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {tok}"}).status_code == 200
+    inst = {i["host"]: i["id"] for i in client.get("/api/v1/instances").json()["instances"]}
+    assert client.post("/api/v1/profiles", json={"name": "p", "spec": {}}).status_code in (200, 201)
+    rid = client.post("/api/v1/rollouts", json={"instance": inst["rig1"], "profile": "p"}).json()["id"]
+    forged = make_batch(3, clock(), host="rig2", agent_id="agent-rig2", instance="http://rig2:8000")
+    forged["rollout_updates"] = [{"rollout_id": rid, "state": "healthy", "ts": clock(), "message": "forged"}]
+    assert client.post("/api/v1/ingest", json=forged, headers={"Authorization": f"Bearer {rig2}"}).status_code == 200
+    assert rs.get_rollout(engine, rid)["state"] in ("requested", "claimed")
+    # ... nor from the right host before the rollout was handed to it.
+    early = make_batch(4, clock(), host="rig1", agent_id="agent-rig1", instance="http://rig1:8000")
+    early["rollout_updates"] = [{"rollout_id": rid, "state": "healthy", "ts": clock(), "message": "early"}]
+    assert client.post("/api/v1/ingest", json=early, headers={"Authorization": f"Bearer {rig1}"}).status_code == 200
+    assert rs.get_rollout(engine, rid)["state"] in ("requested", "claimed")
+
+
+def test_a_revoked_token_stops_working_at_once(client: Any, engine: Any, clock: Any) -> None:
+    tok = create_token(engine, "script", clock(), role="viewer")
+    h = {"Authorization": f"Bearer {tok}"}
+    assert client.get("/api/v1/instances", headers=h).status_code == 200
+    assert revoke_token(engine, "script", clock())
+    assert client.get("/api/v1/instances", headers=h).status_code == 401
+
+
+def _login(c: Any, name: str, password: str) -> Any:
+    page = c.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf
+    return c.post(
+        "/login",
+        data={"name": name, "password": password, "csrf": csrf.group(1), "next": "/alerts"},
+        headers={"origin": "http://testserver"},
+        follow_redirects=False,
+    )
+
+
+def test_login_sets_a_signed_httponly_samesite_session_and_logout_ends_it(anon: Any, engine: Any) -> None:
+    create_user(engine, "alice", "operator", hash_password("correct horse battery"), time.time())
+    r = _login(anon, "alice", "correct horse battery")
+    assert r.status_code == 303 and r.headers["location"] == "/alerts"
+    cookie = next(v for k, v in r.headers.multi_items() if k == "set-cookie" and v.startswith("kvscope_session="))
+    assert "HttpOnly" in cookie and "SameSite=lax" in cookie
+    assert anon.get("/api/v1/whoami").json() == {"kind": "user", "name": "alice", "role": "operator"}
+    forged = anon.cookies.get("kvscope_session")[:-2] + "00"
+    anon.cookies.set("kvscope_session", forged)
+    assert anon.get("/api/v1/whoami").status_code == 401
+
+
+def test_a_password_change_ends_existing_sessions(anon: Any, engine: Any) -> None:
+    create_user(engine, "alice", "viewer", hash_password("correct horse battery"), time.time())
+    assert _login(anon, "alice", "correct horse battery").status_code == 303
+    assert anon.get("/api/v1/whoami").status_code == 200
+    set_password(engine, "alice", hash_password("another long password"))
+    assert anon.get("/api/v1/whoami").status_code == 401
+
+
+def test_failed_logins_are_rate_limited(anon: Any, engine: Any, app: Any) -> None:
+    create_user(engine, "alice", "viewer", hash_password("correct horse battery"), time.time())
+    limit = app.state.ctx.settings.login_max_failures
+    for _ in range(limit):
+        assert _login(anon, "alice", "wrong password!").status_code == 401
+    r = _login(anon, "alice", "correct horse battery")
+    assert r.status_code == 429 and int(r.headers["retry-after"]) > 0
+
+
+def test_login_next_never_leaves_the_site(anon: Any, engine: Any) -> None:
+    from app.auth.pages import safe_next
+
+    for bad in ("//evil.example/", "https://evil.example", "/\\evil.example", "", None, "/login?x"):
+        assert safe_next(bad) == "/"
+    assert safe_next("/instances/2?range=1h") == "/instances/2?range=1h"
+
+
+def test_a_one_time_login_link_works_once(anon: Any, engine: Any, tmp_path: Any, clock: Any) -> None:
+    from app.auth import local_access
+
+    access = local_access.prepare(engine, tmp_path, clock())
+    assert access.admin_created and access.login_path.startswith("/login/once?t=")
+    r = anon.get(access.login_path, follow_redirects=False)
+    assert r.status_code == 303
+    assert anon.get("/api/v1/whoami").json()["role"] == "admin"
+    anon.cookies.clear()
+    assert anon.get(access.login_path, follow_redirects=False).status_code == 401
+    token_file = access.api_token_file
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    h = {"Authorization": "Bearer " + token_file.read_text().strip()}
+    assert anon.get("/api/v1/whoami", headers=h).json()["role"] == "operator"
+    again = local_access.prepare(engine, tmp_path, clock())  # a restart: no second admin, old CLI token revoked
+    assert not again.admin_created
+    assert anon.get("/api/v1/whoami", headers=h).status_code == 401
+
+
+@pytest.mark.parametrize("secret", ["x", "change-me", "short-but-not-placeholder"])
+def test_a_short_or_placeholder_secret_is_refused_off_loopback(secret: str, tmp_path: Any) -> None:
+    from app.settings import load_settings
+    from kvscope.errors import UserError
+
+    s = load_settings(None, data_dir=str(tmp_path), host="0.0.0.0", secret_key=secret)
+    with pytest.raises(UserError, match="32 bytes"):
+        s.check_for_bind()
+    load_settings(None, data_dir=str(tmp_path), host="0.0.0.0", secret_key="k" * 32).check_for_bind()
+
+
+def test_on_loopback_a_placeholder_secret_becomes_a_random_key_kept_private(tmp_path: Any) -> None:
+    from app.auth.secret import effective_secret
+    from app.settings import load_settings
+
+    s = load_settings(None, data_dir=str(tmp_path))
+    key = effective_secret(s)
+    assert key != s.secret_key and len(key) >= 32
+    assert effective_secret(s) == key
+    assert (tmp_path / "secret-key").stat().st_mode & 0o777 == 0o600
+
+
+def test_public_dashboards_open_reads_but_never_changes(tmp_path: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+
+    s = load_settings(
+        None, data_dir=str(tmp_path), run_scheduler=False, public_dashboards=True, allowed_hosts=["testserver"]
+    )
+    with TestClient(create_app(s, start_jobs=False)) as c:
+        assert c.get("/api/v1/instances").status_code == 200
+        assert c.get("/", headers={"accept": "text/html"}).status_code == 200
+        assert c.post("/api/v1/profiles", json={"name": "x", "spec": {}}).status_code == 401
+        assert c.get("/api/v1/users").status_code == 401
