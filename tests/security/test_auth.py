@@ -84,7 +84,7 @@ def test_requested_by_is_the_caller_not_what_the_body_claims(as_role: Any, clien
     from app.auth.roles import Principal, requester
 
     class _Req:
-        class state:  # noqa: N801
+        class state:
             principal = Principal(kind="user", name="alice", role="operator")
 
     assert requester(_Req(), "admin") == "user:alice (admin)"  # type: ignore[arg-type]
@@ -101,7 +101,7 @@ def test_a_foreign_host_header_is_refused_so_dns_rebinding_cannot_drive_the_app(
 def test_html_error_pages_escape_the_path(client: Any) -> None:
     r = client.get("/profiles/%3Cimg%20src=x%20onerror=alert(1)%3E", headers={"accept": "text/html"})
     assert r.status_code == 404
-    assert "<img" not in r.text and "onerror=alert(1)&gt;" in r.text or "&lt;img" in r.text
+    assert ("<img" not in r.text and "onerror=alert(1)&gt;" in r.text) or "&lt;img" in r.text
 
 
 def test_every_response_carries_the_security_headers(client: Any, anon: Any) -> None:
