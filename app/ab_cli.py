@@ -50,7 +50,12 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", type=Path, help="replay: a JSONL trace {prompt, max_tokens?, offset_s?} per line")
     for name, typ, hlp in WORKLOAD_OPTS:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=hlp)
-    p.add_argument("--runs", type=int, default=3, help="runs per arm (A B A B ...)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=3,
+        help="runs per arm (A B A B ...); 3+ for a verdict, 2 is a quick look (always inconclusive)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the prompts")
     p.add_argument("--override-hybrid", action="store_true", help="let B run offload on a hybrid model")
     p.add_argument(
@@ -146,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             f"  ->  {args.url.rstrip('/')}/experiments/{eid}",
             file=sys.stderr,
         )
+        print(plan_text(exp), file=sys.stderr)
         if args.no_wait:
             print(eid)
             return 0
@@ -182,13 +188,31 @@ def follow(c: Any, eid: int, poll: float) -> dict[str, Any]:
         time.sleep(poll)
 
 
+def plan_text(exp: dict[str, Any]) -> str:
+    """The test the verdict will apply, fixed before the first run."""
+    plan = exp.get("plan") or {}
+    lines = [
+        f"primary metric: {(plan.get('primary') or {}).get('label', '?')}",
+        f"test: {plan.get('test', '?')}",
+    ]
+    if exp.get("quick_look"):
+        lines.append(
+            f"note: {exp.get('runs_per_arm')} runs per arm is a quick look: the verdict will be "
+            f"'inconclusive: too few runs' ({plan.get('min_runs', 3)} per arm are needed)"
+        )
+    return "\n".join(lines)
+
+
 def report(exp: dict[str, Any]) -> str:
     lines = [f"experiment {exp.get('id')}: {exp.get('state')} ({exp.get('message')})"]
     v = exp.get("verdict") or {}
     if v.get("summary"):
         lines.append(v["summary"])
+    for arm, text in (v.get("probe_plans") or {}).items():
+        lines.append(f"  probe sizing ({arm}): {text}")
     for r in exp.get("runs") or []:
         s = r.get("summary") or {}
+        foreign = r.get("foreign") or {}
         ttft = s.get("focus_ttft_p50_ms")
         ext = s.get("share_external_kv_transfer")
         lines.append(
@@ -198,5 +222,7 @@ def report(exp: dict[str, Any]) -> str:
             + (f"{ext * 100:3.0f}%" if isinstance(ext, int | float) else " n/a")
             + (f"  vLLM {r['vllm_version']}" if r.get("vllm_version") else "")
             + ("  (simulated)" if r.get("simulated") else "")
+            + (f"  foreign {foreign['requests']} req" if isinstance(foreign.get("requests"), int) else "")
+            + (f"  EXCLUDED: {r['contaminated']}" if r.get("contaminated") else "")
         )
     return "\n".join(lines)

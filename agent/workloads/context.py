@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -29,6 +30,9 @@ class RunContext:
     t0: float = 0.0
     results: list[RequestResult] = field(default_factory=list)
     pool_tokens: int | None = None  # the GPU KV pool in tokens (cache_config_info), when known
+    tiers: list[dict[str, Any]] = field(default_factory=list)  # offload tiers and their tokens (snapshot)
+    block_tokens: int = 16  # the GPU block size (cache_config_info)
+    max_model_len: int | None = None
     notes: dict[str, object] = field(default_factory=dict)  # what the driver decided (e.g. auto sizes)
 
     def check(self) -> None:

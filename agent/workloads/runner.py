@@ -18,7 +18,7 @@ import httpx
 from agent.workloads import observe, prefix_repetition, probe, prompts, replay
 from agent.workloads.completions import RequestResult
 from agent.workloads.context import Cancelled, RunContext
-from agent.workloads.snapshot import delta, read_snapshot
+from agent.workloads.snapshot import delta, foreign_traffic, read_snapshot, tier_capacities
 from agent.workloads.spec import WorkloadSpec
 
 DRIVERS: dict[str, Callable[[RunContext], None]] = {
@@ -87,6 +87,14 @@ def pool_tokens(cache_config: dict[str, str]) -> int | None:
         return None
 
 
+def _int_or(raw: str | None, default: int) -> int:
+    try:
+        v = int(str(raw))
+    except ValueError:
+        return default
+    return v if v > 0 else default
+
+
 def timing_source(info: dict[str, Any], results: list[RequestResult]) -> str:
     """'sim-model' when a simulated server sent its modeled TTFT for every answered request (the
     verdict then compares those: deterministic, no wall-clock noise, and right under a sim time
@@ -137,6 +145,10 @@ def execute_run(
             record["error"] = f"cannot read /metrics before the run: {type(exc).__name__}: {exc}"[:300]
             return record
         ctx.pool_tokens = pool_tokens(before.cache_config)
+        ctx.tiers = tier_capacities(before.cache_config, before.offload_config)
+        ctx.block_tokens = _int_or(before.cache_config.get("block_size"), 16)
+        mml = info.get("max_model_len")
+        ctx.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
         ctx.t0 = clock()
         try:
             DRIVERS[spec.kind](ctx)
@@ -151,6 +163,8 @@ def execute_run(
         try:
             after = read_snapshot(c, base_url)
             record["counters"] = delta(before, after, elapsed)
+            if synthetic:  # what the server served that this run did not send (demo traffic, users ...)
+                record["foreign"] = foreign_traffic(record["counters"], record["requests"])
         except httpx.HTTPError as exc:
             record["counters"] = None
             record["error"] = record["error"] or f"cannot read /metrics after the run: {type(exc).__name__}"

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from agent import kv_vocabulary as kv
 from agent.exposition import parse
 from agent.normalise import normalise
 
@@ -21,6 +22,7 @@ GIB = 1024**3
 
 COUNTERS = (
     "vllm:prompt_tokens_total",
+    "vllm:prompt_tokens_cached_total",
     "vllm:generation_tokens_total",
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
@@ -31,10 +33,11 @@ COUNTERS = (
     "vllm:kv_offload_store_bytes_total",
     "vllm:kv_offload_store_time_total",
     "vllm:num_preemptions_total",
+    "vllm:request_success_total",  # summed over finished_reason: requests the server finished
 )
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+BY_SOURCE = kv.BY_SOURCE
 HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds")
-SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+SOURCES = tuple(src.vllm_label for src in (kv.RECOMPUTE, kv.GPU_HIT, kv.OFFLOAD_RELOAD))
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Snapshot:
     hist_sum: dict[str, float] = field(default_factory=dict)
     hist_count: dict[str, float] = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)
+    offload_config: dict[str, str] = field(default_factory=dict)  # vllm:kv_offload_config_info labels
     kv_cache_usage: float | None = None
 
 
@@ -69,6 +73,8 @@ def parse_snapshot(text: str) -> Snapshot:
             snap.by_source[src] = snap.by_source.get(src, 0.0) + value
         elif name == "vllm:cache_config_info" and not snap.cache_config:
             snap.cache_config = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
+        elif name == "vllm:kv_offload_config_info" and not snap.offload_config:
+            snap.offload_config = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
         elif name == "vllm:kv_cache_usage_perc":
             snap.kv_cache_usage = value
         else:
@@ -139,12 +145,10 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
     out["tokens_by_source"] = src
     total_src = sum(src.values())
     out["share_by_source"] = {s: (v / total_src) for s, v in src.items()} if total_src > 0 else {}
-    out["gpu_hit_rate"] = _ratio(c["vllm:prefix_cache_hits_total"], c["vllm:prefix_cache_queries_total"])
-    out["external_hit_rate"] = _ratio(
-        c["vllm:external_prefix_cache_hits_total"], c["vllm:external_prefix_cache_queries_total"]
-    )
-    cached = (src.get("local_cache_hit", 0.0) + src.get("external_kv_transfer", 0.0)) if src else None
-    out["overall_hit_rate"] = _ratio(cached, out["prompt_tokens"])
+    rates = kv.hit_rates(c, src)
+    out["gpu_hit_rate"] = rates.gpu
+    out["external_hit_rate"] = rates.offload
+    out["overall_hit_rate"] = rates.overall
     for direction in ("load", "store"):
         b = c[f"vllm:kv_offload_{direction}_bytes_total"]
         t = c[f"vllm:kv_offload_{direction}_time_total"]
@@ -152,6 +156,7 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
         out[f"{direction}_time_s"] = t
         out[f"{direction}_gbps"] = (b / t / 1e9) if b is not None and t else None
     out["preemptions"] = c["vllm:num_preemptions_total"]
+    out["requests_finished"] = c["vllm:request_success_total"]
     out["server"] = {}
     for fam in HISTOGRAMS:
         ba, bb = before.buckets.get(fam, {}), after.buckets.get(fam)
@@ -179,6 +184,69 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
     return out
 
 
+def foreign_traffic(counters: dict[str, Any] | None, sent: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the server served during the run that the run did not send: requests it finished
+    (vllm:request_success_total) beyond the run's answered requests, and prompt tokens beyond the
+    run's own (usage of each answer). None where a counter or a usage figure is missing."""
+    c = counters or {}
+    ours_ok = [r for r in sent if isinstance(r, dict) and r.get("ok") and r.get("tag") != "warmup"]
+    out: dict[str, Any] = {"sent": len(ours_ok), "requests": None, "prompt_tokens": None}
+    finished = c.get("requests_finished")
+    if isinstance(finished, int | float):
+        out["requests"] = max(0, round(finished) - len(ours_ok))
+    total = c.get("prompt_tokens")
+    own = [r.get("prompt_tokens") for r in ours_ok]
+    if isinstance(total, int | float) and own and all(isinstance(t, int) for t in own):
+        out["prompt_tokens"] = max(0, round(total) - sum(int(t) for t in own if isinstance(t, int)))
+        out["prompt_token_share"] = out["prompt_tokens"] / total if total > 0 else 0.0
+    if out["requests"] is not None:
+        seen = out["requests"] + len(ours_ok)
+        out["request_share"] = out["requests"] / seen if seen else 0.0
+    return out
+
+
+def tier_capacities(cache_config: dict[str, str], offload_config: dict[str, str]) -> list[dict[str, Any]]:
+    """The server's offload tiers and what each holds in tokens, as far as its metrics say:
+    the native CPU tier from kv_offload_config_info (chunks x chunk tokens), else from
+    cache_config_info's kv_offloading_size (GiB) at the GPU pool's bytes per token; secondary
+    tiers (fs: disk) are listed with no size (bounded by the disk, not by the probe)."""
+    tiers: list[dict[str, Any]] = []
+    chunks, chunk_tokens = _num(offload_config.get("cpu_num_chunks")), _num(offload_config.get("offload_block_size"))
+    if chunks is not None and chunk_tokens is not None and chunks > 0:
+        tiers.append(
+            {"name": "CPU", "tokens": int(chunks * chunk_tokens), "source": "kv_offload_config_info (cpu_num_chunks)"}
+        )
+    else:
+        size = configured_offload_bytes(cache_config)
+        pool_bytes, pool_tok = (
+            _num(cache_config.get("kv_cache_memory_bytes")),
+            _num(cache_config.get("kv_cache_size_tokens")),
+        )
+        if size:
+            tokens = int(size / (pool_bytes / pool_tok)) if pool_bytes and pool_tok else None
+            tiers.append(
+                {
+                    "name": "CPU",
+                    "tokens": tokens,
+                    "source": "cache_config_info (kv_offloading_size"
+                    + (" at the GPU pool's bytes per token)" if tokens is not None else "; bytes per token unknown)"),
+                }
+            )
+    for spec in str(offload_config.get("secondary_tiers") or "").split(","):
+        kind, _, root = spec.partition(":")
+        if kind and kind != "None":
+            tiers.append({"name": kind, "tokens": None, "source": f"kv_offload_config_info ({kind} at {root})"})
+    return tiers
+
+
+def _num(raw: str | None) -> float | None:
+    try:
+        v = float(str(raw))
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
 def configured_offload_bytes(cache_config: dict[str, str]) -> int | None:
     """The pinned CPU buffer the server was started with, from cache_config_info (GiB as str)."""
     raw = cache_config.get("kv_offloading_size")
@@ -191,9 +259,3 @@ def configured_offload_bytes(cache_config: dict[str, str]) -> int | None:
     except ValueError:
         return None
     return int(v * GIB) if math.isfinite(v) and v >= 0 else None
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or not den:
-        return None
-    return num / den

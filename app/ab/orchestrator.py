@@ -1,6 +1,6 @@
 """Moves experiments forward, one small step per tick (a function of `now`; nothing here blocks).
 
-    pending -> running: switch (rollout to the run's profile, unless it runs already)
+    pending -> running: switch (rollout to the run's profile: a restart, even onto the same profile)
                         -> switching (wait for the rollout: healthy, or the arm failed)
                         -> run (start the workload on the executor) -> running (wait for the record)
                         -> next run ... -> verdict
@@ -24,8 +24,8 @@ from sqlalchemy import Engine
 
 from agent.workloads.spec import WorkloadSpec, parse_workload
 from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
-from app.ab.results import summarise_run
-from app.ab.verdict import compute_verdict, focus_tags
+from app.ab.results import contamination, summarise_run
+from app.ab.verdict import DEFAULT_MAX_FOREIGN_SHARE, compute_verdict, experiment_plan, focus_tags
 from app.storage import ab_store as st
 from app.storage.series_store import series_points
 
@@ -39,6 +39,7 @@ class Limits:
     run_timeout_s: float = 3600.0  # a workload run must end within this
     max_error_rate: float = 0.5  # a run with more failed requests than this fails its arm
     n_boot: int = 2000
+    max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE  # above: the run is left out of the verdict
 
 
 def plan_runs(runs_per_arm: int) -> list[str]:
@@ -170,19 +171,9 @@ class Orchestrator:
             return
         total = 2 * int(exp["runs_per_arm"])
         label = f"run {run['idx'] + 1}/{total} (arm {run['arm']}, {self._arm_profile(exp, run['arm'])})"
-        current = self.port.current(iid)
-        if current is not None and int(current["id"]) == run["version_id"] and self.port.active(iid) is None:
-            st.update_run(self.engine, int(run["id"]), state="switching", argv=self._argv_of(current))
-            st.update_experiment(
-                self.engine,
-                eid,
-                now,
-                expect_step="switch",
-                step="run",
-                step_started_at=now,
-                message=f"{label}: already on the profile",
-            )
-            return
+        # Every run, the first included, starts from a restart onto its profile (a rollout even
+        # when the instance runs that profile already) and then a cache reset: the same state in
+        # both arms, whatever ran before.
         try:
             rid = self.port.request(
                 iid,
@@ -332,6 +323,9 @@ class Orchestrator:
         summary = summarise_run(record, focus_tags(spec.kind))
         failure = self._run_failure(record, summary)
         state = "cancelled" if record.get("cancelled") else ("failed" if failure else "done")
+        dirty = contamination(record, self._plan(exp).get("max_foreign_share", self.limits.max_foreign_share))
+        if dirty and state == "done":
+            summary["contaminated"] = dirty
         st.update_run(
             self.engine,
             int(run["id"]),
@@ -339,7 +333,8 @@ class Orchestrator:
             finished_at=now,
             record=record,
             summary=summary,
-            message=failure or ("cancelled" if state == "cancelled" else "ok"),
+            message=failure
+            or ("cancelled" if state == "cancelled" else (f"left out of the verdict: {dirty}" if dirty else "ok")),
         )
         if state == "cancelled":
             return  # the cancelling step takes it from here
@@ -390,9 +385,24 @@ class Orchestrator:
             return f"{errors} of {n} requests failed ({first})"
         return None
 
+    def _plan(self, exp: dict[str, Any]) -> dict[str, Any]:
+        """The test fixed when the experiment was created (older experiments: today's defaults)."""
+        plan = (exp.get("options") or {}).get("plan")
+        if isinstance(plan, dict):
+            return plan
+        kind = str((exp.get("workload") or {}).get("kind", "probe"))
+        return experiment_plan(kind, max_foreign_share=self.limits.max_foreign_share)
+
     def verdict(self, exp: dict[str, Any]) -> dict[str, Any]:
-        runs = [r for r in st.list_runs(self.engine, int(exp["id"])) if r["state"] == "done"]
+        done = [r for r in st.list_runs(self.engine, int(exp["id"])) if r["state"] == "done"]
         spec = parse_workload(exp["workload"])
+        excluded = [
+            {"idx": int(r["idx"]), "arm": r["arm"], "reason": (r.get("summary") or {}).get("contaminated")}
+            for r in done
+            if (r.get("summary") or {}).get("contaminated")
+        ]
+        left_out = {e["idx"] for e in excluded}
+        runs = [r for r in done if int(r["idx"]) not in left_out]
         return compute_verdict(
             spec.kind,
             [r["record"] for r in runs if r["arm"] == "A"],
@@ -401,6 +411,8 @@ class Orchestrator:
             n_boot=self.limits.n_boot,
             profile_a=str(exp["profile_a"]),
             profile_b=str(exp["profile_b"]),
+            plan=self._plan(exp),
+            excluded=excluded,
         )
 
     def _cancelling(self, exp: dict[str, Any], now: float) -> None:
@@ -511,15 +523,6 @@ class Orchestrator:
             v = getter(version_id)
             return str(v["name"]) if v else None
         return None
-
-    @staticmethod
-    def _argv_of(version: dict[str, Any]) -> list[str]:
-        try:
-            from app.profiles import parse_profile
-
-            return parse_profile(str(version["name"]), dict(version.get("spec") or {})).to_argv()
-        except Exception:
-            return []
 
     def _fail(self, exp: dict[str, Any], now: float, message: str) -> None:
         """End the runs and go back to the previous profile (state restoring, outcome failed)."""

@@ -12,12 +12,13 @@ from urllib.parse import urlsplit
 
 from agent.workloads.spec import parse_workload
 from app.ab.results import summarise_run
-from app.ab.verdict import focus_tags
+from app.ab.verdict import DEFAULT_MAX_FOREIGN_SHARE, MIN_RUNS, experiment_plan, focus_tags
 from app.context import AppContext
 from app.storage import ab_store as st
 from app.storage.series_store import get_instance
 
 MAX_RUNS_PER_ARM = 50
+MIN_RUNS_PER_ARM = 2  # 2 is a quick look (its verdict is always inconclusive); a verdict needs MIN_RUNS
 # app: this app sends the workload to vLLM over HTTP; agent: the instance's agent does, next to vLLM
 EXECUTORS = ("app", "agent")
 
@@ -40,9 +41,11 @@ def start_experiment(
     override_hybrid: bool = False,
     requested_by: str = "",
     executor: str = "auto",
+    max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE,
 ) -> int:
     """Validate and store a new experiment (state pending; the scheduler moves it on).
-    A defaults to the profile the instance runs now."""
+    A defaults to the profile the instance runs now. The verdict's test (experiment_plan) is fixed
+    here, before any run."""
     from app.storage import rollouts_store as rs
 
     inst = get_instance(ctx.engine, instance_id)
@@ -60,8 +63,12 @@ def start_experiment(
             raise ExperimentError(f"profile {arm} is required", 422)
         if rs.get_profile(ctx.engine, name) is None:
             raise ExperimentError(f"profile {arm}: no profile named {name!r} (see /api/v1/profiles)", 404)
-    if not 1 <= runs_per_arm <= MAX_RUNS_PER_ARM:
-        raise ExperimentError(f"runs per arm must be between 1 and {MAX_RUNS_PER_ARM}", 422)
+    if not MIN_RUNS_PER_ARM <= runs_per_arm <= MAX_RUNS_PER_ARM:
+        raise ExperimentError(
+            f"runs per arm must be between {MIN_RUNS_PER_ARM} and {MAX_RUNS_PER_ARM} (a verdict needs at least "
+            f"{MIN_RUNS}; {MIN_RUNS_PER_ARM} is a quick look whose verdict is inconclusive)",
+            422,
+        )
     if executor == "auto":
         executor = default_executor(str(inst["url"]), str(inst.get("host") or ""))
     if executor not in EXECUTORS:
@@ -87,7 +94,12 @@ def start_experiment(
             seed=seed,
             now=ctx.now(),
             requested_by=requested_by,
-            options={"override_hybrid": bool(override_hybrid), "executor": executor},
+            options={
+                "override_hybrid": bool(override_hybrid),
+                "executor": executor,
+                # fixed now, before any run: what the verdict will test, and how
+                "plan": experiment_plan(spec.kind, max_foreign_share=max_foreign_share),
+            },
         )
     except st.ExperimentConflict as exc:
         raise ExperimentError(str(exc), 409) from None
@@ -156,6 +168,9 @@ def experiment_view(
         "fraction": (1.0 if out["finished"] else (done / total if total else 0.0)),
     }
     out["verdict"] = exp.get("verdict") or {}
+    out["plan"] = out["options"].get("plan") or experiment_plan(str(wl.get("kind", "probe")))
+    out["quick_look"] = int(exp["runs_per_arm"]) < int(out["plan"].get("min_runs") or MIN_RUNS)
+    out["notes"] = list(out["options"].get("notes") or [])
     if runs is not None:
         out["runs"] = [run_view(r, with_record=with_records) for r in runs]
     return out
@@ -171,6 +186,11 @@ def run_view(r: dict[str, Any], *, with_record: bool = False) -> dict[str, Any]:
     out["simulated"] = bool(server.get("simulated"))
     out["reset"] = rec.get("reset")
     out["summary"] = r.get("summary") or {}
+    out["foreign"] = rec.get("foreign")
+    out["contaminated"] = out["summary"].get("contaminated")
+    out["plan"] = (
+        ((rec.get("driver") or {}).get("plan") or {}).get("text") if isinstance(rec.get("driver"), dict) else None
+    )
     if with_record:
         out["record"] = rec
     return out
@@ -213,6 +233,10 @@ CSV_FIELDS = (
     "configured_offload_bytes",
     "host_pinned_resident_bytes",
     "preemptions",
+    "foreign_requests",
+    "foreign_prompt_tokens",
+    "foreign_request_share",
+    "contaminated",
     "requests",
     "errors",
     "error_rate",

@@ -74,9 +74,17 @@ class Interval:
     runs_b: int
 
     @property
+    def estimable(self) -> bool:
+        """An interval says something about the spread only when both arms have at least two runs
+        and the resampled differences actually varied: one run per arm, or identical values
+        everywhere, give a zero-width interval that is no evidence of anything."""
+        return self.runs_a >= 2 and self.runs_b >= 2 and self.hi > self.lo
+
+    @property
     def significant(self) -> bool:
-        """The CI excludes zero. A CI that touches or spans zero is no significant difference."""
-        return self.lo > 0 or self.hi < 0
+        """The CI excludes zero, and it could be estimated at all. A CI that touches or spans zero,
+        or one of zero width (one sample, or no variation), is no significant difference."""
+        return self.estimable and (self.lo > 0 or self.hi < 0)
 
 
 def _clean(runs: Sequence[Sequence[float]]) -> list[list[float]]:

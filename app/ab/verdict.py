@@ -18,6 +18,9 @@ from app.ab.stats import Interval, bonferroni_level, bootstrap_diffs, stat_fn
 
 FAMILY_LEVEL = 0.95
 GIB = 1024**3
+MIN_RUNS = 3  # completed runs per arm for a verdict; fewer is "inconclusive: too few runs"
+INCONCLUSIVE = "inconclusive: too few runs"
+DEFAULT_MAX_FOREIGN_SHARE = 0.05
 
 
 def _ttft(tags: tuple[str, ...], what: str) -> list[Metric]:
@@ -143,6 +146,32 @@ def _compare(
     return out
 
 
+def experiment_plan(
+    kind: str, *, min_runs: int = MIN_RUNS, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE
+) -> dict[str, Any]:
+    """What the verdict will test, fixed when the experiment is created (before any run) and shown
+    on its page: the primary metric, the headline family, the test and its level, the runs needed,
+    and when a run counts as contaminated by traffic the experiment did not send."""
+    head = headline_metrics(kind)
+    level = bonferroni_level(FAMILY_LEVEL, len(head))
+    return {
+        "primary": {"key": head[0].key, "label": head[0].label},
+        "headline": [m.key for m in head],
+        "headline_labels": [m.label for m in head],
+        "family_confidence": FAMILY_LEVEL,
+        "per_metric_confidence": level,
+        "min_runs": min_runs,
+        "max_foreign_share": max_foreign_share,
+        "test": (
+            "B - A for each headline metric, hierarchical bootstrap (runs with replacement, then requests "
+            "within each run), widened by sqrt(n/(n-1)) for n runs; a difference is called only when its "
+            f"{level * 100:.2f}% interval excludes zero (Bonferroni: the {len(head)} headline metrics hold "
+            f"together at {FAMILY_LEVEL * 100:.0f}%), never from an interval of zero width; at least "
+            f"{min_runs} completed runs per arm, else inconclusive"
+        ),
+    }
+
+
 def compute_verdict(
     kind: str,
     records_a: list[dict[str, Any]],
@@ -152,9 +181,17 @@ def compute_verdict(
     n_boot: int = 2000,
     profile_a: str = "A",
     profile_b: str = "B",
+    plan: dict[str, Any] | None = None,
+    excluded: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    head = headline_metrics(kind)
-    level = bonferroni_level(FAMILY_LEVEL, len(head))
+    """The verdict over the completed, uncontaminated runs of each arm. `plan` (experiment_plan,
+    stored when the experiment was created) fixes the headline metrics, their level and the runs
+    needed; `excluded` lists runs left out and why ({idx, arm, reason})."""
+    plan = plan or experiment_plan(kind)
+    keys = [str(k) for k in plan.get("headline") or []]
+    head = [m for m in headline_metrics(kind) if not keys or m.key in keys] or headline_metrics(kind)
+    level = float(plan.get("per_metric_confidence") or bonferroni_level(FAMILY_LEVEL, len(head)))
+    min_runs = int(plan.get("min_runs") or MIN_RUNS)
     headline = _compare(records_a, records_b, head, kind, seed, level, n_boot)
     secondary = _compare(records_a, records_b, secondary_metrics(kind), kind, seed + 7, FAMILY_LEVEL, n_boot)
     tags = focus_tags(kind)
@@ -171,10 +208,37 @@ def compute_verdict(
         "costs": _costs(sums_a, sums_b),
         "caveats": _caveats(records_a + records_b)
         + (_probe_caveats({"A": sums_a, "B": sums_b}) if kind == "probe" else []),
+        "plan": plan,
+        "primary": plan.get("primary"),
+        "runs_used": {"A": len(records_a), "B": len(records_b)},
+        "excluded": list(excluded or []),
+        "probe_plans": _probe_plans({"A": sums_a, "B": sums_b}),
     }
-    v["call"] = _call(headline)
+    for ex in v["excluded"]:
+        v["caveats"].append(f"run {int(ex.get('idx', 0)) + 1} (arm {ex.get('arm')}) left out: {ex.get('reason')}")
+    if len(records_a) < min_runs or len(records_b) < min_runs:
+        v["call"] = INCONCLUSIVE
+        v["inconclusive"] = (
+            f"{len(records_a)} usable run(s) in A and {len(records_b)} in B; the verdict needs at least "
+            f"{min_runs} completed runs per arm"
+            + (f" ({len(v['excluded'])} left out as contaminated)" if v["excluded"] else "")
+        )
+        for row in headline:  # nothing is called from so few runs
+            row["significant"], row["better"] = False, None
+    else:
+        v["call"] = _call(headline)
     v["summary"] = summary_text(v, profile_a, profile_b)
     return v
+
+
+def _probe_plans(sums: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """How each arm's probe was sized (the first run's plan; the same server capacities every run)."""
+    out = {}
+    for arm, runs in sums.items():
+        text = next((s.get("probe_plan") for s in runs if s.get("probe_plan")), None)
+        if text:
+            out[arm] = str(text)
+    return out
 
 
 def _mean(vals: list[Any]) -> float | None:
@@ -274,6 +338,15 @@ def summary_text(v: dict[str, Any], profile_a: str, profile_b: str) -> str:
     parts = [f"A = {profile_a}, B = {profile_b}: {v['call']}."]
     sig = [describe(r) for r in v["headline"] if r.get("significant")]
     none = [r["label"] for r in v["headline"] if r.get("available") and not r.get("significant")]
+    if v.get("inconclusive"):
+        parts.append(v["inconclusive"] + "; observed, not a verdict:")
+        seen = [
+            f"{r['label']} {_fmt(r.get('a'), r['unit'])} (A) vs {_fmt(r.get('b'), r['unit'])} (B)"
+            for r in v["headline"]
+            if r.get("available")
+        ]
+        parts.append("; ".join(seen) + "." if seen else "nothing measured.")
+        sig, none = [], []
     if sig:
         parts.append("; ".join(sig) + ".")
     if none:

@@ -54,6 +54,7 @@ def test_api_create_errors(client: Any, setup: dict[str, Any]) -> None:
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "probe", "repetitions": 0}}, 422, "repetitions"),
         ({"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay"}}, 422, "trace_path"),
         ({"instance": iid, "b": "offload-0.5", "runs": 99}, 422, "runs per arm"),
+        ({"instance": iid, "b": "offload-0.5", "runs": 1}, 422, "a verdict needs at least 3"),
         ({"instance": iid, "b": "offload-0.5", "executor": "gpu"}, 422, "executor must be auto, app or agent"),
         (
             {"instance": iid, "b": "offload-0.5", "workload": {"kind": "replay", "trace_path": "/etc/passwd"}},
@@ -76,7 +77,7 @@ def test_api_create_errors(client: Any, setup: dict[str, Any]) -> None:
 def test_api_run_export_and_keep(client: Any, setup: dict[str, Any], model_orch: Orchestrator, clock: Any) -> None:
     iid = setup["iid"]
     r = client.post(
-        "/api/v1/experiments", json={"instance": iid, "b": "offload-0.5", "runs": 2, "seed": 3, "workload": SPEC}
+        "/api/v1/experiments", json={"instance": iid, "b": "offload-0.5", "runs": 3, "seed": 3, "workload": SPEC}
     )
     assert r.status_code == 201, r.text
     exp = r.json()
@@ -88,17 +89,18 @@ def test_api_run_export_and_keep(client: Any, setup: dict[str, Any], model_orch:
     exp = client.get(f"/api/v1/experiments/{eid}").json()
     assert exp["state"] == "completed" and exp["finished"] and exp["progress"]["fraction"] == 1.0
     assert exp["verdict"]["call"] == "B is better"
-    assert [r["arm"] for r in exp["runs"]] == ["A", "B", "A", "B"]
+    assert [r["arm"] for r in exp["runs"]] == ["A", "B"] * 3
+    assert exp["plan"]["primary"]["label"] == "TTFT p50 on evicted prefixes" and not exp["quick_look"]
     assert "record" not in exp["runs"][0]
     assert client.get("/api/v1/experiments", params={"instance": iid}).json()["experiments"][0]["id"] == eid
 
     j = client.get(f"/api/v1/experiments/{eid}/export.json")
     assert j.status_code == 200 and "attachment" in j.headers["content-disposition"]
     data = j.json()
-    assert len(data["runs"]) == 4 and data["runs"][1]["record"]["requests"]
+    assert len(data["runs"]) == 6 and data["runs"][1]["record"]["requests"]
     c = client.get(f"/api/v1/experiments/{eid}/export.csv")
     rows = list(csv.DictReader(io.StringIO(c.text)))
-    assert [row["arm"] for row in rows] == ["A", "B", "A", "B"]
+    assert [row["arm"] for row in rows] == ["A", "B"] * 3
     assert rows[1]["profile"] == "offload-0.5" and "--kv-offloading-size 0.5" in rows[1]["argv"]
     assert float(rows[1]["share_external_kv_transfer"]) > 0 and float(rows[0]["share_external_kv_transfer"]) == 0
     assert float(rows[1]["focus_ttft_p50_ms"]) < float(rows[0]["focus_ttft_p50_ms"])
@@ -136,7 +138,7 @@ def test_pages_start_progress_result_cancel(
         data={
             "instance": str(iid),
             "b": "offload-0.5",
-            "runs": "2",
+            "runs": "3",
             "kind": "probe",
             "prefix_tokens": "1500",
             "evict_prefixes": "2",
@@ -157,6 +159,8 @@ def test_pages_start_progress_result_cancel(
     _finish(model_orch, setup, clock, eid)
     done = client.get(url)
     assert "Verdict: B is better" in done.text
+    assert "Plan (fixed before the first run)" in done.text and "TTFT p50 on evicted prefixes" in done.text
+    assert "restart #" in done.text
     assert 'data-ab-figure="figdata-ttft-cdf"' in done.text and "keep B" in done.text
     assert 'hx-trigger="every 1s"' not in done.text
     assert client.get(f"{url}/progress").headers.get("HX-Refresh") == "true"
@@ -200,7 +204,10 @@ def test_cli_runs_an_experiment_to_the_verdict(
     )
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert "B is better" in out.out and "run 2 B done" in out.out
+    # two runs per arm: a quick look, said before the runs and in the verdict, never a winner
+    assert "quick look" in out.err and "primary metric: TTFT p50 on evicted prefixes" in out.err
+    assert "inconclusive: too few runs" in out.out and "B is better" not in out.out
+    assert "run 2 B done" in out.out and "observed, not a verdict" in out.out
     rc = main(["ab", "--instance", str(setup["iid"]), "--b", "nope"])
     assert rc != 0 and "no profile named 'nope'" in capsys.readouterr().err
     rc = main(["ab", "--instance", str(setup["iid"])])

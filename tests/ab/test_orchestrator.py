@@ -32,7 +32,9 @@ def test_a_then_b_interleaved_verdict_and_back_on_a(setup: dict[str, Any], clock
     # The workload ran on the arm's profile each time (the executor saw the profile the controller applied).
     assert ex.argvs == [[], ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]] * 3
     assert runs[1]["argv"] == ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
-    assert runs[0]["rollout_id"] is None and runs[1]["rollout_id"] is not None  # run 1 was on A already
+    # Every run started from a restart onto its profile, the first one too (the instance was on A already).
+    assert all(r["rollout_id"] is not None for r in runs)
+    assert len({r["rollout_id"] for r in runs}) == 6
     v = exp["verdict"]
     assert v["call"] == "B is better"
     for r in runs:
@@ -110,7 +112,7 @@ def test_lost_run_after_restart_fails_and_restores(setup: dict[str, Any], clock:
     ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
     ex = ModelExecutor(ctx, iid, hold=True)
     orch = Orchestrator(ctx.engine, RolloutsPort(ctx), ex, Limits(n_boot=200))
-    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=1)
+    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=2)
 
     def forget(i: int) -> None:  # the app restarted: a new executor knows nothing of the running run
         ex.pending.clear()
@@ -127,7 +129,7 @@ def test_two_app_processes_one_owner_and_takeover_after_the_lease(setup: dict[st
     two = Orchestrator(
         ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, iid), Limits(n_boot=200), owner="p2", lease_s=30
     )
-    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=1)
+    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=2)
     for _ in range(5):  # both tick; p1 claimed it first and keeps it
         one.tick(clock())
         two.tick(clock())
@@ -160,5 +162,7 @@ def test_failure_after_some_runs_keeps_a_partial_verdict(setup: dict[str, Any], 
     v = exp["verdict"]
     assert v["partial"] is True and v["summary"].startswith("Partial result (failed after 2 of 6 runs)")
     assert {m["runs_a"] for m in v["headline"] if m["available"]} == {1}
+    assert v["call"] == "inconclusive: too few runs"  # one run per arm never names a winner
+    assert not any(m["significant"] for m in v["headline"])
     cur = rs.instance_profiles(ctx.engine, iid)["current"]
     assert cur is not None and cur["name"] == "no-offload"
