@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -195,6 +196,9 @@ class Controller:
     def start_instances(self) -> None:
         """Start every `start = true` instance not already running (adopted)."""
         for inst in self.instances.values():
+            adopted = getattr(inst.launcher, "adoption", None)
+            if adopted and inst.launcher.alive():
+                self._event(self.clock(), "note", f"{inst.url}: {adopted}", inst.url)
             if not inst.start or inst.launcher.alive():
                 continue
             try:
@@ -468,6 +472,14 @@ def _strs(v: Any, what: str) -> list[str]:
     return [str(x) for x in v]
 
 
+def _url_port(url: str) -> int | None:
+    """The port of an instance URL (its server must never be started twice on it)."""
+    try:
+        return urlsplit(url).port
+    except ValueError:
+        return None
+
+
 def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher:
     kind = str(spec.get("launcher", "subprocess"))
     command = _strs(spec.get("command"), "command")
@@ -484,6 +496,7 @@ def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher
             name=name,
             stop_timeout_s=float(spec.get("stop_timeout_s", 30)),
             cwd=Path(spec["cwd"]) if spec.get("cwd") else None,
+            port=_url_port(str(spec.get("url") or "")),
         )
     if kind == "systemd":
         from agent.launcher.systemd import SystemdLauncher

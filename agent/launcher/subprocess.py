@@ -9,6 +9,12 @@ The process runs in its own session (process group), so stop() reaches vLLM's en
 too: SIGTERM to the group, wait, SIGKILL whatever is left. Output goes to one log file per start
 in `log_dir` (the newest `keep_logs` are kept). A pid file lets a restarted agent adopt a server
 it started before (and stop it later) instead of starting a second one.
+
+Adoption compares what the process really is (agent/launcher/process_identity.py): the boot id
+and the start time in /proc/<pid>/stat recorded in the pid file, or, for an older pid file or a
+server holding the instance's port without one, its command line resolved against the program's
+`#!` interpreter (a console script such as `vllm` runs as `python /venv/bin/vllm serve ...`).
+A port held by anything it cannot adopt is reported and never gets a second server.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from agent.launcher import process_identity as pid_id
 from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 
@@ -40,6 +47,8 @@ class SubprocessLauncher:
         stop_timeout_s: float = 30.0,
         keep_logs: int = 10,
         adopt: bool = True,
+        port: int | None = None,
+        proc_root: Path = Path("/proc"),
     ) -> None:
         if not base_argv:
             raise LauncherError("subprocess launcher needs a command")
@@ -50,6 +59,10 @@ class SubprocessLauncher:
         self.name = name
         self.stop_timeout_s = stop_timeout_s
         self.keep_logs = keep_logs
+        self.port = port  # the port the server listens on: never start a second server there
+        self.proc_root = Path(proc_root)
+        self.adoption: str | None = None  # how a running server was adopted (for the agent's events)
+        self._adopted_ticks: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._adopted_pid: int | None = None
         self._argv: list[str] | None = None
@@ -78,6 +91,13 @@ class SubprocessLauncher:
     def start(self, extra_argv: list[str]) -> None:
         if self.alive():
             raise LauncherError(f"{self.name} is already running (pid {self.pid}); stop it first")
+        if self.port is not None:
+            use = pid_id.port_use(self.port, self.proc_root)
+            if use.in_use:
+                raise LauncherError(
+                    f"{use.describe(self.proc_root)}, which this agent did not start and cannot adopt: "
+                    "not starting a second server on it"
+                )
         argv = [*self.base_argv, *extra_argv]
         stamp = time.strftime("%Y%m%d-%H%M%S")
         n = 0
@@ -118,7 +138,7 @@ class SubprocessLauncher:
             self._stop_child(self._proc)
         else:
             self._stop_adopted(pid)
-        self._proc, self._adopted_pid = None, None
+        self._proc, self._adopted_pid, self._adopted_ticks = None, None, None
         self._close_log()
         self._remove_pidfile()
 
@@ -134,7 +154,9 @@ class SubprocessLauncher:
             self._exit = _describe_exit(code)
             return False
         if self._adopted_pid is not None:
-            if _pid_alive(self._adopted_pid):
+            st = pid_id.read_stat(self._adopted_pid, self.proc_root)
+            same = st is not None and (self._adopted_ticks is None or st.start_ticks == self._adopted_ticks)
+            if same and pid_id.is_running(self._adopted_pid, self.proc_root):
                 return True
             self._exit = "exited (adopted process, exit code unknown)"
             return False
@@ -220,6 +242,7 @@ class SubprocessLauncher:
             "argv": [*self.base_argv, *extra_argv],
             "extra_argv": extra_argv,
             "log": str(self._log_path) if self._log_path else None,
+            **pid_id.identity(pid, self.proc_root),  # boot_id, start_ticks: what the process is
         }
         try:
             self._pidfile.write_text(json.dumps(data))
@@ -233,19 +256,58 @@ class SubprocessLauncher:
             pass
 
     def _adopt(self) -> None:
+        """Adopt the server a previous agent started: by its pid file, else by the port it holds."""
         try:
             data = json.loads(self._pidfile.read_text())
             pid = int(data["pid"])
             argv = [str(a) for a in data["argv"]]
         except (OSError, ValueError, KeyError, TypeError):
-            return
-        if not _pid_alive(pid) or _cmdline(pid) != argv:
-            self._remove_pidfile()
-            return
-        self._adopted_pid = pid
-        self._argv = [str(a) for a in data.get("extra_argv") or []]
-        log = data.get("log")
-        self._log_path = Path(log) if log else None
+            data, pid, argv = None, 0, []
+        if data is not None:
+            why = self._same_process(pid, argv, data)
+            if why is not None:
+                log = data.get("log")
+                extra = [str(a) for a in data.get("extra_argv") or []]
+                self._take(pid, extra, Path(log) if log else None, why)
+                return
+            self._remove_pidfile()  # gone, or its pid now belongs to another process
+        if self.port is not None:
+            self._adopt_by_port(self.port)
+
+    def _same_process(self, pid: int, argv: list[str], data: dict[str, Any]) -> str | None:
+        """How the pid file's process is known to be still the same one (None: it is not)."""
+        st = pid_id.read_stat(pid, self.proc_root)
+        if st is None or not pid_id.is_running(pid, self.proc_root):
+            return None
+        ticks, boot = data.get("start_ticks"), data.get("boot_id")
+        if isinstance(ticks, int) and boot:
+            if boot == pid_id.boot_id(self.proc_root) and ticks == st.start_ticks:
+                return f"pid {pid} from the pid file (same boot and start time)"
+            return None
+        cmd = pid_id.read_cmdline(pid, self.proc_root) or []
+        if pid_id.same_command(cmd, argv, path_env=self._path_env()):
+            return f"pid {pid} from the pid file (its command line is the recorded one)"
+        return None
+
+    def _adopt_by_port(self, port: int) -> None:
+        use = pid_id.port_use(port, self.proc_root)
+        for leader in use.leaders:
+            cmd = pid_id.read_cmdline(leader, self.proc_root) or []
+            end = pid_id.match_command(cmd, self.base_argv, path_env=self._path_env())
+            if end is not None:
+                self._take(leader, cmd[end:], None, f"pid {leader} holding port {port} (runs this instance's command)")
+                return
+
+    def _take(self, pid: int, extra_argv: list[str], log: Path | None, how: str) -> None:
+        st = pid_id.read_stat(pid, self.proc_root)
+        self._adopted_pid, self._adopted_ticks = pid, st.start_ticks if st else None
+        self._argv = list(extra_argv)
+        self._log_path = log
+        self.adoption = f"adopted {how}"
+        self._write_pidfile(pid, self._argv)
+
+    def _path_env(self) -> str | None:
+        return self.env.get("PATH") or os.environ.get("PATH")
 
 
 def _describe_exit(code: int | None) -> str:
@@ -298,11 +360,3 @@ def _pid_alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
