@@ -74,6 +74,13 @@ def register(sub: Any) -> None:
         action="store_true",
         help="with --launcher-config: take commands from push replies only (no long-poll)",
     )
+    p.add_argument(
+        "--kv-events",
+        choices=["off", "auto"],
+        default="off",
+        help="auto: follow vLLM's KV-cache events (GET /kv_event_sources) for cache sizing; "
+        "needs the kvevents extra (pyzmq, msgpack)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_agent)
     acts = p.add_subparsers(dest="agent_cmd", metavar="ACTION")
@@ -172,6 +179,8 @@ def run_agent(args: argparse.Namespace) -> int:
     gc.freeze()  # start-up objects never need collecting: keeps each tick's GC passes short
     if args.launcher_config:
         agent.sink = _launcher_sink(Path(args.launcher_config))
+    if getattr(args, "kv_events", "off") == "auto":
+        agent.reuse_source = _kv_events(agent)
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: Any) -> None:
@@ -186,6 +195,16 @@ def run_agent(args: argparse.Namespace) -> int:
     )
     agent.run(stop)
     return 0
+
+
+def _kv_events(agent: Any) -> Any:
+    try:
+        from agent.kvevents.collector import KvEventsCollector
+    except ModuleNotFoundError as exc:
+        raise UserError(f"--kv-events auto needs pyzmq and msgpack: pip install 'kvscope[kvevents]' ({exc})") from None
+    from agent.fetch import StdlibFetcher
+
+    return KvEventsCollector([r.base_url for r in agent.readers], StdlibFetcher()).windows
 
 
 def _launcher_sink(path: Path) -> Any:

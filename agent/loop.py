@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from agent.commands import CommandSink
 from agent.commands_poll import DEFAULT_WAIT_S, CommandPoller
 from agent.fetch import Fetcher, HttpxFetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
-from agent.protocol import AgentEvent, PushBatch, RolloutUpdate, Scrape
+from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
 from agent.vllm_reader import VllmReader
@@ -92,6 +93,8 @@ class Agent:
     host: HostCollector = field(default_factory=lambda: HostCollector([]))
     sink: CommandSink | None = None
     push_client: httpx.Client | Fetcher | None = None
+    # KV-event reuse windows for the push (agent/kvevents, cache sizing); called once per tick
+    reuse_source: Callable[[float], list[ReuseWindow]] | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -194,6 +197,12 @@ class Agent:
         if self.pusher is not None:
             events.extend(self.pusher.take_events())
         updates, self._carry_updates = self._carry_updates, []
+        reuse: list[ReuseWindow] = []
+        if self.reuse_source is not None:
+            try:
+                reuse = self.reuse_source(now)
+            except Exception:  # the KV-event side must never cost the readings
+                log.exception("KV-event windows failed")
         if self.sink is not None:
             try:
                 updates.extend(self.sink.drain_updates())
@@ -212,6 +221,7 @@ class Agent:
             host_types=host.types,
             events=events,
             rollout_updates=updates,
+            reuse=reuse,
         )
 
     def tick(self, now: float) -> PushBatch:

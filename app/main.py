@@ -37,6 +37,7 @@ OPTIONAL_PARTS = (
     "app.ab_api",
     "app.exporter",  # derived per-instance series on /metrics (scale-out)
     "app.prometheus_source",  # /api/v1/prometheus/...: charts read from a Prometheus (scale-out)
+    "app.sizing",  # cache sizing from KV events: /instances/{id}/sizing
 )
 
 

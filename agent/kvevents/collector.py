@@ -1,0 +1,102 @@
+"""The agent's KV-event side: one Subscriber per vLLM instance, found or configured, polled each tick.
+
+``windows(now)`` is what the push carries (``PushBatch.reuse``). An instance whose sources are
+not known yet is asked ``GET /kv_event_sources`` at most every ``discover_every_s`` (404: an
+older vLLM; ``{}``: events off); sources given in the config (the ``--kv-events-config`` JSON
+the launcher passes vLLM) are used as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from agent.fetch import Fetcher, FetchError
+from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of
+from agent.kvevents.tier_model import DEFAULT_MAX_KEYS, TierModel
+from agent.protocol import ReuseWindow
+
+log = logging.getLogger("kvscope.kvevents")
+MAX_ANSWER = 64 * 1024
+
+
+@dataclass
+class _Instance:
+    url: str
+    configured: list[EventSource] = field(default_factory=list)
+    subscriber: Subscriber | None = None
+    next_discovery: float = 0.0
+    note: str = ""
+
+
+class KvEventsCollector:
+    def __init__(
+        self,
+        urls: list[str],
+        fetcher: Fetcher,
+        *,
+        configs: dict[str, dict[str, Any]] | None = None,
+        discover_every_s: float = 60.0,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        start: Callable[[Subscriber], None] = Subscriber.start,
+    ) -> None:
+        self.fetcher = fetcher
+        self.discover_every_s = discover_every_s
+        self.max_keys = max_keys
+        self._start = start
+        self.instances = [_Instance(u.rstrip("/")) for u in urls]
+        for inst in self.instances:
+            cfg = (configs or {}).get(inst.url)
+            src = source_of(cfg, urlsplit(inst.url).hostname or "127.0.0.1") if cfg else None
+            if src is not None:
+                inst.configured = [src]
+
+    def _discover(self, inst: _Instance, now: float) -> list[EventSource]:
+        if inst.configured:
+            return inst.configured
+        if now < inst.next_discovery:
+            return []
+        inst.next_discovery = now + self.discover_every_s
+        try:
+            reply = self.fetcher.get(inst.url + "/kv_event_sources", "application/json", 2.0)
+        except FetchError as exc:
+            inst.note = f"kv_event_sources: {exc}"
+            return []
+        if reply.status_code != 200 or len(reply.content) > MAX_ANSWER:
+            inst.note = f"kv_event_sources answered {reply.status_code}"
+            return []
+        try:
+            answer = json.loads(reply.content)
+        except ValueError:
+            inst.note = "kv_event_sources is not JSON"
+            return []
+        sources = sources_of(answer, inst.url)
+        inst.note = "" if sources else "KV events are off on this server"
+        return sources
+
+    def windows(self, now: float) -> list[ReuseWindow]:
+        out: list[ReuseWindow] = []
+        for inst in self.instances:
+            if inst.subscriber is None:
+                sources = self._discover(inst, now)
+                if not sources:
+                    continue
+                sub = Subscriber(inst.url, sources, TierModel(inst.url, now, max_keys=self.max_keys))
+                self._start(sub)
+                inst.subscriber = sub
+                log.info("KV events of %s: %s", inst.url, ", ".join(s.endpoint for s in sources))
+                continue
+            w = inst.subscriber.take_window(now)
+            if w is not None:
+                out.append(w)
+        return out
+
+    def close(self) -> None:
+        for inst in self.instances:
+            if inst.subscriber is not None:
+                inst.subscriber.stop()
+                inst.subscriber = None

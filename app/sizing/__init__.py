@@ -1,0 +1,16 @@
+"""Cache sizing (issue 17): how big should the offload tier be? See docs/cache-sizing.md."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from app.context import AppContext
+from app.jobs import register_job
+from app.sizing import routes, service
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    ctx.push_hooks.append(service.push_hook(ctx))
+    register_job(ctx, service.PRUNE_JOB, service.prune_job, 3600.0)
+    app.include_router(routes.router(ctx))
+    app.include_router(routes.page_router(ctx))

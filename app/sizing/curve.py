@@ -1,0 +1,238 @@
+"""From stored reuse-distance windows to "what would a tier of S GiB have reloaded?" (pure).
+
+- Windows add: counts and bins are summed over the range.
+- SHARDS-adj (Waldspurger et al., FAST'15): the lookups the sample missed or over-counted
+  (``references - reannounced - sampled``) go to distance 0, so totals are exact; at rate 1
+  this is 0 and the curve is Mattson's exact one (to the histogram's bin width above 64 blocks).
+- A tier of C blocks reloads the lookups whose (chain) distance is < C; tokens = blocks x
+  block size; bytes = tokens x the tier's bytes per token, whose source is always stated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.kvevents.reuse import bin_upper, hits_at
+
+GIB = float(1 << 30)
+CURVE_POINTS = 25
+DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
+
+
+@dataclass
+class Totals:
+    windows: int = 0
+    references: float = 0.0
+    sampled: float = 0.0
+    cold: float = 0.0
+    reannounced: float = 0.0
+    stored_tokens: float = 0.0
+    messages: int = 0
+    events: int = 0
+    lost: int = 0
+    garbage: int = 0
+    epochs: int = 0
+    tier_stored: int = 0
+    tier_removed: int = 0
+    rate: float = 1.0
+    block_size: int | None = None
+    bins: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def lookups(self) -> float:
+        """Blocks the GPU computed or reloaded (lookups a tier would have seen)."""
+        return max(0.0, self.references - self.reannounced)
+
+    def adjusted(self) -> dict[int, float]:
+        bins = dict(self.bins)
+        adj = self.lookups - self.sampled
+        if adj:
+            bins[0] = bins.get(0, 0.0) + adj
+        return bins
+
+    def hits(self, capacity_blocks: float) -> float:
+        """Blocks an LRU tier of this many blocks would have reloaded (clamped to what can be)."""
+        if capacity_blocks <= 0:
+            return 0.0
+        reusable = max(0.0, self.lookups - self.cold)
+        return min(reusable, max(0.0, hits_at(self.adjusted(), capacity_blocks)))
+
+    def reach_blocks(self) -> float:
+        """The smallest tier that holds every reuse seen (the top of the last non-empty bin)."""
+        tops = [bin_upper(lo) for lo, w in self.bins.items() if w > 0]
+        return float(max(tops)) if tops else 0.0
+
+
+def _num(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def add_windows(rows: list[dict[str, Any]]) -> Totals:
+    t = Totals()
+    rates = []
+    for row in rows:
+        counts = row.get("counts") or {}
+        if not isinstance(counts, dict):
+            continue
+        t.windows += 1
+        for name in ("references", "sampled", "cold", "reannounced", "stored_tokens"):
+            setattr(t, name, getattr(t, name) + (_num(counts.get(name)) or 0.0))
+        for name in ("messages", "events", "lost", "garbage", "epochs", "tier_stored", "tier_removed"):
+            setattr(t, name, getattr(t, name) + int(_num(counts.get(name)) or 0))
+        rate = _num(row.get("rate"))
+        if rate:
+            rates.append(rate)
+        bs = row.get("block_size")
+        if isinstance(bs, int) and bs > 0:
+            t.block_size = bs
+        for pair in row.get("bins") or []:
+            if isinstance(pair, list | tuple) and len(pair) == 2:
+                lo, w = _num(pair[0]), _num(pair[1])
+                if lo is not None and w is not None and lo >= 0:
+                    t.bins[int(lo)] = t.bins.get(int(lo), 0.0) + w
+    t.rate = min(rates) if rates else 1.0
+    return t
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number and where it came from (shown next to it)."""
+
+    value: float | None
+    source: str
+
+
+def _label(cfg: Any, name: str) -> float | None:
+    if not isinstance(cfg, dict):
+        return None
+    raw = cfg.get(name)
+    if raw in (None, "None", ""):
+        return None
+    return _num(raw)
+
+
+def model_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str) -> Figure:
+    b = DTYPE_BYTES.get(dtype.lower())
+    if b is None:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
+    value = float(layers * kv_heads * head_dim * 2 * b)
+    return Figure(
+        value,
+        f"model config given: {layers} layers x {kv_heads} KV heads x {head_dim} head dim x 2 (K and V) "
+        f"x {b} byte(s) ({dtype})",
+    )
+
+
+def bytes_per_token(cache_config: Any, offload_config: Any) -> Figure:
+    """The tier's bytes per token from what vLLM reports, in order of directness."""
+    chunk_bytes = _label(offload_config, "cpu_kv_bytes_per_chunk")
+    chunk_tokens = _label(offload_config, "offload_block_size")
+    if chunk_bytes and chunk_tokens:
+        return Figure(
+            chunk_bytes / chunk_tokens,
+            "vllm:kv_offload_config_info: cpu_kv_bytes_per_chunk / offload_block_size (the tier's own layout)",
+        )
+    mem = _label(cache_config, "kv_cache_memory_bytes")
+    tokens = _label(cache_config, "kv_cache_size_tokens")
+    override = _label(cache_config, "num_gpu_blocks_override")
+    if mem and tokens and override is None:
+        return Figure(
+            mem / tokens,
+            "vllm:cache_config_info: kv_cache_memory_bytes / kv_cache_size_tokens "
+            "(layers x KV heads x head dim x 2 x dtype bytes, as vLLM laid out the GPU pool)",
+        )
+    why = (
+        "num_gpu_blocks_override is set, so kv_cache_memory_bytes is not what the blocks use"
+        if override is not None
+        else "vLLM reported neither kv_offload_config_info nor kv_cache_memory_bytes/kv_cache_size_tokens"
+    )
+    return Figure(None, f"unknown ({why}): give layers, kv_heads, head_dim and dtype")
+
+
+def current_tier(cache_config: Any, offload_config: Any) -> Figure:
+    cpu = _label(offload_config, "cpu_bytes_to_use")
+    if cpu:
+        return Figure(cpu / GIB, "vllm:kv_offload_config_info: cpu_bytes_to_use")
+    size = _label(cache_config, "kv_offloading_size")
+    if size:
+        return Figure(size, "vllm:cache_config_info: kv_offloading_size (GiB)")
+    return Figure(None, "no CPU offload tier configured (kv_offloading_size None)")
+
+
+def curve(
+    t: Totals, bpt: Figure, current: Figure, *, points: int = CURVE_POINTS, max_gib: float | None = None
+) -> dict[str, Any]:
+    """The sizing answer: points of the curve, the unbounded tier, the knee, the current size."""
+    block = t.block_size or 0
+    bytes_per_block = (bpt.value or 0.0) * block
+    full = t.hits(math.inf)
+    reach = t.reach_blocks()
+    out: dict[str, Any] = {
+        "block_size": t.block_size,
+        "bytes_per_token": {"value": bpt.value, "source": bpt.source},
+        "lookup_tokens": t.lookups * block,
+        "first_seen_tokens": t.cold * block,
+        "unbounded_reload_tokens": full * block,
+        "current_offload_gib": {"value": current.value, "source": current.source},
+        "sizes": [],
+        "recommendation": None,
+    }
+    if not block or t.lookups <= 0:
+        out["recommendation"] = {"offload_gib": None, "why": "no KV events in this range yet"}
+        return out
+    top_blocks = max(reach * 1.1, 16.0)
+    if bytes_per_block:
+        top_gib = top_blocks * bytes_per_block / GIB
+        if current.value:
+            top_gib = max(top_gib, current.value * 1.5)
+        if max_gib:
+            top_gib = min(top_gib, max_gib)
+        top_blocks = top_gib * GIB / bytes_per_block
+    sizes = []
+    for i in range(points):
+        blocks = top_blocks * i / (points - 1)
+        hits = t.hits(blocks)
+        sizes.append(
+            {
+                "blocks": round(blocks, 3),
+                "offload_gib": blocks * bytes_per_block / GIB if bytes_per_block else None,
+                "reload_tokens": hits * block,
+                "reload_share": hits / t.lookups,
+            }
+        )
+    out["sizes"] = sizes
+    out["recommendation"] = _knee(t, full, bytes_per_block)
+    return out
+
+
+def _knee(t: Totals, full: float, bytes_per_block: float) -> dict[str, Any]:
+    block = t.block_size or 0
+    if full <= 0:
+        return {
+            "offload_gib": 0.0,
+            "blocks": 0,
+            "why": "no block the GPU dropped was needed again in this range: a tier would only cost "
+            "pinned RAM and PCIe bandwidth",
+        }
+    lo, hi = 0.0, max(1.0, t.reach_blocks())
+    while hi - lo > 0.5:  # smallest size reloading 90% of what an unbounded tier would
+        mid = (lo + hi) / 2
+        if t.hits(mid) >= 0.9 * full:
+            hi = mid
+        else:
+            lo = mid
+    blocks = math.ceil(hi)
+    gib = blocks * bytes_per_block / GIB if bytes_per_block else None
+    size = f"{gib:.2f} GiB ({blocks} blocks)" if gib is not None else f"{blocks} blocks"
+    return {
+        "offload_gib": gib,
+        "blocks": blocks,
+        "why": f"{size} reloads {t.hits(blocks) * block:,.0f} of the {full * block:,.0f} prompt tokens an "
+        "unbounded tier would have reloaded (90%); beyond it each GiB adds less",
+    }

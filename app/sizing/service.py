@@ -1,0 +1,146 @@
+"""Cache sizing on the app side: store pushed windows, answer the curve, turn a size into a profile.
+
+- ``push_hook``: every ``ReuseWindow`` of a push becomes a row (instances of the pushing host only).
+- ``report``: the curve of one instance over a range (``app/sizing/curve.py``), with where each
+  number came from.
+- ``profile_for_size``: the instance's current profile with ``offload_size_gib`` set to the
+  chosen size, saved as a new profile (or the same one again) for the existing rollout flow:
+  the apply page previews it, runs the preflight, and the agent restarts vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+from agent.protocol import PushBatch
+from app.context import AppContext
+from app.profiles import ProfileError, parse_profile
+from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve
+from app.storage import rollouts_store as rs
+from app.storage.series_store import get_instance
+from app.storage.sizing_store import prune_windows, store_windows, windows_in
+
+log = logging.getLogger("kvscope.sizing")
+MAX_WINDOWS_PER_PUSH = 64
+MAX_BINS = 2048
+MAX_OFFLOAD_GIB = 4096.0  # the profile's own bound
+RETENTION_S = 30 * 86400.0
+PRUNE_JOB = "sizing_prune"
+
+
+class SizingError(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_windows(batch: PushBatch) -> str | None:
+    """Why a push's reuse windows are refused (None when fine): bounded counts, sane times."""
+    if len(batch.reuse) > MAX_WINDOWS_PER_PUSH:
+        return f"{len(batch.reuse)} reuse windows in one push; at most {MAX_WINDOWS_PER_PUSH}"
+    for i, w in enumerate(batch.reuse):
+        if not w.instance or len(w.instance) > 1024:
+            return f"reuse.{i}.instance must be 1-1024 characters"
+        if len(w.bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 for b in w.bins):
+            return f"reuse.{i}.bins: at most {MAX_BINS} [lower edge >= 0, weight] pairs"
+        if w.end < w.start or not 0 < w.rate <= 1:
+            return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
+        if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
+            return f"reuse.{i}.block_size out of range"
+    return None
+
+
+def push_hook(ctx: AppContext) -> Any:
+    def hook(batch: PushBatch, host_id: int, now: float) -> None:
+        if not batch.reuse or not host_id:
+            return
+        why = check_windows(batch)
+        if why is not None:
+            log.warning("reuse windows from %s dropped: %s", batch.host, why)
+            return
+        store_windows(ctx.engine, host_id, batch.reuse, now)
+
+    return hook
+
+
+def prune_job(ctx: AppContext, now: float) -> None:
+    prune_windows(ctx.engine, now - RETENTION_S)
+
+
+def report(
+    ctx: AppContext, instance_id: int, start: float, end: float, *, model_bpt: Figure | None = None
+) -> dict[str, Any]:
+    inst = get_instance(ctx.engine, instance_id)
+    if inst is None:
+        raise SizingError(f"no instance {instance_id}", 404)
+    totals = add_windows(windows_in(ctx.engine, instance_id, start, end))
+    cache_cfg, offload_cfg = inst.get("cache_config") or {}, inst.get("offload_config") or {}
+    bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
+    out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg))
+    gpu_blocks = cache_cfg.get("num_gpu_blocks") if isinstance(cache_cfg, dict) else None
+    out.update(
+        {
+            "instance_id": instance_id,
+            "instance": inst.get("url"),
+            "simulated": bool(inst.get("simulated")),
+            "start": start,
+            "end": end,
+            "gpu_pool_blocks": {"value": gpu_blocks, "source": "vllm:cache_config_info: num_gpu_blocks"},
+            "sampling": {
+                "rate": totals.rate,
+                "windows": totals.windows,
+                "messages": totals.messages,
+                "events": totals.events,
+                "lost": totals.lost,
+                "garbage": totals.garbage,
+                "epochs": totals.epochs,
+                "reannounced_blocks": totals.reannounced,
+                "tier_blocks_stored": totals.tier_stored,
+                "tier_blocks_removed": totals.tier_removed,
+            },
+            "method": "LRU reuse distances of the GPU's BlockStored stream (Mattson), SHARDS-sampled; "
+            "a block counts only if its whole prefix would reload (docs/cache-sizing.md)",
+        }
+    )
+    return out
+
+
+def _profile_name(instance_id: int, gib: float) -> str:
+    text = f"{gib:.2f}".rstrip("0").rstrip(".")
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"sized-{instance_id}-{text}g")[:63]
+
+
+def profile_for_size(ctx: AppContext, instance_id: int, offload_gib: Any, *, author: str) -> str:
+    """A profile like the instance's current one with this offload size; its name (created if new)."""
+    try:
+        gib = float(offload_gib)
+    except (TypeError, ValueError):
+        raise SizingError("offload_gib must be a number of GiB", 422) from None
+    if not math.isfinite(gib) or not 0 < gib <= MAX_OFFLOAD_GIB:
+        raise SizingError(f"offload_gib must be > 0 and <= {MAX_OFFLOAD_GIB:g}", 422)
+    gib = round(gib, 2) or 0.01
+    if get_instance(ctx.engine, instance_id) is None:
+        raise SizingError(f"no instance {instance_id}", 404)
+    current = rs.instance_profiles(ctx.engine, instance_id)["current"]
+    spec = dict(current["spec"]) if current else {}
+    spec["offload_size_gib"] = gib
+    name = _profile_name(instance_id, gib)
+    spec.pop("name", None)
+    base = f"profile {current['name']} v{current['version']}" if current else "the start-up command"
+    spec["description"] = f"{base} with a {gib:g} GiB CPU offload tier (from the sizing curve)"[:2000]
+    try:
+        prof = parse_profile(name, spec)
+    except ProfileError as exc:
+        raise SizingError(f"cannot build a profile with that size: {exc}", 422) from None
+    existing = rs.get_profile(ctx.engine, name)
+    try:
+        if existing is None:
+            rs.create_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing curve")
+        elif existing.get("spec") != prof.spec():
+            rs.edit_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing curve")
+    except rs.StoreConflict as exc:
+        raise SizingError(str(exc), 409) from None
+    return name

@@ -1,0 +1,81 @@
+"""Cache-sizing windows: stored from pushes, read back per instance and range."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import Engine, Table, delete, insert, select
+
+from agent.protocol import ReuseWindow
+from app.storage.models import Instance
+from app.storage.sizing_models import SizingWindow
+
+COUNT_FIELDS = (
+    "references",
+    "sampled",
+    "cold",
+    "reannounced",
+    "stored_tokens",
+    "messages",
+    "events",
+    "lost",
+    "garbage",
+    "epochs",
+    "tier_stored",
+    "tier_removed",
+    "tracked_keys",
+)
+MAX_WINDOWS_READ = 200_000  # a range is read whole; a year of 1 s pushes is less than this x 160
+
+
+def store_windows(engine: Engine, host_id: int, windows: list[ReuseWindow], now: float) -> int:
+    """Rows for the windows of instances this host has; windows of unknown instances are dropped."""
+    if not windows:
+        return 0
+    inst = cast(Table, Instance.__table__)
+    tbl = cast(Table, SizingWindow.__table__)
+    with engine.begin() as conn:
+        ids = {
+            url: iid
+            for iid, url in conn.execute(
+                select(inst.c.id, inst.c.url).where(
+                    inst.c.host_id == host_id, inst.c.url.in_({w.instance for w in windows})
+                )
+            )
+        }
+        rows = [
+            {
+                "instance_id": ids[w.instance],
+                "start_ts": w.start,
+                "end_ts": w.end,
+                "block_size": w.block_size,
+                "rate": w.rate,
+                "counts": {f: getattr(w, f) for f in COUNT_FIELDS},
+                "bins": [[float(lo), float(wt)] for lo, wt in w.bins],
+                "received_at": now,
+            }
+            for w in windows
+            if w.instance in ids
+        ]
+        if rows:
+            conn.execute(insert(tbl), rows)
+    return len(rows)
+
+
+def windows_in(engine: Engine, instance_id: int, start: float, end: float) -> list[dict[str, Any]]:
+    """Windows that ended in (start, end], oldest first."""
+    tbl = cast(Table, SizingWindow.__table__)
+    q = (
+        select(tbl.c.start_ts, tbl.c.end_ts, tbl.c.block_size, tbl.c.rate, tbl.c.counts, tbl.c.bins)
+        .where(tbl.c.instance_id == instance_id, tbl.c.end_ts > start, tbl.c.end_ts <= end)
+        .order_by(tbl.c.end_ts)
+        .limit(MAX_WINDOWS_READ)
+    )
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(q)]
+
+
+def prune_windows(engine: Engine, older_than: float) -> int:
+    tbl = cast(Table, SizingWindow.__table__)
+    with engine.begin() as conn:
+        return conn.execute(delete(tbl).where(tbl.c.end_ts < older_than)).rowcount or 0

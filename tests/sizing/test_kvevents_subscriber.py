@@ -1,0 +1,202 @@
+"""The subscriber over real ZMQ sockets, against a publisher that behaves like vLLM's."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from kvpublisher import FakePublisher
+from kvstreams import removed_map, stored_map
+
+from agent.fetch import HttpxFetcher
+from agent.kvevents.collector import KvEventsCollector
+from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of, vllm_binds
+from agent.kvevents.tier_model import TierModel
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, what: str, timeout: float = 10.0) -> None:
+    """Sockets deliver on their own threads: wait for a condition, fail with a reason."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_vllm_binds_wildcards_and_ipc_and_connects_to_host_names():
+    assert vllm_binds("tcp://*:5557") and vllm_binds("ipc:///tmp/x") and vllm_binds("tcp://[::]:5557")
+    assert not vllm_binds("tcp://127.0.0.1:5557")
+
+
+def test_sources_from_vllm_answer_connect_to_the_vllm_host_or_bind_a_host_endpoint():
+    answer = {
+        "0": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv"},
+        "1": {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": "tcp://10.0.0.5:5558",
+            "replay_endpoint": "tcp://*:5600",
+        },
+        "x": {"endpoint": "tcp://*:1"},
+        "2": {"enable_kv_cache_events": False, "publisher": "null"},
+        "3": "garbage",
+    }
+    got = sources_of(answer, "http://gpu-box:8000")
+    assert got == [
+        EventSource(endpoint="tcp://gpu-box:5557", bind=False, topic="kv", replay_endpoint=None, rank=0),
+        EventSource(endpoint="tcp://10.0.0.5:5558", bind=True, topic="", replay_endpoint="tcp://gpu-box:5600", rank=1),
+    ]
+    assert sources_of({}, "http://h:1") == [] and sources_of(["x"], "http://h:1") == []
+    assert source_of({"endpoint": "http://nope"}, "h") is None
+    assert source_of({"endpoint": "tcp://*:1" + "1" * 600}, "h") is None
+
+
+def run_subscriber(sources, **kw):
+    sub = Subscriber("http://vllm", sources, TierModel("http://vllm", now=0.0, max_keys=None), **kw)
+    sub.start()
+    assert sub.ready.wait(5)
+    return sub
+
+
+def publish_until_seen(pub: FakePublisher, sub: Subscriber) -> None:
+    """PUB/SUB joins late (the slow-joiner): announce until the subscriber hears one."""
+    seen = []
+
+    def heard() -> bool:
+        pub.publish([])
+        time.sleep(0.05)
+        w = sub.take_window(0.0)
+        if w is not None:
+            seen.append(w)
+        return bool(seen)
+
+    wait_for(heard, "the first message")
+
+
+def test_subscriber_connects_to_a_publisher_that_binds_and_models_its_stream():
+    pub = FakePublisher("tcp://127.0.0.1:*")
+    port = pub.endpoint.rsplit(":", 1)[1]
+    sub = run_subscriber([EventSource(endpoint=f"tcp://127.0.0.1:{port}", bind=False, topic="kv-events")])
+    try:
+        publish_until_seen(pub, sub)
+        pub.publish([stored_map([1, 2])])
+        pub.publish([removed_map([1, 2]), stored_map([1, 2])])
+        got = []
+        wait_for(lambda: got.append(sub.take_window(1.0)) or sum(w.references for w in got if w) >= 4, "4 blocks")
+        windows = [w for w in got if w]
+        assert sum(w.cold for w in windows) == 2
+        assert sum(w.lost for w in windows) == 0
+    finally:
+        sub.stop()
+        pub.close()
+
+
+def test_subscriber_binds_where_vllm_connects_and_repairs_a_gap_from_the_replay_socket():
+    port = free_port()
+    pub = FakePublisher(f"tcp://127.0.0.1:{port}", replay_endpoint="tcp://127.0.0.1:*")  # connects, retrying
+    sub = run_subscriber(
+        [
+            EventSource(
+                endpoint=f"tcp://127.0.0.1:{port}", bind=True, topic="kv-events", replay_endpoint=pub.replay_endpoint
+            )
+        ]
+    )
+    try:
+        publish_until_seen(pub, sub)
+        pub.publish([stored_map([1])], send=False)  # missed by the subscriber, kept for replay
+        pub.publish([stored_map([2])], send=False)
+        pub.publish([stored_map([3])])
+        got = []
+        wait_for(lambda: got.append(sub.take_window(1.0)) or sum(w.references for w in got if w) >= 3, "3 blocks")
+        windows = [w for w in got if w]
+        assert sum(w.lost for w in windows) == 0
+        assert sum(w.references for w in windows) == 3
+    finally:
+        sub.stop()
+        pub.close()
+
+
+def test_a_gap_without_replay_is_counted_lost_and_garbage_frames_are_counted():
+    pub = FakePublisher("tcp://127.0.0.1:*")
+    port = pub.endpoint.rsplit(":", 1)[1]
+    sub = run_subscriber([EventSource(endpoint=f"tcp://127.0.0.1:{port}", bind=False)])
+    try:
+        publish_until_seen(pub, sub)
+        pub.publish([stored_map([1])], send=False)
+        pub.publish([stored_map([2])])
+        pub.pub.send_multipart([b"kv-events", b"\x00" * 8, b"\xc1garbage"])
+        pub.pub.send_multipart([b"only one frame"])
+        got = []
+        wait_for(lambda: got.append(sub.take_window(1.0)) or sum(w.garbage for w in got if w) >= 2, "garbage")
+        windows = [w for w in got if w]
+        assert sum(w.lost for w in windows) == 1
+    finally:
+        sub.stop()
+        pub.close()
+
+
+def test_collector_discovers_sources_from_vllm_and_pushes_windows():
+    pub = FakePublisher("tcp://127.0.0.1:*")
+    port = int(pub.endpoint.rsplit(":", 1)[1])
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.host == "127.0.0.1":
+            cfg = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{port}",
+                "topic": "kv-events",
+            }
+            return httpx.Response(200, content=json.dumps({"0": cfg}))
+        return httpx.Response(404, content=b"not found")
+
+    fetcher = HttpxFetcher(httpx.Client(transport=httpx.MockTransport(handler)))
+    col = KvEventsCollector(["http://127.0.0.1:8000", "http://old-vllm:8000"], fetcher, discover_every_s=60)
+    try:
+        assert col.windows(0.0) == []  # discovery, subscriber started
+        assert col.instances[0].subscriber is not None and col.instances[1].subscriber is None
+        assert "404" in col.instances[1].note
+        col.windows(10.0)
+        assert asked.count("/kv_event_sources") == 2  # not asked again before discover_every_s
+        sub = col.instances[0].subscriber
+        assert sub.ready.wait(5)
+        got = []
+
+        def heard() -> bool:
+            pub.publish([stored_map([5])])
+            time.sleep(0.05)
+            got.extend(col.windows(20.0))
+            return bool(got)
+
+        wait_for(heard, "a window")
+        assert got[0].instance == "http://127.0.0.1:8000" and got[0].references >= 1
+    finally:
+        col.close()
+        pub.close()
+
+
+def test_collector_uses_a_configured_source_without_asking_vllm():
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("must not be asked")
+
+    fetcher = HttpxFetcher(httpx.Client(transport=httpx.MockTransport(handler)))
+    started = []
+    col = KvEventsCollector(
+        ["http://h:8000"],
+        fetcher,
+        configs={"http://h:8000": {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:5999"}},
+        start=started.append,
+    )
+    col.windows(0.0)
+    assert [s.sources for s in started] == [[EventSource(endpoint="tcp://127.0.0.1:5999", bind=True)]]
