@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -12,8 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_FIXTURES = REPO / "tests" / "fixtures"
-# Host headers the in-process test clients send (TestClient: "testserver").
-TEST_HOSTS = ["testserver", "localhost", "127.0.0.1"]
+# Host headers the in-process test clients send (TestClient: "testserver"), for every app a test
+# builds (the default allow-list is tested in tests/security).
+TEST_HOSTS = ["testserver", "localhost", "127.0.0.1", "::1"]
+os.environ.setdefault("KVSCOPE_ALLOWED_HOSTS", json.dumps(TEST_HOSTS))
 
 
 class FakeClock:

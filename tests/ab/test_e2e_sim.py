@@ -26,6 +26,7 @@ import pytest
 from agent.controller import Controller, load_config
 from agent.loop import Agent, AgentConfig
 from agent.preflight import GIB
+from tests.conftest import api_token
 
 pytestmark = pytest.mark.slow
 BOX = Path(__file__).resolve().parent.parent / "controller" / "fixtures" / "hosts" / "box32g-cgv2"
@@ -99,11 +100,12 @@ def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
     settings.probe_prefix_words = 1400
     settings.ab_bootstrap_resamples = 500
     app = create_app(settings, engine=engine, clock=time.time, start_jobs=False)
-    token = create_token(engine, "e2e", time.time())
+    token = create_token(engine, "e2e", time.time(), host=socket.gethostname())  # the agents' default host name
     shm = Path("/dev/shm") / f"kvscope-ab-e2e-{tmp_path.name}"
     made: list[Agent] = []
     client_cm = TestClient(app)
     client = client_cm.__enter__()
+    client.headers["Authorization"] = "Bearer " + api_token(engine)
 
     def make(sim_args: list[str], initial_args: list[str]) -> Rig:
         port = free_port()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,7 +80,9 @@ def test_up_serves_app_and_agent_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             url = f"http://127.0.0.1:{port}/api/v1/instances"
 
             def ok_instance() -> Any:
-                inst = httpx.get(url, timeout=5).json()["instances"]
+                token_file = tmp_path / "data" / "api-token"
+                auth = {"Authorization": "Bearer " + token_file.read_text().strip()} if token_file.exists() else {}
+                inst = httpx.get(url, timeout=5, headers=auth).json()["instances"]
                 return inst if inst and inst[0]["last_ok"] else None
 
             [inst] = _wait(ok_instance, what="the agent's first push")
@@ -95,7 +98,10 @@ def test_up_serves_app_and_agent_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     eng = open_database(f"sqlite:///{tmp_path / 'data' / 'kvscope.db'}")
     try:
         active = [t for t in list_tokens(eng) if not t["revoked_at"]]
-        assert len(active) == 1 and str(active[0]["name"]).startswith("kvscope-up-")
+        agents = [t for t in active if t["role"] == "agent"]
+        assert len(agents) == 1 and str(agents[0]["name"]).startswith("kvscope-up-")
+        assert agents[0]["host"] == socket.gethostname()  # bound to the host its agent reports
+        assert [t["role"] for t in active if t not in agents] == ["operator"]  # the local CLI's token
     finally:
         eng.dispose()
 
@@ -140,7 +146,7 @@ def test_sim_to_agent_to_app(
     vllm_client = httpx.Client(trust_env=False)
     push = httpx.Client(trust_env=False)
     agent = Agent(
-        AgentConfig([url], server=live.url, token=token, state_dir=tmp_path / "state"),
+        AgentConfig([url], server=live.url, token=token, state_dir=tmp_path / "state", host_name="rig1"),
         client=vllm_client,
         push_client=push,
         host=HostCollector([HostMemorySource(shm_root=shm)]),

@@ -10,6 +10,7 @@ import pytest
 
 from app.jobs import run_job_now
 from kvscope.errors import UserError
+from tests.conftest import api_token
 
 from .receiver import Receiver, receiver
 
@@ -38,8 +39,9 @@ def live(tmp_path: Any, clock: Any, hook: Receiver) -> Iterator[tuple[Any, Any]]
     )
     app = create_app(settings, clock=clock, start_jobs=False)
     ctx = app.state.ctx
-    token = create_token(ctx.engine, "a", clock())
+    token = create_token(ctx.engine, "a", clock(), host="rig1")
     with TestClient(app) as c:
+        c.headers["Authorization"] = "Bearer " + api_token(ctx.engine)
         r = c.post("/api/v1/ingest", json=make_batch(1, clock()), headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200
         yield c, ctx

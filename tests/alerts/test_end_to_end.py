@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import api_token
+
 from .receiver import Receiver, receiver
 from .rig import Rig
 from .traffic import COLD, HEALTHY, UNIQUE
@@ -48,8 +50,9 @@ def rig(tmp_path: Any, clock: Any, hook: Receiver) -> Iterator[Rig]:
     )
     app = create_app(settings, clock=clock, start_jobs=False)
     ctx = app.state.ctx
-    token = create_token(ctx.engine, "agent", clock())
+    token = create_token(ctx.engine, "agent", clock(), host="rig1")
     with TestClient(app) as client:
+        client.headers["Authorization"] = "Bearer " + api_token(ctx.engine)
         r = Rig(client, ctx, clock, token, scrape_s=SCRAPE, eval_s=EVAL)
         # align the live part on an evaluation tick, after a day of healthy history
         clock.t = 1_800_000_000.0 - 86400

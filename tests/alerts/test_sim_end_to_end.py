@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from app.jobs import run_job_now
+from tests.conftest import api_token
 
 pytestmark = pytest.mark.slow
 
@@ -178,9 +179,10 @@ def run(sim: Sim, tmp_path: Path, clock: Any) -> Iterator[Run]:
     clock.t = 1_800_000_000.0
     app = create_app(settings, clock=clock, start_jobs=False)
     ctx = app.state.ctx
-    token = create_token(ctx.engine, "agent", clock())
+    token = create_token(ctx.engine, "agent", clock(), host="simrig")
     vllm = httpx.Client(trust_env=False)
     with TestClient(app) as client:
+        client.headers["Authorization"] = "Bearer " + api_token(ctx.engine)
         agent = Agent(
             AgentConfig(
                 [sim.url], server=str(client.base_url), token=token, state_dir=tmp_path / "state", host_name="simrig"

@@ -27,7 +27,14 @@ def test_ingest_stores_samples_and_instance(
 ) -> None:
     r = _post(client, token, batch_factory(1, clock()))
     assert r.status_code == 200, r.text
-    assert r.json() == {"accepted": True, "duplicate": False, "stored_samples": 1, "commands": []}
+    assert r.json() == {
+        "accepted": True,
+        "duplicate": False,
+        "stored_samples": 1,
+        "dropped_samples": 0,
+        "dropped": [],
+        "commands": [],
+    }
     inst = client.get("/api/v1/instances").json()["instances"]
     assert len(inst) == 1
     assert inst[0]["url"] == "http://127.0.0.1:8000"
@@ -47,7 +54,8 @@ def test_replayed_batch_is_acknowledged_not_stored_twice(
     assert _count(engine, SampleRow) == 1
     assert _count(engine, IngestBatch) == 1
     # Same seq from another agent is a different batch.
-    other = batch_factory(7, clock(), agent_id="agent-2", host="rig1")  # a second agent on rig1
+    # a second agent on rig1, watching another server (the same series at the same instant is one sample)
+    other = batch_factory(7, clock(), agent_id="agent-2", host="rig1", instance="http://127.0.0.1:8001")
     assert _post(client, token, other).json()["duplicate"] is False
     assert _count(engine, SampleRow) == 2
 

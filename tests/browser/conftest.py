@@ -35,7 +35,7 @@ def free_port() -> int:
 class LiveApp:
     """The real app on a uvicorn thread; url, engine, token."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, host: str = "rig1") -> None:
         import uvicorn
 
         from app.main import create_app
@@ -45,7 +45,7 @@ class LiveApp:
 
         self.settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
         self.engine = open_database(self.settings.effective_database_url)
-        self.token = create_token(self.engine, "browser", time.time())
+        self.token = create_token(self.engine, "browser", time.time(), host=host)
         self.app = create_app(self.settings, engine=self.engine, start_jobs=False)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -61,6 +61,17 @@ class LiveApp:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the app did not start")
             time.sleep(0.05)
+
+    def login(self, context: Any, role: str = "admin") -> None:
+        """Give a Chromium context a session of a new user of `role` on this app (a signed cookie,
+        as /login would set; tests/security covers the login form itself)."""
+        from app.auth.passwords import hash_password
+        from app.auth.sessions import COOKIE, SessionClaim, encode
+        from app.storage.users_store import create_user
+
+        user = create_user(self.engine, f"browser-{role}-{time.time_ns()}", role, hash_password("x" * 12), time.time())
+        value = encode(self.app.state.ctx.secret, SessionClaim(user_id=user.id, epoch=0, issued_at=time.time()))
+        context.add_cookies([{"name": COOKIE, "value": value, "url": self.url}])
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -22,9 +22,10 @@ SCREENSHOTS = os.environ.get("KVSCOPE_SCREENSHOTS_DIR")
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: Any) -> Iterator[LiveApp]:
+def live(tmp_path_factory: Any, chromium_context: Any) -> Iterator[LiveApp]:
     app = LiveApp(tmp_path_factory.mktemp("browser-app"))
     app.start()
+    app.login(chromium_context)
     try:
         now = time.time()
         # 50 minutes of scrapes ending now, through the real HTTP ingest API

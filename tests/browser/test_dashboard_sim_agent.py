@@ -48,7 +48,7 @@ def _wait(url: str, deadline_s: float, proc: subprocess.Popen[bytes], log: Path)
 
 
 @pytest.fixture(scope="module")
-def sim_fed(tmp_path_factory: Any) -> Iterator[tuple[LiveApp, str]]:
+def sim_fed(tmp_path_factory: Any, chromium_context: Any) -> Iterator[tuple[LiveApp, str]]:
     from kvscope.traffic import Traffic
 
     tmp = tmp_path_factory.mktemp("simfeed")
@@ -58,8 +58,9 @@ def sim_fed(tmp_path_factory: Any) -> Iterator[tuple[LiveApp, str]]:
     fake_smi = Path(sys.executable).parent / "kvscope-fake-nvidia-smi"
     if not fake_smi.exists():
         pytest.skip("kvscope-fake-nvidia-smi is not installed (pip install -e .)")
-    app = LiveApp(tmp / "app")
+    app = LiveApp(tmp / "app", host="sim-rig")
     app.start()
+    app.login(chromium_context)
     procs: list[subprocess.Popen[bytes]] = []
     traffic = None
     try:

@@ -24,6 +24,7 @@ import pytest
 from agent.controller import Controller, load_config
 from agent.loop import Agent, AgentConfig
 from agent.preflight import GIB
+from tests.conftest import api_token
 
 pytestmark = pytest.mark.slow
 FIX = Path(__file__).parent / "fixtures"
@@ -89,11 +90,12 @@ def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
     settings.probe_request_timeout_s = 4.0
     settings.rollout_health_deadline_s = 60.0
     app = create_app(settings, engine=engine, clock=time.time, start_jobs=False)
-    token = create_token(engine, "e2e", time.time())
+    token = create_token(engine, "e2e", time.time(), host=socket.gethostname())  # the agents' default host name
     shm = Path("/dev/shm") / f"kvscope-e2e-{tmp_path.name}"
     made: list[tuple[Agent, Controller]] = []
     client_cm = TestClient(app)
     client = client_cm.__enter__()
+    client.headers["Authorization"] = "Bearer " + api_token(engine)
 
     def make(sim_args: list[str], initial_args: list[str] | None = None) -> Rig:
         port = free_port()

@@ -66,12 +66,16 @@ def test_demo_fills_the_dashboard_and_stops_cleanly(tmp_path: Path) -> None:
         ready = False
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                inst = httpx.get(base + "/api/v1/instances", timeout=2).json()["instances"]
+                if not (data / "api-token").exists():
+                    raise httpx.HTTPError("no API token written yet")
+                auth = {"Authorization": "Bearer " + (data / "api-token").read_text().strip()}
+                inst = httpx.get(base + "/api/v1/instances", timeout=2, headers=auth).json()["instances"]
                 if len(inst) == 2 and all(i["state"] == "up" for i in inst):
                     iid = next(i["id"] for i in inst if i["model"] == "qwen3-4b")
                     r = httpx.get(
                         base + "/api/v1/series",
                         timeout=5,
+                        headers=auth,
                         params={
                             "instance": iid,
                             "metric": "vllm:prompt_tokens_total",
@@ -92,14 +96,17 @@ def test_demo_fills_the_dashboard_and_stops_cleanly(tmp_path: Path) -> None:
         cfg = {i["model"]: i["cache_config"] for i in inst}
         assert cfg["qwen3-4b"]["kv_offloading_size"] == "0.5"  # the dense server runs with CPU offload
         assert cfg["qwen3.5-4b"]["kv_offloading_size"] == "None"
-        page = httpx.get(base + "/", timeout=10)
+        page = httpx.get(base + "/", timeout=10, headers=auth)
         assert page.status_code == 200 and "simulated" in page.text.lower()
+        assert httpx.get(base + "/api/v1/instances", timeout=10).status_code == 401  # locked without a login
+        assert (data / "api-token").stat().st_mode & 0o777 == 0o600
         assert len(_sims_of(data)) == 2
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     assert "stopped" in out and "Traceback" not in out
+    assert f"log in once with http://127.0.0.1:{port}/login/once?t=" in out
     assert _sims_of(data) == []  # the agent stopped the servers it supervised
     shm_after = {f for f in os.listdir("/dev/shm") if f.startswith("vllm_offload_")}
     assert shm_after <= shm_before  # the dense sim's pinned-buffer file is gone

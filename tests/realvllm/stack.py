@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -72,6 +73,7 @@ class Stack:
     app_port: int = 0
     vllm_port: int = 0
     token: str = ""
+    api_token: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     shm_seen: set[Path] = field(default_factory=set)
     shm_before: set[str] = field(default_factory=set)
@@ -114,15 +116,10 @@ class Stack:
             ],
         )
         self.wait(lambda: httpx.get(self.app_url + "/healthz", timeout=5).status_code == 200, "the app", 120)
-        out = subprocess.run(
-            [*KVSCOPE, "token", "create", "realvllm-agent", "--data-dir", str(self.data_dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-            env=self._env(),
-        )
-        self.token = out.stdout.strip().splitlines()[-1]
+        # the agent's token, bound to the host name the agent reports (this machine's), and an
+        # operator API token for the test's own requests and the kvscope CLI (KVSCOPE_TOKEN)
+        self.token = self._token("realvllm-agent", "--host", socket.gethostname())
+        self.api_token = self._token("realvllm-api", "--role", "operator")
         config = self.job / "launcher.toml"
         command = serve_argv(self.install, self.vllm_port, self.base_flags)
         env = {k: v for k, v in server_env(self.job / "vllm").items() if k not in os.environ or os.environ[k] != v}
@@ -160,6 +157,45 @@ class Stack:
                 "10",
             ],
         )
+
+    def _token(self, name: str, *flags: str) -> str:
+        out = subprocess.run(
+            [*KVSCOPE, "token", "create", name, *flags, "--data-dir", str(self.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env=self._env(),
+        )
+        return out.stdout.strip().splitlines()[-1]
+
+    def login(self, page: Any) -> None:
+        """Log a Chromium page in through the login form, as a person would (a new operator)."""
+        password = "realvllm-" + os.urandom(8).hex()
+        subprocess.run(
+            [
+                *KVSCOPE,
+                "user",
+                "create",
+                "realvllm-ui",
+                "--role",
+                "operator",
+                "--password-stdin",
+                "--data-dir",
+                str(self.data_dir),
+            ],
+            input=password + "\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env=self._env(),
+        )
+        page.goto(self.app_url + "/login")
+        page.fill("input[name=name]", "realvllm-ui")
+        page.fill("input[name=password]", password)
+        page.click("button[type=submit]")
+        page.wait_for_url(self.app_url + "/")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.job / f"{name}.log").open("ab")
@@ -201,7 +237,8 @@ class Stack:
         raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}:\n{self.logs()}")
 
     def api(self, method: str, path: str, **kw: Any) -> Any:
-        r = httpx.request(method, self.app_url + path, timeout=30, **kw)
+        headers = {"Authorization": f"Bearer {self.api_token}", **kw.pop("headers", {})}
+        r = httpx.request(method, self.app_url + path, timeout=30, headers=headers, **kw)
         assert r.status_code < 400, f"{method} {path} -> {r.status_code}: {r.text[:500]}"
         return r.json()
 

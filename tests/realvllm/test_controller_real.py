@@ -14,6 +14,7 @@ from it. On the CPU build:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,6 +217,7 @@ def test_ab_on_the_real_server(stack: Stack, profiles: list[str]) -> None:
         text=True,
         timeout=2400,
         check=False,
+        env={**os.environ, "KVSCOPE_TOKEN": stack.api_token},
     )
     out = proc.stdout
     assert proc.returncode == 0, f"kvscope ab exited {proc.returncode}:\n{out[-3000:]}\n{proc.stderr[-2000:]}"
@@ -248,6 +250,7 @@ def test_dashboard_in_chromium_with_the_real_server(stack: Stack, request: pytes
     p, log = request.getfixturevalue("page")
     inst = stack.instance()
     assert inst is not None
+    stack.login(p)  # through the login form
     p.goto(stack.app_url + "/")
     p.wait_for_selector(".instance-card")
     assert p.locator(".instance-card [data-state]").first.get_attribute("data-state") == "up"

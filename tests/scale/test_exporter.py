@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.exporter import METRIC_NAMES, METRICS, derive
 from app.storage.window_store import WindowSeries
+from tests.conftest import api_token
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30
@@ -238,5 +239,5 @@ def test_exporter_can_be_turned_off(engine: Any, clock: Any, tmp_path: Path) -> 
 
     s = load_settings(None, data_dir=str(tmp_path / "off"), run_scheduler=False, exporter_enabled=False)
     with TestClient(create_app(s, engine=engine, clock=clock, start_jobs=False)) as c:
-        text = c.get("/metrics").text
+        text = c.get("/metrics", headers={"Authorization": "Bearer " + api_token(engine, "viewer")}).text
     assert "kvscope_ingest_samples_total" in text and "kvscope_instance_up" not in text

@@ -71,16 +71,22 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     }
     try:
         net.up()
-        tok = subprocess.run(
-            [sys.executable, "-m", "kvscope", "token", "create", "lab", "--data-dir", str(data)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=True,
-        ).stdout
-        token = re.search(r"kvs_[A-Za-z0-9_\-]+", tok)
-        assert token, tok
+
+        def make_token(*args: str) -> str:
+            out = subprocess.run(
+                [sys.executable, "-m", "kvscope", "token", "create", *args, "--data-dir", str(data)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+                check=True,
+            ).stdout
+            found = re.search(r"kvs_[A-Za-z0-9_\-]+", out)
+            assert found, out
+            return found.group(0)
+
+        tokens = [make_token(f"labhost{i}") for i in range(N_HOSTS)]  # each bound to its own host
+        API["token"] = make_token("lab-reader", "--role", "viewer")
         port = free_port()
         app_url = f"http://{net.app_ip}:{port}"
 
@@ -123,7 +129,7 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
                     "--server",
                     app_url,
                     "--token",
-                    token.group(0),
+                    tokens[i],
                     "--host-name",
                     f"labhost{i}",
                     "--state-dir",
@@ -144,9 +150,16 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
         net.down()
 
 
+API: dict[str, str] = {}  # the viewer token the test reads with
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {API['token']}"} if API.get("token") else {}
+
+
 def _get(url: str) -> Any:
     try:
-        r = httpx.get(url, timeout=5.0)
+        r = httpx.get(url, timeout=5.0, headers=_auth())
     except httpx.HTTPError:
         return None
     return r.json() if r.status_code == 200 else None
@@ -171,7 +184,7 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
     _wait("labhost1 stale", lambda: _states(app)["labhost1"][0] == "stale", timeout=30)
     others = _states(app)
     assert others["labhost0"][0] == "up" and others["labhost2"][0] == "up", others
-    metrics = httpx.get(f"{app}/metrics", timeout=10).text
+    metrics = httpx.get(f"{app}/metrics", timeout=10, headers=_auth()).text
     assert re.search(r'kvscope_instance_stale\{[^}]*host="labhost1"[^}]*\} 1\.0', metrics), "exporter: not stale"
     # keep the host cut off well past any hole we accept (a precondition, not a timing assertion)
     time.sleep(max(1.0, t_cut + 2 * MAX_HOLE_S + 2.0 - time.time()))

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import api_token
+
 TTFT_LE = [
     "0.001",
     "0.005",
@@ -268,10 +270,11 @@ def fed_app(data_dir: Path, batches: list[dict[str, Any]], t0: float) -> Iterato
     settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
     engine = open_database(settings.effective_database_url)
     clock = FakeClock(t0)
-    token = create_token(engine, "fed", clock())
+    token = create_token(engine, "fed", clock(), host="rig1")
     app = create_app(settings, engine=engine, clock=clock, start_jobs=False)
     try:
         with TestClient(app) as client:
+            client.headers["Authorization"] = "Bearer " + api_token(engine)
             push_all(client, token, batches, clock)
             clock.t = batches[-1]["sent_at"] + 3
             yield app, client, clock
