@@ -4,7 +4,8 @@
     kvscope ab --show 12          # the verdict of an experiment
     kvscope ab --cancel 12        # stop it; the instance goes back to its previous profile
 
-Talks to a running app over its JSON API (--url, or KVSCOPE_URL; default http://127.0.0.1:8080).
+Talks to the running app over its JSON API (--url / $KVSCOPE_URL, default the local app; the API
+token from --token / $KVSCOPE_TOKEN / <data dir>/api-token, see kvscope.app_client).
 Exit code 0 only when the experiment completed. Standard library only at module level.
 """
 
@@ -12,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kvscope.app_client import AppClient, add_client_args
 from kvscope.errors import UserError
 
-DEFAULT_URL = "http://127.0.0.1:8080"
 WORKLOAD_OPTS = (
     ("prefix_tokens", int, "probe / prefix-repetition: tokens per prefix"),
     ("evict_prefixes", int, "probe: other prefixes sent to evict the first"),
@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--url", default=os.environ.get("KVSCOPE_URL", DEFAULT_URL), help="the kvscope app")
+    add_client_args(p)
     p.add_argument("--instance", type=int, help="instance id (see /api/v1/instances)")
     p.add_argument("--a", dest="profile_a", help="profile A (default: the instance's current profile)")
     p.add_argument("--b", dest="profile_b", help="profile B")
@@ -73,29 +73,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _client(url: str) -> Any:
-    import httpx
-
-    return httpx.Client(base_url=url.rstrip("/"), timeout=30.0, headers={"Content-Type": "application/json"})
+def _client(args: argparse.Namespace) -> AppClient:
+    return AppClient.from_args(args)
 
 
-def _call(c: Any, method: str, path: str, body: Any = None) -> dict[str, Any]:
-    import httpx
-
-    try:
-        r = c.request(method, path, content=json.dumps(body) if body is not None else None)
-    except httpx.HTTPError as exc:
-        raise UserError(
-            f"cannot reach the kvscope app at {c.base_url}: {type(exc).__name__} "
-            "(start it with `kvscope serve`, or pass --url)"
-        ) from None
-    try:
-        data = r.json()
-    except ValueError:
-        data = {"error": r.text[:200]}
-    if r.status_code >= 400:
-        raise UserError(str(data.get("error") if isinstance(data, dict) else data))
-    return data if isinstance(data, dict) else {}
+def _call(c: AppClient, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    return c.call(method, path, body)
 
 
 def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,7 +105,7 @@ def bar(done: int, total: int, width: int = 30) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    with _client(args.url) as c:
+    with _client(args) as c:
         if args.cancel is not None:
             exp = _call(c, "POST", f"/api/v1/experiments/{args.cancel}/cancel", {})
             print(f"experiment {args.cancel}: {exp.get('message')}")
@@ -148,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         eid = exp["id"]
         print(
             f"experiment {eid}: {exp['profile_a']} (A) vs {exp['profile_b']} (B) on {exp.get('instance_url')}"
-            f"  ->  {args.url.rstrip('/')}/experiments/{eid}",
+            f"  ->  {c.base_url}/experiments/{eid}",
             file=sys.stderr,
         )
         print(plan_text(exp), file=sys.stderr)

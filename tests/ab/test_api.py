@@ -15,6 +15,7 @@ from app import ab_cli
 from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort
 from app.storage import rollouts_store as rs
+from kvscope.app_client import AppClient
 from kvscope.errors import UserError
 from tests.ab.conftest import SPEC, ModelExecutor, agent_step
 
@@ -175,9 +176,8 @@ def test_pages_start_progress_result_cancel(
 def test_cli_runs_an_experiment_to_the_verdict(
     client: Any, setup: dict[str, Any], model_orch: Orchestrator, clock: Any, monkeypatch: Any, capsys: Any
 ) -> None:
-    def ticking_client(url: str) -> Any:
-        client.headers["Content-Type"] = "application/json"
-        return client
+    def ticking_client(args: Any) -> AppClient:
+        return AppClient("http://testserver", None, "the test client's session", http=client)
 
     def follow(c: Any, eid: int, poll: float) -> dict[str, Any]:
         _finish(model_orch, setup, clock, eid)
@@ -230,7 +230,10 @@ def test_cli_pieces(tmp_path: Any) -> None:
     wl = ab_cli.workload_from_args(ns)
     assert wl["records"] == [{"prompt": "hello there", "offset_s": 0.5}, {"prompt": "again"}]
     assert wl["concurrency"] == 2
-    with pytest.raises(UserError, match="cannot reach the kvscope app"), ab_cli._client("http://127.0.0.1:9") as c:
+    with (
+        pytest.raises(UserError, match="cannot reach the kvscope app"),
+        AppClient("http://127.0.0.1:9", None, "no token") as c,
+    ):
         ab_cli._call(c, "GET", "/api/v1/experiments")
 
 

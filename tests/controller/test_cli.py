@@ -1,24 +1,54 @@
-"""`kvscope profile ...` and `kvscope apply` against the app's database."""
+"""`kvscope profile ...` and `kvscope apply` against the running app, over its JSON API.
+
+The app runs for real (uvicorn on a loopback port, its own SQLite file); its operator token is
+written to <data dir>/api-token as `kvscope up` does, and the CLI finds it there by itself.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kvscope.app_client import find_token
 from kvscope.cli import main
+from kvscope.errors import UserError
+from tests.agent.livesrv import LiveServer, free_port
 
 
-def _db(tmp_path: Path) -> list[str]:
-    return ["--data-dir", str(tmp_path / "data")]
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[LiveServer]:
+    from app.auth.local_access import write_cli_token
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.storage.engine import open_database
+
+    settings = load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False)
+    engine = open_database(settings.effective_database_url)
+    write_cli_token(engine, settings.data_dir, time.time())
+    srv = LiveServer(create_app(settings, engine=engine, start_jobs=False))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        engine.dispose()
 
 
-def test_profile_commands(tmp_path: Path, capsys: Any) -> None:
-    db = _db(tmp_path)
+def _db(tmp_path: Path, live: LiveServer | None = None) -> list[str]:
+    """Where the CLI finds the app (--url) and its token (<data dir>/api-token)."""
+    url = live.url if live is not None else f"http://127.0.0.1:{free_port()}"
+    return ["--url", url, "--data-dir", str(tmp_path / "data")]
+
+
+def test_profile_commands(tmp_path: Path, capsys: Any, live: LiveServer) -> None:
+    db = _db(tmp_path, live)
     assert main(["profile", "create", "off8", *db, "--offload-size-gib", "8", "--note", "first"]) == 0
     assert "--kv-offloading-size 8 --kv-offloading-backend native" in capsys.readouterr().out
     assert main(["profile", "edit", "off8", *db, "--kv-cache-dtype", "fp8", "--unset", "offload_size_gib"]) == 0
@@ -58,8 +88,8 @@ def _seed_instance(tmp_path: Path) -> int:
     return iid
 
 
-def test_apply_wait_exit_codes(tmp_path: Path, capsys: Any) -> None:
-    db = _db(tmp_path)
+def test_apply_wait_exit_codes(tmp_path: Path, capsys: Any, live: LiveServer) -> None:
+    db = _db(tmp_path, live)
     iid = _seed_instance(tmp_path)
     assert main(["profile", "create", "fp8", *db, "--kv-cache-dtype", "fp8"]) == 0
     assert main(["apply", "--instance", "http://127.0.0.1:8000", "--profile", "fp8", *db]) == 0
@@ -99,6 +129,41 @@ def test_apply_wait_exit_codes(tmp_path: Path, capsys: Any) -> None:
 
 
 @pytest.mark.parametrize("ref", ["99", "http://nowhere:1"])
-def test_apply_unknown_instance(tmp_path: Path, ref: str) -> None:
+def test_apply_unknown_instance(tmp_path: Path, ref: str, live: LiveServer, capsys: Any) -> None:
     _seed_instance(tmp_path)
-    assert main(["apply", "--instance", ref, "--profile", "x", *_db(tmp_path)]) == 2
+    assert main(["apply", "--instance", ref, "--profile", "x", *_db(tmp_path, live)]) == 2
+    assert "instance" in capsys.readouterr().err
+
+
+def test_without_a_running_app_the_cli_says_how_to_reach_one(tmp_path: Path, capsys: Any) -> None:
+    assert main(["profile", "list", *_db(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the kvscope app" in err and "--url" in err
+
+
+def test_a_missing_or_wrong_token_is_explained(tmp_path: Path, capsys: Any, live: LiveServer) -> None:
+    (tmp_path / "data" / "api-token").unlink()
+    assert main(["profile", "list", *_db(tmp_path, live)]) == 2
+    err = capsys.readouterr().err
+    assert "no API token" in err and "api-token" in err
+    assert main(["profile", "list", *_db(tmp_path, live), "--token", "not-a-token"]) == 2
+    assert "refused the token from --token" in capsys.readouterr().err
+
+
+def test_the_token_comes_from_the_flag_then_the_environment_then_the_data_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    ns = argparse.Namespace(token=None, config=None, data_dir=str(data), url=None)
+    assert find_token(ns, env={}) == (None, str(data / "api-token"))
+    (data / "api-token").write_text("from-file\n")
+    assert find_token(ns, env={}) == ("from-file", str(data / "api-token"))
+    assert find_token(ns, env={"KVSCOPE_TOKEN": "from-env"}) == ("from-env", "$KVSCOPE_TOKEN")
+    ns.token = "from-flag"
+    assert find_token(ns, env={"KVSCOPE_TOKEN": "from-env"}) == ("from-flag", "--token")
+    ns.token = None
+    (data / "api-token").write_text("x" * 5000)  # not one token: refused with a message, never sent
+    with pytest.raises(UserError, match="does not hold one API token"):
+        find_token(ns, env={})
+    (data / "api-token").write_text("two tokens\n")
+    with pytest.raises(UserError, match="does not hold one API token"):
+        find_token(ns, env={})
