@@ -155,6 +155,9 @@ class PushReply:
     accepted: bool
     duplicate: bool = False
     stored_samples: int = 0
+    # samples the app refused one by one (negative counter values); the rest of the batch is stored
+    dropped_samples: int = 0
+    dropped: list[str] = field(default_factory=list)  # the first few, in words
     commands: list[Command] = field(default_factory=list)
 
 
@@ -179,9 +182,17 @@ def reply_from_wire(data: dict[str, Any]) -> PushReply:
                     payload=dict(c.get("payload") or {}),
                 )
             )
+    dropped = data.get("dropped")
     return PushReply(
         accepted=bool(data.get("accepted", False)),
         duplicate=bool(data.get("duplicate", False)),
-        stored_samples=int(data.get("stored_samples", 0) or 0),
+        stored_samples=_count(data.get("stored_samples")),
+        dropped_samples=_count(data.get("dropped_samples")),
+        dropped=[str(d)[:500] for d in dropped[:20]] if isinstance(dropped, list) else [],
         commands=cmds,
     )
+
+
+def _count(v: Any) -> int:
+    """A count from the reply; anything else (an older app, garbage) is 0."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0

@@ -7,6 +7,8 @@ Outcome of one POST:
 - 408, 429, 5xx, connection errors, timeouts: kept and retried with backoff.
 - any other 4xx (413 too large, 422 invalid, ...): the app will never take it: dropped, counted,
   and reported as an event in a later batch.
+A 200 may say the app dropped some samples of the batch one by one (negative counter values):
+logged and counted (dropped_samples_total); the rest was stored.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Pusher:
     next_attempt_at: float = 0.0
     last_error: str | None = None
     rejected_total: int = 0
+    dropped_samples_total: int = 0  # samples the app refused inside accepted batches
     pushed_total: int = 0
     _rejected_pending: list[AgentEvent] = field(default_factory=list)
 
@@ -91,7 +94,17 @@ class Pusher:
                 except ValueError:
                     data = {}
                 if isinstance(data, dict):
-                    res.commands.extend(reply_from_wire(data).commands)
+                    reply = reply_from_wire(data)
+                    res.commands.extend(reply.commands)
+                    if reply.dropped_samples:
+                        self.dropped_samples_total += reply.dropped_samples
+                        log.warning(
+                            "batch seq %s: the app dropped %d sample(s) (%d so far): %s",
+                            entry.seq,
+                            reply.dropped_samples,
+                            self.dropped_samples_total,
+                            "; ".join(reply.dropped[:3]),
+                        )
                 continue
             message = _error_text(r)
             if r.status_code in RETRY_STATUSES or r.status_code >= 500 or r.status_code < 400:

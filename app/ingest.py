@@ -1,4 +1,6 @@
-"""Validation of push batches beyond their shape: sizes, clocks, names, label characters."""
+"""Validation of push batches beyond their shape: sizes, clocks, names, label characters, and
+the range of every number (a value the database column cannot hold is a 422 here, never a 500
+there). Lengths match the columns of app/storage/models.py."""
 
 from __future__ import annotations
 
@@ -8,14 +10,24 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.protocol import PROTOCOL_VERSION, PushBatch, Sample
+from agent.protocol import PROTOCOL_VERSION, PushBatch, Sample, Scrape
 
-METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Prometheus' grammar (fullmatch: "$" would let a trailing newline through).
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_LABEL_VALUE = 2048
 MAX_LABELS = 64
 MAX_SAMPLES = 500_000
-MAX_NAME = 255
+MAX_NAME = 255  # series.name is VARCHAR(255)
+MAX_LABEL_NAME = 255
+MAX_VERSION = 64  # hosts.agent_version, instances.version
+MAX_MODEL = 512  # instances.model
+MAX_MODEL_ROOT = 1024  # instances.model_root
+MAX_STATE = 32  # controller_rollouts.state
+MAX_EVENT_MESSAGE = 10_000
+MAX_SEQ = 2**63 - 1  # ingest_batches.seq is BIGINT
+MAX_INT32 = 2**31 - 1  # INTEGER columns (PostgreSQL: 4 bytes): ids, max_model_len
+MAX_UNIX_TS = float(2**32)  # year 2106
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 _ADAPTER: TypeAdapter[PushBatch] = TypeAdapter(PushBatch)
@@ -40,10 +52,13 @@ def parse_batch(body: bytes, now: float, *, max_future_skew_s: float, max_past_a
 
 def _explain(body: bytes, exc: ValidationError) -> str:
     """Say first what is wrong at the top: not JSON, not an object, wrong protocol."""
+    first = exc.errors()[0] if exc.error_count() else {}
+    if first.get("type") == "json_invalid":  # incl. nesting past pydantic-core's recursion limit
+        return f"body is not valid JSON: {first.get('msg')}"
     try:
         data: Any = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as err:
-        return f"body is not valid JSON: {err}"
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        return f"body is not valid JSON: {str(err)[:200]}"
     if not isinstance(data, dict):
         return "body must be a JSON object (a push batch)"
     proto = data.get("protocol", PROTOCOL_VERSION)
@@ -66,14 +81,19 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
         raise BadBatch("agent_id must be 1-255 characters")
     if not batch.host or len(batch.host) > 255 or _CONTROL.search(batch.host):
         raise BadBatch("host must be 1-255 printable characters")
-    if batch.seq < 0:
-        raise BadBatch("seq must be >= 0")
+    if not 0 <= batch.seq <= MAX_SEQ:
+        raise BadBatch(f"seq must be 0 to {MAX_SEQ} (a 64-bit signed integer)")
+    if len(batch.agent_version) > MAX_VERSION:
+        raise BadBatch(f"agent_version must be at most {MAX_VERSION} characters")
+    if not 0 <= batch.sent_at <= MAX_UNIX_TS:  # not stored (the sample times are checked below)
+        raise BadBatch(f"sent_at={batch.sent_at!r} is not a Unix time in seconds (0 to {MAX_UNIX_TS:.0f})")
     total = len(batch.host_samples)
     for i, scrape in enumerate(batch.scrapes):
         where = f"scrapes.{i}"
         if not scrape.instance or len(scrape.instance) > 1024 or _CONTROL.search(scrape.instance):
             raise BadBatch(f"{where}.instance must be 1-1024 printable characters")
         _check_ts(scrape.ts, now, where + ".ts", max_future_skew_s, max_past_age_s)
+        _check_scrape_fields(scrape, where)
         _check_samples(scrape.samples, where)
         total += len(scrape.samples)
     if batch.host_samples:
@@ -83,8 +103,28 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
         _check_samples(batch.host_samples, "host_samples")
     for i, ev in enumerate(batch.events):
         _check_ts(ev.ts, now, f"events.{i}.ts", max_future_skew_s, max_past_age_s)
+        if len(ev.message) > MAX_EVENT_MESSAGE:
+            raise BadBatch(f"events.{i}.message is over {MAX_EVENT_MESSAGE} characters")
+        if ev.instance is not None and len(ev.instance) > 1024:
+            raise BadBatch(f"events.{i}.instance must be at most 1024 characters")
+    for i, u in enumerate(batch.rollout_updates):
+        if not 1 <= u.rollout_id <= MAX_INT32:
+            raise BadBatch(f"rollout_updates.{i}.rollout_id must be 1 to {MAX_INT32}")
+        if len(u.state) > MAX_STATE:
+            raise BadBatch(f"rollout_updates.{i}.state must be at most {MAX_STATE} characters")
+        _check_ts(u.ts, now, f"rollout_updates.{i}.ts", max_future_skew_s, max_past_age_s)
     if total > MAX_SAMPLES:
         raise BadBatch(f"{total} samples in one batch; at most {MAX_SAMPLES}: push more often")
+
+
+def _check_scrape_fields(scrape: Scrape, where: str) -> None:
+    """Fields stored in columns of the instances table: lengths and ranges that fit them."""
+    for attr, cap in (("model", MAX_MODEL), ("model_root", MAX_MODEL_ROOT), ("version", MAX_VERSION)):
+        v = getattr(scrape, attr)
+        if v is not None and len(v) > cap:
+            raise BadBatch(f"{where}.{attr} must be at most {cap} characters")
+    if scrape.max_model_len is not None and not 0 <= scrape.max_model_len <= MAX_INT32:
+        raise BadBatch(f"{where}.max_model_len must be 0 to {MAX_INT32}")
 
 
 def _check_ts(ts: float, now: float, where: str, skew: float, age: float) -> None:
@@ -94,34 +134,55 @@ def _check_ts(ts: float, now: float, where: str, skew: float, age: float) -> Non
         raise BadBatch(f"{where}={ts:.3f} is older than the accepted {age / 86400:.0f} days")
 
 
-# Names and label values already checked: agents send the same few thousand strings every second.
-_GOOD: set[str] = set()
-_GOOD_MAX = 200_000
+class _Checked:
+    """Strings already found valid for ONE role (metric name, label name or label value): agents
+    send the same few thousand every second. One set per role: a string valid as a label value is
+    not thereby a valid name."""
 
+    def __init__(self, pattern: re.Pattern[str] | None, max_len: int, cap: int = 100_000) -> None:
+        self.pattern = pattern
+        self.max_len = max_len
+        self.cap = cap
+        self.good: set[str] = set()
 
-def _good(value: str, pattern: re.Pattern[str] | None, max_len: int) -> bool:
-    if value in _GOOD:
+    def ok(self, value: str) -> bool:
+        if value in self.good:
+            return True
+        if len(value) > self.max_len:
+            return False
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            return False
+        if self.pattern is None and _CONTROL.search(value):
+            return False
+        if len(self.good) >= self.cap:
+            self.good.clear()
+        self.good.add(value)
         return True
-    if len(value) > max_len:
-        return False
-    if pattern is not None and not pattern.match(value):
-        return False
-    if pattern is None and _CONTROL.search(value):
-        return False
-    if len(_GOOD) >= _GOOD_MAX:
-        _GOOD.clear()
-    _GOOD.add(value)
-    return True
+
+
+_NAMES = _Checked(METRIC_NAME, MAX_NAME)
+_LABEL_NAMES = _Checked(LABEL_NAME, MAX_LABEL_NAME)
+_LABEL_VALUES = _Checked(None, MAX_LABEL_VALUE)
 
 
 def _check_samples(samples: list[Sample], where: str) -> None:
+    names, label_names, label_values = _NAMES.good, _LABEL_NAMES.good, _LABEL_VALUES.good
     for j, s in enumerate(samples):
-        if s.name not in _GOOD and not _good(s.name, METRIC_NAME, MAX_NAME):
-            raise BadBatch(f"{where}.samples.{j}.name {s.name[:80]!r} is not a valid metric name")
+        if s.name not in names and not _NAMES.ok(s.name):
+            raise BadBatch(
+                f"{where}.samples.{j}.name {s.name[:80]!r} is not a valid metric name "
+                f"([a-zA-Z_:][a-zA-Z0-9_:]*, at most {MAX_NAME} characters)"
+            )
         if len(s.labels) > MAX_LABELS:
             raise BadBatch(f"{where}.samples.{j} has {len(s.labels)} labels; at most {MAX_LABELS}")
         for k, v in s.labels.items():
-            if k not in _GOOD and not _good(k, LABEL_NAME, MAX_NAME):
-                raise BadBatch(f"{where}.samples.{j} label name {k[:80]!r} is not valid")
-            if v not in _GOOD and not _good(v, None, MAX_LABEL_VALUE):
-                raise BadBatch(f"{where}.samples.{j} label {k} value is too long or has control characters")
+            if k not in label_names and not _LABEL_NAMES.ok(k):
+                raise BadBatch(
+                    f"{where}.samples.{j} label name {k[:80]!r} is not valid "
+                    f"([a-zA-Z_][a-zA-Z0-9_]*, at most {MAX_LABEL_NAME} characters)"
+                )
+            if v not in label_values and not _LABEL_VALUES.ok(v):
+                raise BadBatch(
+                    f"{where}.samples.{j} label {k} value is over {MAX_LABEL_VALUE} characters "
+                    "or has control characters"
+                )

@@ -25,7 +25,9 @@ def _store(ctx: AppContext, request: Request, body: bytes, now: float) -> tuple[
     )
     agent_host_check(request, str(batch.host))  # 403 before anything is stored for another host
     limits = SeriesLimits(
-        per_instance=ctx.settings.max_series_per_instance, new_per_push=ctx.settings.max_new_series_per_push
+        per_instance=ctx.settings.max_series_per_instance,
+        new_per_push=ctx.settings.max_new_series_per_push,
+        fresh_ms=round(min(12.0, ctx.settings.raw_retention_h / 4) * 3600 * 1000),
     )
     try:
         result = ctx.writer.write(batch, now, limits)

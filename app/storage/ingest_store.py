@@ -36,9 +36,6 @@ INFO_OFFLOAD = "vllm:kv_offload_config_info"
 # Labels that identify the sample rather than describe the config.
 _ID_LABELS = frozenset({"model_name", "engine"})
 MAX_DROPPED_LISTED = 20  # dropped samples named in a reply / event; the count covers all
-# A cached series id is trusted this long after its last sample (the retention job deletes series
-# idle for the raw retention, 48 h by default; ingest_store never deletes).
-SERIES_FRESH_MS = 12 * 3600 * 1000
 
 __all__ = ["IngestWriter", "SeriesCapExceeded", "SeriesLimits", "WriteResult", "labels_key", "sample_kind"]
 
@@ -82,7 +79,7 @@ class IngestWriter:
         self._hosts: dict[str, int] = {}
         self._instances: dict[tuple[int, str], int] = {}
         # per (host, instance): (name, sorted label items) -> [series id, kind, last ts_ms]
-        self._index = SeriesIndex(self.dialect, SERIES_FRESH_MS)
+        self._index = SeriesIndex(self.dialect)
         self._last: dict[int, float] = {}  # series id -> last cumulative value seen
         self._configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
@@ -324,7 +321,7 @@ class IngestWriter:
         samples: list[Sample] = part.samples
         types: Mapping[str, str] = part.types
         scope = self._index.scope(key)
-        stale_before = round(now * 1000) - self._index.fresh_ms
+        stale_before = round(now * 1000) - limits.fresh_ms
         keys: list[SeriesKey] = []
         hits: list[list[Any] | None] = []
         kept: list[Sample] = []

@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.storage.models import SampleRow, Series
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
+from app.storage.series_retention import delete_idle_series
 from app.storage.series_store import series_of
 
 MINUTE_MS = 60_000
@@ -168,6 +169,7 @@ class RollupReport:
     hours_deleted: int = 0
     late_minutes: int = 0  # re-rolled because late samples arrived (app.storage.rollup_late)
     late_hours: int = 0
+    series_deleted: int = 0  # quiet series of reporting instances (app.storage.series_retention)
 
 
 def run_rollups(
@@ -252,6 +254,7 @@ def run_rollups(
                 ).rowcount
                 or 0
             )
+    rep.series_deleted = delete_idle_series(engine, ids, raw_cut)
     return rep
 
 

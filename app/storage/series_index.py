@@ -9,8 +9,8 @@ path ran a SELECT that could not use that index (it scanned every series of the 
 SAVEPOINT + INSERT for each new series: one push creating 8,000 series took tens of seconds with
 SQLite's write lock held.
 
-A cached id is trusted only while the series was written recently (`fresh_ms`, less than the raw
-retention): the retention job deletes series without raw samples (app/storage/series_retention.py),
+A cached id is trusted only while the series was written recently (SeriesLimits.fresh_ms, less
+than the raw retention): the retention job deletes series without raw samples (app/storage/series_retention.py),
 possibly from another process, and a series back after that must get a new row, not a dead id.
 """
 
@@ -44,6 +44,9 @@ IN_CHUNK = 500  # ids per IN (...) list: well under every driver's bind limit
 class SeriesLimits:
     per_instance: int = DEFAULT_MAX_SERIES_PER_INSTANCE
     new_per_push: int = DEFAULT_MAX_NEW_SERIES_PER_PUSH
+    # a cached id is trusted this long after the series' last sample: well under the raw
+    # retention, after which the retention job may delete a quiet series
+    fresh_ms: int = 12 * 3600 * 1000
 
 
 class SeriesCapExceeded(ValueError):
@@ -62,9 +65,8 @@ class SeriesIndex:
     """Series ids by scope. Entries are [series id, kind, last written ts_ms] (mutable: the
     writer moves the timestamp on every sample)."""
 
-    def __init__(self, dialect: str, fresh_ms: int) -> None:
+    def __init__(self, dialect: str) -> None:
         self.dialect = dialect
-        self.fresh_ms = fresh_ms
         self.scopes: dict[Scope, dict[SeriesKey, list[Any]]] = {}
 
     def clear(self) -> None:
