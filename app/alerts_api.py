@@ -75,11 +75,23 @@ def alert_json(row: dict[str, Any], silences: list[dict[str, Any]], now: float) 
         "baseline": row["baseline"],
         "message": row["message"],
         "hints": row["hints"] or [],
+        "value_text": spec.format(row["value"], "value") if spec else "",
+        "baseline_text": spec.format(row["baseline"], "baseline") if spec else "",
         "acked": row["acked_at"] is not None,
         "acked_at": row["acked_at"],
         "silenced": row["state"] != "resolved"
         and is_silenced(silences, str(row["rule"]), row["instance_id"], row["host_id"], now),
+        # opened while kvscope itself was changing the instance (a rollout, an A/B experiment)
+        "expected": str((row.get("labels") or {}).get("expected") or "") or None,
     }
+
+
+def alert_value(rule: str, value: object, which: str = "value") -> str:
+    """A rule's value (or baseline) with its unit, for the pages."""
+    spec = BY_NAME.get(str(rule))
+    if spec is None:
+        return "" if value is None else str(value)
+    return spec.format(value, which)
 
 
 def banner(ctx: AppContext) -> dict[str, Any]:
@@ -93,7 +105,9 @@ def banner(ctx: AppContext) -> dict[str, Any]:
     loud = [
         a
         for a in firing
-        if a["acked_at"] is None and not is_silenced(silences, a["rule"], a["instance_id"], a["host_id"], now)
+        if a["acked_at"] is None
+        and not (a.get("labels") or {}).get("expected")
+        and not is_silenced(silences, a["rule"], a["instance_id"], a["host_id"], now)
     ]
     return {
         "count": len(loud),
@@ -138,6 +152,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
         templates = make_templates()
         ctx.extras["templates"] = templates
     templates.env.globals["alerts_banner"] = lambda: banner(ctx)
+    templates.env.globals["alert_value"] = alert_value
 
     app.include_router(api_router(ctx))
     from app.alerts import pages

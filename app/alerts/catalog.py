@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.alerts import rules_health, rules_hitrate, rules_offload
+from app.alerts import units as u
 from app.alerts.hints import HINT_METRICS
 from app.alerts.hitrates import TIER_METRICS
 from app.alerts.rule_io import RuleResult, TargetData
@@ -35,6 +36,10 @@ class RuleSpec:
     defaults: Mapping[str, Any]
     metrics: tuple[str, ...] = ()  # instance (or host) series the rule reads
     description: str = ""
+    units: tuple[str, str] = ("", "")  # of the value and of the baseline (app.alerts.units)
+
+    def format(self, value: object, which: str = "value") -> str:
+        return u.fmt_value(value, self.units[0 if which == "value" else 1])
 
     def lookback_s(self, params: Mapping[str, Any]) -> float:
         """How far back the rule reads, for the loader."""
@@ -59,10 +64,12 @@ def _drop(tier: str, title: str, description: str) -> RuleSpec:
             "rel_margin": 0.25,
             "min_tokens": 5000.0,
             "min_baseline_tokens": 50000.0,
+            "min_history_s": 3600.0,  # a baseline from less history than this is still learning
             **_HINT_PARAMS,
         },
         metrics=TIER_METRICS[tier] + TIER_METRICS["overall"] + HINT_METRICS,
         description=description,
+        units=(u.RATIO, u.RATIO),
     )
 
 
@@ -96,6 +103,7 @@ RULES: tuple[RuleSpec, ...] = (
         metrics=TIER_METRICS["overall"] + HINT_METRICS,
         description="Overall hit rate below an absolute floor. Off by default: the right floor depends on "
         "the workload.",
+        units=(u.RATIO, u.RATIO),
     ),
     RuleSpec(
         name="instance_down",
@@ -108,6 +116,7 @@ RULES: tuple[RuleSpec, ...] = (
             "agent_stale_s": 120.0,
         },
         description="No successful /metrics scrape for down_after_s, or /health failing.",
+        units=(u.SECONDS, u.SECONDS),
     ),
     RuleSpec(
         name="agent_stale",
@@ -116,6 +125,7 @@ RULES: tuple[RuleSpec, ...] = (
         func=rules_health.agent_stale,
         defaults={**_common(for_s=0.0, cooldown_s=60.0, severity="critical"), "stale_after_s": 120.0},
         description="The host's agent has not pushed for stale_after_s.",
+        units=(u.SECONDS, u.SECONDS),
     ),
     RuleSpec(
         name="pinned_memory",
@@ -131,6 +141,7 @@ RULES: tuple[RuleSpec, ...] = (
         metrics=rules_health.MEMORY_METRICS,
         description="Host memory headroom (MemAvailable, cgroup limit - usage) under a threshold with offload on: "
         "the pinned CPU buffer counts against the limit and the OOM killer leaves no hint.",
+        units=(u.BYTES, u.BYTES),
     ),
     RuleSpec(
         name="offload_thrash",
@@ -145,6 +156,7 @@ RULES: tuple[RuleSpec, ...] = (
         },
         metrics=(rules_offload.STORE_BYTES, rules_offload.LOAD_BYTES),
         description="Stores to the offload tier keep flowing while loads stay near zero.",
+        units=(u.RATIO, u.RATIO),
     ),
     RuleSpec(
         name="offload_failures",
@@ -161,6 +173,7 @@ RULES: tuple[RuleSpec, ...] = (
         },
         metrics=(rules_offload.ALLOC_FAILURES, rules_offload.STORES_SKIPPED),
         description="vllm:kv_offload_allocation_failure_total rising, or stores skipped well above their baseline.",
+        units=(u.COUNT, u.PER_SECOND),
     ),
     RuleSpec(
         name="ttft_p95",
@@ -176,6 +189,7 @@ RULES: tuple[RuleSpec, ...] = (
         },
         metrics=(rules_offload.TTFT_BUCKET, rules_offload.TTFT_COUNT),
         description="Time to first token quantile over budget for a sustained period: the rollback signal.",
+        units=(u.LATENCY, u.LATENCY),
     ),
 )
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from app.alerts import expected
 from app.alerts.catalog import RULES, RuleSpec
 from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
@@ -139,7 +140,17 @@ class Evaluator:
             if c.kind == "alertmanager" and c.enabled
         }
         seen: set[str] = set()
+        longest = max(
+            (spec.lookback_s(effective(spec.name, self.rule_settings, None)) for spec in self.rules), default=0
+        )
+        try:
+            changes = expected.load_windows(self.engine, now - longest, now)
+        except Exception as exc:  # no controller / A/B tables: nothing is expected
+            log.warning("alerts: reading kvscope's rollouts and experiments failed: %s", exc)
+            changes = {}
         for target in self.targets():
+            if target.scope == "instance":
+                target.info = {**target.info, "kvscope_changes": changes.get(target.id, [])}
             specs: list[tuple[RuleSpec, dict[str, Any]]] = []
             for spec in self.rules:
                 if spec.scope != target.scope:
@@ -233,7 +244,14 @@ class Evaluator:
             self._open(spec, params, target, key, result, decision, now, silences, report)
             return
         assert row is not None
+        change = self._expected(target.info, now)
+        if change is not None and not (row.get("labels") or {}).get("expected"):
+            row = {**row, "labels": {**(row.get("labels") or {}), "expected": change.label}, "_mark_expected": True}
         self._apply(row, decision, result, now, silences, report)
+
+    @staticmethod
+    def _expected(info: Mapping[str, Any], now: float) -> expected.ExpectedWindow | None:
+        return expected.covering(expected.from_info(info), now)
 
     def _backdate(self, spec: RuleSpec, params: dict[str, Any], data: TargetData, now: float) -> float:
         """Earliest scrape instant since the previous evaluation from which the rule held."""
@@ -322,9 +340,12 @@ class Evaluator:
             "acked_at": None,
             "ack_note": None,
         }
+        change = self._expected(target.info, now)
+        if change is not None:  # kvscope is changing this instance: expected, no notification
+            values["labels"]["expected"] = change.label
         transitions = [store.TransitionRow(None, PENDING, at, result.value, result.message)]
         deliveries: list[store.NewDelivery] = []
-        if firing:
+        if firing and change is None:
             transitions.append(store.TransitionRow(PENDING, FIRING, now, result.value, result.message))
             snap_src = {
                 **values,
@@ -354,6 +375,11 @@ class Evaluator:
         values: dict[str, Any] = {}
         transitions: list[store.TransitionRow] = []
         deliveries: list[store.NewDelivery] = []
+        # quiet: opened, or fires now, while kvscope itself changes the instance (no notification)
+        marked = bool(row.pop("_mark_expected", False))
+        quiet = bool((row.get("labels") or {}).get("expected")) and (not marked or decision.action == "fire")
+        if marked and decision.action == "fire":
+            values["labels"] = row["labels"]
         if result.active is not None:
             values.update(value=result.value, baseline=result.baseline, message=result.message, last_eval=now)
             if result.active:
@@ -362,15 +388,15 @@ class Evaluator:
             values.update(state=FIRING, since=now, fired_at=now)
             transitions.append(store.TransitionRow(PENDING, FIRING, now, result.value, result.message))
             merged = {**row, **values}
-            deliveries = self._deliveries(merged, "firing", silences, now)
+            deliveries = [] if quiet else self._deliveries(merged, "firing", silences, now)
         elif decision.action == "resolve":
             values.update(state=RESOLVED, since=now, resolved_at=now, active_key=None)
             msg = decision.reason + (f": {result.message}" if result.message else "")
             transitions.append(store.TransitionRow(row["state"], RESOLVED, now, result.value, msg))
-            if row["state"] == FIRING:
+            if row["state"] == FIRING and not quiet:
                 merged = {**row, **values}
                 deliveries = self._deliveries(merged, "resolved", silences, now)
-        elif row["state"] == FIRING:
+        elif row["state"] == FIRING and not quiet:
             deliveries = self._refreshes({**row, **values}, silences, now)
         if decision.action == "update" and not values and not deliveries:
             return

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
+from app.alerts import expected
 from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
 from app.alerts.params import ParamError, coerce, effective
@@ -59,7 +60,18 @@ def _list_context(ctx: AppContext) -> dict[str, Any]:
         channels.append({"cfg": c, "recent": last})
         failing.extend(d for d in last if d["status"] == "failed" or d["last_error"])
     instances = list_instances(ctx.engine)
+    urls = {int(i["id"]): i.get("url") for i in instances}
+    try:
+        windows = expected.load_windows(ctx.engine, now - 3600.0, now)
+    except Exception:  # the page never breaks on this
+        windows = {}
+    changes = sorted(
+        ({**w.as_dict(), "instance_url": urls.get(w.instance_id)} for ws in windows.values() for w in ws),
+        key=lambda w: -float(w["start"]),
+    )[:20]
     return {
+        "changes": changes,
+        "settle_s": expected.SETTLE_S,
         "open": [alert_json(a, silences, now) for a in open_rows],
         "history": history,
         "silences": silences,

@@ -1,0 +1,104 @@
+"""Windows in which kvscope itself changed an instance: its rollouts and its A/B experiments.
+
+A rollout restarts vLLM with other flags and an A/B experiment runs a synthetic workload on two
+profiles, so hit rates, TTFT and liveness move because kvscope moved them. Alerts that open in
+such a window are marked expected (no notification, no banner, shown as expected on /alerts), and
+the hit-rate baselines start after the last change (the old configuration is no reference).
+A window lasts from the change's creation to its end plus SETTLE_S (caches refill, the probe's
+traffic drains); a change still running has no end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, or_, select
+
+from app.storage.ab_models import AbExperiment
+from app.storage.controller_models import ControllerRollout
+
+SETTLE_S = 300.0
+MAX_WINDOWS = 500  # per evaluation, newest first
+
+
+@dataclass(frozen=True)
+class ExpectedWindow:
+    instance_id: int
+    start: float
+    end: float | None  # when the change finished (None: still running)
+    kind: str  # rollout | experiment
+    ref: int
+    label: str  # "kvscope rollout #3", "kvscope A/B experiment #2 (a vs b)"
+
+    @property
+    def quiet_until(self) -> float:
+        return math.inf if self.end is None else self.end + SETTLE_S
+
+    def covers(self, t: float) -> bool:
+        return self.start <= t <= self.quiet_until
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "ref": self.ref,
+            "label": self.label,
+            "start": self.start,
+            "end": self.end,
+            "quiet_until": None if self.end is None else self.quiet_until,
+            "instance_id": self.instance_id,
+        }
+
+
+def load_windows(engine: Engine, since: float, now: float) -> dict[int, list[ExpectedWindow]]:
+    """Every rollout and experiment that overlaps [since - SETTLE_S, now], by instance."""
+    lo = since - SETTLE_S
+    r, e = ControllerRollout, AbExperiment
+    out: dict[int, list[ExpectedWindow]] = {}
+    with engine.connect() as conn:
+        rollouts = conn.execute(
+            select(r.id, r.instance_id, r.created_at, r.finished_at, r.state)
+            .where(r.created_at <= now, or_(r.finished_at.is_(None), r.finished_at >= lo))
+            .order_by(r.created_at.desc())
+            .limit(MAX_WINDOWS)
+        ).all()
+        experiments = conn.execute(
+            select(e.id, e.instance_id, e.created_at, e.finished_at, e.profile_a, e.profile_b)
+            .where(e.created_at <= now, or_(e.finished_at.is_(None), e.finished_at >= lo))
+            .order_by(e.created_at.desc())
+            .limit(MAX_WINDOWS)
+        ).all()
+    for rid, iid, created, finished, _state in rollouts:
+        w = ExpectedWindow(int(iid), float(created), _f(finished), "rollout", int(rid), f"kvscope rollout #{rid}")
+        out.setdefault(int(iid), []).append(w)
+    for xid, iid, created, finished, a, b in experiments:
+        label = f"kvscope A/B experiment #{xid} ({a} vs {b})"
+        out.setdefault(int(iid), []).append(
+            ExpectedWindow(int(iid), float(created), _f(finished), "experiment", int(xid), label)
+        )
+    return out
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def covering(windows: Sequence[ExpectedWindow], t: float) -> ExpectedWindow | None:
+    """The window that covers t (the one that started last), if any."""
+    inside = [w for w in windows if w.covers(t)]
+    return max(inside, key=lambda w: w.start) if inside else None
+
+
+def settled_after(windows: Sequence[ExpectedWindow], t: float) -> float | None:
+    """When the last change that started at or before t stopped moving the numbers (its end plus
+    SETTLE_S); None when no change started by then. inf while one is still running."""
+    ends = [w.quiet_until for w in windows if w.start <= t]
+    return max(ends) if ends else None
+
+
+def from_info(info: Mapping[str, Any]) -> Sequence[ExpectedWindow]:
+    """The windows the evaluator put in a target's info (key 'kvscope_changes')."""
+    got = info.get("kvscope_changes")
+    return got if isinstance(got, list | tuple) else ()
