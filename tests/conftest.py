@@ -53,6 +53,7 @@ BOTH_DB_DIRS = (
     "tests/controller/test_rollouts_store",
     "tests/alerts/test_cas",
     "tests/scale",
+    "tests/security/test_ingest_limits",
 )
 
 

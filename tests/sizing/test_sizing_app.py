@@ -205,3 +205,10 @@ def test_a_push_without_reuse_windows_stays_as_older_agents_send_it(client, toke
     assert "reuse" not in wire
     r = client.post("/api/v1/ingest", json=wire, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200
+
+
+def test_the_instance_page_links_to_the_sizing_page(client, token, batch_factory, clock):
+    push(client, token, batch_factory, 1, clock())
+    iid = instance_id(client)
+    page = client.get(f"/instances/{iid}")
+    assert page.status_code == 200 and f'href="/instances/{iid}/sizing"' in page.text
