@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, insert, select, update
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from agent.protocol import PushBatch, Sample
@@ -108,17 +108,7 @@ class IngestWriter:
         rows: list[tuple[int, int, float]] = []
         try:
             with self.engine.begin() as conn:
-                try:
-                    with conn.begin_nested():
-                        conn.execute(
-                            insert(IngestBatch).values(
-                                agent_id=batch.agent_id,
-                                seq=batch.seq,
-                                received_at=now,
-                                samples=sum(len(s.samples) for s in batch.scrapes) + len(batch.host_samples),
-                            )
-                        )
-                except IntegrityError:
+                if self._seen(conn, batch, now):
                     result.duplicate = True
                     return result
                 host_id = self._host(conn, batch, now)
@@ -187,6 +177,31 @@ class IngestWriter:
             self._last.clear()
             raise
         return result
+
+    def _seen(self, conn: Connection, batch: PushBatch, now: float) -> bool:
+        """Record (agent_id, seq) as the transaction's first write; True when it was there already.
+
+        Not in a SAVEPOINT: with pysqlite a SAVEPOINT opened before any other statement starts the
+        transaction itself and its RELEASE commits it, so a push refused or failed after this
+        point (a series cap, "database is locked") left its seq recorded and every retry was
+        answered "duplicate": the batch was lost. INSERT ... ON CONFLICT DO NOTHING keeps it in the
+        push's one transaction."""
+        values = {
+            "agent_id": batch.agent_id,
+            "seq": batch.seq,
+            "received_at": now,
+            "samples": sum(len(s.samples) for s in batch.scrapes) + len(batch.host_samples),
+        }
+        if self.dialect in ("sqlite", "postgresql"):
+            ins = sqlite.insert if self.dialect == "sqlite" else postgresql.insert
+            res = conn.execute(ins(IngestBatch).values(**values).on_conflict_do_nothing())
+            return (res.rowcount or 0) == 0
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(IngestBatch).values(**values))
+        except IntegrityError:
+            return True
+        return False
 
     def _insert_samples(self, conn: Connection, rows: list[tuple[int, int, float]]) -> None:
         if self.dialect == "sqlite":
