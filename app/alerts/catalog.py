@@ -184,11 +184,16 @@ RULES: tuple[RuleSpec, ...] = (
             **_common(for_s=300.0, cooldown_s=900.0),
             "window_s": 300.0,
             "quantile": 0.95,
-            "budget_s": 2.0,
+            "budget_s": 0.0,  # 0: relative to the instance's own trailing TTFT (factor x); > 0: fixed
+            "factor": 2.0,
+            "min_budget_s": 0.5,
+            "baseline_s": 86400.0,
+            "min_history_s": 3600.0,
             "min_requests": 20.0,
         },
         metrics=(rules_offload.TTFT_BUCKET, rules_offload.TTFT_COUNT),
-        description="Time to first token quantile over budget for a sustained period: the rollback signal.",
+        description="Time to first token quantile over budget for a sustained period: the rollback signal. "
+        "The budget is factor x the instance's own trailing quantile unless budget_s sets a fixed one.",
         units=(u.LATENCY, u.LATENCY),
     ),
 )

@@ -102,3 +102,18 @@ def from_info(info: Mapping[str, Any]) -> Sequence[ExpectedWindow]:
     """The windows the evaluator put in a target's info (key 'kvscope_changes')."""
     got = info.get("kvscope_changes")
     return got if isinstance(got, list | tuple) else ()
+
+
+def baseline_window(
+    info: Mapping[str, Any], first_sample: float | None, now: float, window_s: float, baseline_s: float
+) -> tuple[float, float]:
+    """A rule's baseline window: the trailing baseline_s before its current window, starting no
+    earlier than the target's first sample and after kvscope's last change settled."""
+    b1 = now - window_s
+    b0 = now - baseline_s
+    if first_sample is not None:
+        b0 = max(b0, first_sample)
+    settled = settled_after(from_info(info), b1)
+    if settled is not None and math.isfinite(settled):
+        b0 = max(b0, settled)
+    return b0, b1

@@ -37,17 +37,8 @@ def _first_sample(data: TargetData, tier: str) -> float | None:
 
 
 def baseline_span(data: TargetData, tier: str, now: float, window_s: float, baseline_s: float) -> tuple[float, float]:
-    """The baseline window: the trailing baseline_s before the current window, starting no earlier
-    than the instance's first sample and after kvscope's last change (rollout, A/B) settled."""
-    b1 = now - window_s
-    b0 = now - baseline_s
-    first = _first_sample(data, tier)
-    if first is not None:
-        b0 = max(b0, first)
-    settled = expected.settled_after(expected.from_info(data.info), b1)
-    if settled is not None and settled != float("inf"):
-        b0 = max(b0, settled)
-    return b0, b1
+    """The baseline window (app.alerts.expected.baseline_window) of a tier's hit rate."""
+    return expected.baseline_window(data.info, _first_sample(data, tier), now, window_s, baseline_s)
 
 
 def make_hit_rate_drop(tier: str) -> Rule:

@@ -130,3 +130,24 @@ def test_expected_windows_cover_the_change_and_its_settling_time() -> None:
     running = expected.ExpectedWindow(3, 300.0, None, "rollout", 9, "kvscope rollout #9")
     assert expected.covering([w, running], 10_000.0) is running
     assert expected.from_info({"kvscope_changes": "garbage"}) == ()
+
+
+def test_a_hybrid_model_with_a_slow_normal_ttft_does_not_fire_the_ttft_rule() -> None:
+    """The demo's hybrid server: every prompt is a full prefill, its normal TTFT p95 is seconds.
+    A fixed 2 s budget fired six minutes into every demo; the default budget is relative."""
+    slow = Mix(ttft_s=4.5)
+    young = Recorder(step=5.0)
+    young.run(600, slow)
+    r = run("ttft_p95", young.data(), young.t)
+    assert r.active is None and "learning" in r.message and "4" in r.message
+    rec = Recorder(step=60.0)
+    rec.run(2 * 3600, slow)
+    rec.step = 5.0
+    rec.run(300, slow)
+    normal = run("ttft_p95", rec.data(), rec.t)
+    assert normal.active is False and normal.baseline is not None and normal.baseline > normal.value
+    rec.run(300, Mix(ttft_s=30.0))  # a real regression: 6x its own normal
+    worse = run("ttft_p95", rec.data(), rec.t)
+    assert worse.active is True and "x its p95" in worse.message
+    # an operator's SLO is still a fixed budget
+    assert run("ttft_p95", rec.data(), rec.t, budget_s=60.0).active is False
