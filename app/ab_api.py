@@ -18,12 +18,13 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app.ab import service
-from app.auth.roles import requester
 from app.ab.agent_executor import AgentExecutor
 from app.ab.charts import experiment_figures
 from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort, ThreadExecutor
 from app.ab.verdict import describe
+from app.api.ids import DbId
+from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
 from app.storage import ab_store as st
@@ -179,7 +180,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse({"experiments": [service.experiment_view(e) for e in items]})
 
     @r.get("/experiments/{experiment_id}")
-    def get(experiment_id: int, records: bool = False) -> JSONResponse:
+    def get(experiment_id: DbId, records: bool = False) -> JSONResponse:
         try:
             exp, runs = service.load(ctx, experiment_id)
         except service.ExperimentError as exc:
@@ -189,7 +190,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         )
 
     @r.get("/experiments/{experiment_id}/export.json")
-    def export_json(experiment_id: int) -> Response:
+    def export_json(experiment_id: DbId) -> Response:
         try:
             exp, runs = service.load(ctx, experiment_id)
         except service.ExperimentError as exc:
@@ -201,7 +202,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         )
 
     @r.get("/experiments/{experiment_id}/export.csv")
-    def export_csv(experiment_id: int) -> Response:
+    def export_csv(experiment_id: DbId) -> Response:
         try:
             exp, runs = service.load(ctx, experiment_id)
         except service.ExperimentError as exc:
@@ -213,7 +214,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         )
 
     @r.post("/experiments/{experiment_id}/cancel")
-    def cancel(experiment_id: int, request: Request) -> JSONResponse:
+    def cancel(experiment_id: DbId, request: Request) -> JSONResponse:
         csrf.require_json(request)
         if not orchestrator(ctx).cancel(experiment_id, ctx.now(), by="api"):
             raise HTTPException(409, f"experiment {experiment_id} is not running (finished, or unknown)")
@@ -221,7 +222,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse(service.experiment_view(exp, runs))
 
     @r.post("/experiments/{experiment_id}/keep")
-    async def keep(experiment_id: int, request: Request) -> JSONResponse:
+    async def keep(experiment_id: DbId, request: Request) -> JSONResponse:
         csrf.require_json(request)
         try:
             body = await request.json()
@@ -300,7 +301,7 @@ def page_router(ctx: AppContext) -> APIRouter:
         return list_page(request, {}, None)
 
     @r.get("/instances/{instance_id}/experiment", response_class=HTMLResponse)
-    def new_for_instance(instance_id: int, request: Request) -> Response:
+    def new_for_instance(instance_id: DbId, request: Request) -> Response:
         """The instance page's "A/B test" entry: instance chosen, A = its current profile."""
         from app.storage import rollouts_store as rs
 
@@ -343,11 +344,11 @@ def page_router(ctx: AppContext) -> APIRouter:
         return {"exp": view, "figures": figs, "simulated": view["simulated"]}
 
     @r.get("/experiments/{experiment_id}", response_class=HTMLResponse)
-    def experiment_page(experiment_id: int, request: Request) -> Response:
+    def experiment_page(experiment_id: DbId, request: Request) -> Response:
         return render(request, "ab/detail.html", detail_data(experiment_id))
 
     @r.get("/experiments/{experiment_id}/progress", response_class=HTMLResponse)
-    def experiment_progress(experiment_id: int, request: Request) -> Response:
+    def experiment_progress(experiment_id: DbId, request: Request) -> Response:
         data = detail_data(experiment_id)
         resp = render(request, "ab/_progress.html", data)
         if data["exp"]["finished"]:
@@ -355,14 +356,14 @@ def page_router(ctx: AppContext) -> APIRouter:
         return resp
 
     @r.post("/experiments/{experiment_id}/cancel")
-    async def cancel_form(experiment_id: int, request: Request) -> Response:
+    async def cancel_form(experiment_id: DbId, request: Request) -> Response:
         form = await request.form()
         csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         orchestrator(ctx).cancel(experiment_id, ctx.now(), by="web")
         return RedirectResponse(f"/experiments/{experiment_id}", status_code=303)
 
     @r.post("/experiments/{experiment_id}/keep")
-    async def keep_form(experiment_id: int, request: Request) -> Response:
+    async def keep_form(experiment_id: DbId, request: Request) -> Response:
         form = await request.form()
         csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         rid = await run_in_threadpool(_keep, ctx, experiment_id, str(form.get("arm") or ""), requester(request, None))

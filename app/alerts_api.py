@@ -22,6 +22,7 @@ from app.alerts.catalog import BY_NAME
 from app.alerts.delivery import DeliveryConfig, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
 from app.alerts.silencing import is_silenced
+from app.api.ids import DbId
 from app.context import AppContext
 from app.jobs import register_job
 from app.storage import alerts_store as store
@@ -180,7 +181,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse({"now": now, "alerts": [alert_json(a, silences, now) for a in rows]})
 
     @r.get("/api/v1/alerts/{alert_id}")
-    def get_alert(alert_id: int) -> JSONResponse:
+    def get_alert(alert_id: DbId) -> JSONResponse:
         row = store.get_alert(ctx.engine, alert_id)
         if row is None:
             raise HTTPException(404, f"no alert {alert_id}")
@@ -210,7 +211,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse(out)
 
     @r.post("/api/v1/alerts/{alert_id}/ack")
-    async def ack(alert_id: int, request: Request) -> JSONResponse:
+    async def ack(alert_id: DbId, request: Request) -> JSONResponse:
         csrf.require_json(request)  # a cross-site form cannot send JSON without a CORS preflight
         note = ""
         body = await request.body()

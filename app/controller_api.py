@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app import rollouts
+from app.api.ids import DbId
 from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
@@ -188,7 +189,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return _save(ctx, name, spec, note, create=False)
 
     @r.get("/instances/{instance_id}/profile")
-    def instance_profile(instance_id: int) -> JSONResponse:
+    def instance_profile(instance_id: DbId) -> JSONResponse:
         if get_instance(ctx.engine, instance_id) is None:
             raise HTTPException(404, f"no instance {instance_id}")
         ip = rs.instance_profiles(ctx.engine, instance_id)
@@ -197,7 +198,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         )
 
     @r.post("/instances/{instance_id}/preview")
-    async def preview(instance_id: int, request: Request) -> JSONResponse:
+    async def preview(instance_id: DbId, request: Request) -> JSONResponse:
         body = await _json(request)
         if not isinstance(body, dict) or not body.get("profile"):
             raise HTTPException(422, 'give {"profile": NAME}')
@@ -240,14 +241,14 @@ def api_router(ctx: AppContext) -> APIRouter:
         )
 
     @r.get("/rollouts/{rollout_id}")
-    def get(rollout_id: int) -> JSONResponse:
+    def get(rollout_id: DbId) -> JSONResponse:
         r_ = rs.get_rollout(ctx.engine, rollout_id)
         if r_ is None:
             raise HTTPException(404, f"no rollout {rollout_id}")
         return JSONResponse(rollout_view(r_, get_instance(ctx.engine, int(r_["instance_id"]))))
 
     @r.post("/rollouts/{rollout_id}/cancel")
-    async def cancel(rollout_id: int, request: Request) -> JSONResponse:
+    async def cancel(rollout_id: DbId, request: Request) -> JSONResponse:
         csrf.require_json(request)
         if not rs.finish_rollout(
             ctx.engine,
@@ -358,7 +359,7 @@ def page_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/instances/{instance_id}/apply", response_class=HTMLResponse)
     def apply_page(
-        instance_id: int, request: Request, profile: str | None = None, override_hybrid: bool = False
+        instance_id: DbId, request: Request, profile: str | None = None, override_hybrid: bool = False
     ) -> Response:
         inst = get_instance(ctx.engine, instance_id)
         if inst is None:
@@ -382,7 +383,7 @@ def page_router(ctx: AppContext) -> APIRouter:
         return render(request, "controller/apply.html", data)
 
     @r.post("/instances/{instance_id}/apply")
-    async def apply(instance_id: int, request: Request) -> Response:
+    async def apply(instance_id: DbId, request: Request) -> Response:
         form = await request.form()
         csrf.check(request, form.get(csrf.FIELD), ctx.secret)
         rid = _request(
@@ -396,12 +397,12 @@ def page_router(ctx: AppContext) -> APIRouter:
         return RedirectResponse(f"/rollouts/{rid}", status_code=303)
 
     @r.get("/instances/{instance_id}/rollouts", response_class=HTMLResponse)
-    def rollouts_fragment(instance_id: int, request: Request) -> Response:
+    def rollouts_fragment(instance_id: DbId, request: Request) -> Response:
         items = [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance_id, limit=20)]
         return render(request, "controller/_rollouts.html", {"rollouts": items, "instance_id": instance_id})
 
     @r.get("/rollouts/{rollout_id}", response_class=HTMLResponse)
-    def rollout_page(rollout_id: int, request: Request) -> Response:
+    def rollout_page(rollout_id: DbId, request: Request) -> Response:
         ro, inst = _rollout(ctx, rollout_id)
         return render(
             request,
@@ -410,7 +411,7 @@ def page_router(ctx: AppContext) -> APIRouter:
         )
 
     @r.get("/rollouts/{rollout_id}/progress", response_class=HTMLResponse)
-    def rollout_progress(rollout_id: int, request: Request) -> Response:
+    def rollout_progress(rollout_id: DbId, request: Request) -> Response:
         ro, inst = _rollout(ctx, rollout_id)
         return render(request, "controller/_progress.html", {"r": rollout_view(ro, inst)})
 

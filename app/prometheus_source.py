@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from app.api.ids import DbId
 from app.storage.rollups import TieredSeries
 
 MAX_POINTS_PER_QUERY = 10_000  # Prometheus refuses more than 11,000 per series
@@ -278,7 +279,7 @@ def install(app: Any, ctx: Any) -> None:
 
     @r.get("/api/v1/prometheus/instances/{instance_id}/charts/{key}", response_model=None)
     async def prom_chart(
-        instance_id: int, key: str, range: str | None = None, start: float | None = None, end: float | None = None
+        instance_id: DbId, key: str, range: str | None = None, start: float | None = None, end: float | None = None
     ) -> JSONResponse:
         source = source_from_settings(ctx.settings)
         if source is None:

@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 BlockHash = bytes
+# Told of every prefix-cache change, like vLLM's KV events: ("stored", hash), ("removed", hash),
+# ("cleared", None). simulator/kv_events.py publishes them.
+CacheListener = Callable[[str, BlockHash | None], None]
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash = b"") -> list[BlockHash]:
@@ -37,6 +40,7 @@ class BlockPool:
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[BlockHash, int] = {}
         self.evictions = 0
+        self.listener: CacheListener | None = None
 
     @property
     def num_free(self) -> int:
@@ -85,6 +89,8 @@ class BlockPool:
                 if self.cached.get(h) == bid:
                     del self.cached[h]
                     self.evictions += 1
+                    if self.listener is not None:
+                        self.listener("removed", h)
                 self.block_hash[bid] = None
             self.ref_cnt[bid] = 1
             out.append(bid)
@@ -95,6 +101,8 @@ class BlockPool:
         if self.block_hash[bid] is None and h not in self.cached:
             self.block_hash[bid] = h
             self.cached[h] = bid
+            if self.listener is not None:
+                self.listener("stored", h)
 
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block; blocks reaching zero join the free queue tail-first."""
@@ -111,4 +119,6 @@ class BlockPool:
             return False
         self.cached.clear()
         self.block_hash = [None] * self.num_blocks
+        if self.listener is not None:
+            self.listener("cleared", None)
         return True

@@ -18,6 +18,11 @@ def register(sub: Any) -> None:
         ),
     )
     add_vllm_arguments(p)
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        help="vLLM's KV-event publisher config (JSON): publish the simulated prefix cache's events over ZMQ",
+    )
     p.set_defaults(func=_run)
 
 

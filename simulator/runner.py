@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     stop = _Stop()
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     buf: OffloadBuffer | None = None
+    kv_events: Any = None
     crashed = {"flag": False}
     state_dir = Path(args.sim_state_dir) if args.sim_state_dir else default_state_dir()
     state_file: Path | None = None
@@ -122,6 +123,13 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             engine.on_cpu_store = buf.touch_slot
             log(f"Allocated CPU offload buffer {buf.path} ({buf.size} bytes)")
+        try:
+            kv_events = _kv_events(args, cfg.block_size)
+        except StartupError as exc:
+            log(exc.text, "ERROR")
+            return exc.exit_code
+        if kv_events is not None:
+            engine.pool.listener = kv_events.record
         if args.startup_delay > 0:
             log(f"Simulating engine start-up for {args.startup_delay:.1f} s")
             if stop.event.wait(args.startup_delay):
@@ -157,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             time_scale=args.sim_time_scale,
             legacy_metric_names=args.sim_metric_names == "legacy",
             load_tracking=args.enable_server_load_tracking,
+            kv_event_sources=kv_events.sources() if kv_events is not None else None,
         )
         config = uvicorn.Config(
             app,
@@ -189,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         log("Shutting down (clean exit)")
         return 0
     finally:
+        if kv_events is not None:
+            kv_events.close()
         if buf is not None:
             if crashed["flag"]:
                 buf.abandon()
@@ -202,6 +213,27 @@ def run(args: argparse.Namespace) -> int:
                 pass
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _kv_events(args: argparse.Namespace, block_size: int) -> Any:
+    """The KV-event publisher (--kv-events-config), or None when off; a bad config fails start-up."""
+    text = getattr(args, "kv_events_config", None)
+    if not text:
+        return None
+    from simulator.kv_events import KvEventsConfigError, SimKvEventPublisher, parse_config
+
+    try:
+        cfg = parse_config(text)
+        if not cfg["enable_kv_cache_events"] or cfg["publisher"] == "null":
+            return None
+        pub = SimKvEventPublisher(cfg, block_size)
+    except KvEventsConfigError as exc:
+        raise StartupError(f"ValueError: {exc}") from None
+    except ImportError:
+        log("--kv-events-config needs pyzmq and msgpack: pip install 'kvscope[kvevents]'; KV events off", "WARNING")
+        return None
+    log(f"Publishing simulated KV cache events on {pub.endpoint} (topic {cfg['topic']!r})")
+    return pub
 
 
 async def _watch_stop(stop: _Stop, server: Any) -> None:

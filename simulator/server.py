@@ -50,6 +50,7 @@ class SimApp:
         server_info: dict[str, Any] | None = None,
         legacy_metric_names: bool = False,
         load_tracking: bool = False,
+        kv_event_sources: dict[str, Any] | None = None,
     ) -> None:
         """`time_scale` > 1 runs the model faster than the wall clock (tests, quick demos): modeled times
         (headers, /metrics) are unchanged, only the real waiting shrinks."""
@@ -66,6 +67,7 @@ class SimApp:
         self.server_info = server_info or {}
         self.registry = build_registry(engine, legacy_metric_names)
         self.load_tracking = load_tracking
+        self.kv_event_sources = kv_event_sources or {}  # GET /kv_event_sources (simulator/kv_events.py)
         self.in_flight = 0
         self.listeners: dict[str, asyncio.Queue[Event]] = {}
         self._wake: asyncio.Event | None = None
@@ -172,6 +174,8 @@ class SimApp:
                     await self._reset(scope, send)
             elif path == "/load" and self.load_tracking:
                 await self._need(method, "GET", send) and await self._json(send, 200, {"server_load": self.in_flight})
+            elif path == "/kv_event_sources":  # vLLM: the publisher config per DP rank, {} when off
+                await self._need(method, "GET", send) and await self._json(send, 200, self.kv_event_sources)
             elif path == "/server_info" and self.dev_mode:
                 await self._need(method, "GET", send) and await self._json(send, 200, self.server_info)
             else:

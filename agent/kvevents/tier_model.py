@@ -111,7 +111,7 @@ class TierModel:
                 if not is_gpu(ev.medium):
                     win.tier_stored += len(ev.hashes)
                     continue
-                if ev.block_size and len(ev.hashes) and ev.n_tokens >= ev.block_size * len(ev.hashes):
+                if ev.block_size and ev.block_size > 0:  # tokens per block (placeholders carry no tokens)
                     self.block_size = ev.block_size
                 win.stored_tokens += ev.n_tokens
                 rank.stored(ev, win)

@@ -17,6 +17,7 @@ from app.alerts import expected
 from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
 from app.alerts.params import ParamError, coerce, effective
+from app.api.ids import DbId
 from app.context import AppContext
 from app.storage import alerts_store as store
 from app.storage.series_store import get_instance, list_instances
@@ -120,7 +121,7 @@ def router(ctx: AppContext) -> APIRouter:
         )
 
     @r.post("/alerts/rules/{instance_id}/{rule}")
-    async def save_override(instance_id: int, rule: str, request: Request) -> Response:
+    async def save_override(instance_id: DbId, rule: str, request: Request) -> Response:
         form = await _checked_form(ctx, request)
         spec = BY_NAME.get(rule)
         if spec is None or spec.scope != "instance":
@@ -149,7 +150,7 @@ def router(ctx: AppContext) -> APIRouter:
         return _back(f"/alerts/rules?instance={instance_id}", f"{rule} on instance {instance_id} {what}")
 
     @r.get("/alerts/{alert_id}", response_class=HTMLResponse)
-    async def alert_page(alert_id: int, request: Request) -> HTMLResponse:
+    async def alert_page(alert_id: DbId, request: Request) -> HTMLResponse:
         from app.alerts_api import alert_json
 
         row = store.get_alert(ctx.engine, alert_id)
@@ -169,7 +170,7 @@ def router(ctx: AppContext) -> APIRouter:
         )
 
     @r.post("/alerts/{alert_id}/ack")
-    async def ack(alert_id: int, request: Request) -> Response:
+    async def ack(alert_id: DbId, request: Request) -> Response:
         form = await _checked_form(ctx, request)
         if store.get_alert(ctx.engine, alert_id) is None:
             raise HTTPException(404, f"no alert {alert_id}")
@@ -195,7 +196,7 @@ def router(ctx: AppContext) -> APIRouter:
         return _back(back, f"silence {sid} created")
 
     @r.post("/alerts/silences/{silence_id}/expire")
-    async def expire(silence_id: int, request: Request) -> Response:
+    async def expire(silence_id: DbId, request: Request) -> Response:
         await _checked_form(ctx, request)
         ok = store.expire_silence(ctx.engine, silence_id, ctx.now())
         return _back("/alerts", f"silence {silence_id} " + ("expired" if ok else "was not active"))

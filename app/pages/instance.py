@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from app.api.ids import DbId
 from app.charts.figures import build_figure, compact
 from app.context import AppContext
 from app.derived.grid import MAX_POINTS
@@ -206,7 +207,7 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse, include_in_schema=False)
     async def chart_fragment(
         request: Request,
-        instance_id: int,
+        instance_id: DbId,
         key: str,
         range: str | None = None,
         start: float | None = None,
@@ -234,7 +235,7 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse, include_in_schema=False)
     async def worth_fragment(
         request: Request,
-        instance_id: int,
+        instance_id: DbId,
         range: str | None = None,
         start: float | None = None,
         end: float | None = None,
@@ -254,7 +255,7 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/instances/{instance_id}/fragments/summary", response_class=HTMLResponse, include_in_schema=False)
     async def summary_fragment(
         request: Request,
-        instance_id: int,
+        instance_id: DbId,
         range: str | None = None,
         start: float | None = None,
         end: float | None = None,
@@ -275,7 +276,7 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/api/v1/instances/{instance_id}/summary")
     async def summary_json(
-        instance_id: int,
+        instance_id: DbId,
         range: str | None = Query(None, description="5m, 15m, 1h, 6h, 24h, 7d, 30d, or custom with start/end"),
         start: float | None = Query(None, description="custom range start, Unix seconds"),
         end: float | None = Query(None, description="custom range end, Unix seconds (at most 400 days after start)"),
@@ -304,7 +305,7 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/api/v1/instances/{instance_id}/charts/{key}")
     async def chart_json(
-        instance_id: int,
+        instance_id: DbId,
         key: str,
         range: str | None = None,
         start: float | None = None,
