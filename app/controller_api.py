@@ -50,18 +50,19 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
 
 # ---------------------------------------------------------------- helpers
-def profile_view(p: dict[str, Any]) -> dict[str, Any]:
+def profile_view(p: dict[str, Any], allow_flags: list[str] | None = None) -> dict[str, Any]:
     try:
-        prof = parse_profile(str(p["name"]), dict(p["spec"]))
-        argv, error = prof.to_argv(), None
+        prof = parse_profile(str(p["name"]), dict(p["spec"]), allow_flags=allow_flags or ())
+        argv, error, tier = prof.to_argv(), None, prof.tier_label()
     except ProfileError as exc:
-        argv, error = [], str(exc)
+        argv, error, tier = [], str(exc), None
     return {
         "name": p["name"],
         "version": p["current_version"],
         "spec": p["spec"],
         "argv": argv,
         "error": error,
+        "tier": tier,
         "updated_at": p.get("updated_at"),
         "versions": [
             {
@@ -135,6 +136,7 @@ def spec_from_form(form: Any) -> dict[str, Any]:
     fs_root = str(form.get("fs_root_dir") or "").strip()
     if fs_root:
         spec["fs_tier"] = {"root_dir": fs_root}
+    spec.update(connectors_from_form(form))
     extra = str(form.get("extra_args") or "").strip()
     if extra:
         try:
@@ -142,6 +144,46 @@ def spec_from_form(form: Any) -> dict[str, Any]:
         except ValueError as exc:
             raise ProfileError(f"extra_args: {exc}") from None
     return spec
+
+
+def connectors_from_form(form: Any) -> dict[str, Any]:
+    """The other KV connectors and KV events of the profile form (app/profile_connectors.py)."""
+
+    def text(key: str) -> str:
+        return str(form.get(key) or "").strip()
+
+    def num(key: str, kind: type[int] | type[float]) -> int | float | None:
+        raw = text(key)
+        if not raw:
+            return None
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ProfileError(f"{key}: {raw!r} is not a number") from None
+
+    out: dict[str, Any] = {}
+    if text("disk_tier_path"):
+        disk: dict[str, Any] = {"shared_storage_path": text("disk_tier_path")}
+        if (free := num("disk_min_free_gib", float)) is not None:
+            disk["min_free_gib"] = free
+        out["disk_tier"] = disk
+    if (cpu := num("lmcache_cpu_gib", float)) is not None:
+        lm: dict[str, Any] = {"max_local_cpu_size_gib": cpu}
+        for key, field_, kind in (
+            ("lmcache_chunk_size", "chunk_size", int),
+            ("lmcache_disk_gib", "max_local_disk_size_gib", float),
+        ):
+            if (v := num(key, kind)) is not None:
+                lm[field_] = v
+        if text("lmcache_disk_path"):
+            lm["local_disk"] = text("lmcache_disk_path")
+        out["lmcache"] = lm
+    if text("mooncake_store") == "on":
+        out["mooncake_store"] = {}
+    if text("kv_events") == "on":
+        ev = {k: text(f"kv_events_{k}") for k in ("endpoint", "topic") if text(f"kv_events_{k}")}
+        out["kv_events"] = ev
+    return out
 
 
 def _spec_from_json(body: Any) -> tuple[str, dict[str, Any], str]:
@@ -168,7 +210,7 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/profiles")
     def profiles() -> JSONResponse:
-        out = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
+        out = [profile_view({**p, "versions": []}, ctx.settings.allow_flags) for p in rs.list_profiles(ctx.engine)]
         return JSONResponse({"profiles": out})
 
     @r.post("/profiles")
@@ -181,7 +223,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         p = rs.get_profile(ctx.engine, name)
         if p is None:
             raise HTTPException(404, f"no profile named {name!r}")
-        return JSONResponse(profile_view(p))
+        return JSONResponse(profile_view(p, ctx.settings.allow_flags))
 
     @r.put("/profiles/{name}")
     async def edit(name: str, request: Request) -> JSONResponse:
@@ -268,7 +310,7 @@ def _save(
     ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create: bool, author: str = "api"
 ) -> JSONResponse:
     try:
-        prof = parse_profile(name, spec)
+        prof = parse_profile(name, spec, allow_flags=ctx.settings.allow_flags)
     except ProfileError as exc:
         raise HTTPException(422, f"invalid profile: {exc}") from None
     try:
@@ -280,7 +322,7 @@ def _save(
         raise HTTPException(409, str(exc)) from None
     except rs.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    return JSONResponse(profile_view(p), status_code=201 if create else 200)
+    return JSONResponse(profile_view(p, ctx.settings.allow_flags), status_code=201 if create else 200)
 
 
 def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, who: str, probe: Any) -> int:
@@ -308,7 +350,7 @@ def page_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/profiles", response_class=HTMLResponse)
     def profiles_page(request: Request) -> Response:
-        items = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
+        items = [profile_view({**p, "versions": []}, ctx.settings.allow_flags) for p in rs.list_profiles(ctx.engine)]
         return render(request, "controller/profiles.html", {"profiles": items, "form": {}, "error": None})
 
     @r.post("/profiles")
@@ -321,7 +363,9 @@ def page_router(ctx: AppContext) -> APIRouter:
             _save(ctx, name, spec, str(form.get("note") or ""), create=True, author="web")
         except (ProfileError, HTTPException) as exc:
             msg = exc.detail if isinstance(exc, HTTPException) else str(exc)
-            items = [profile_view({**p, "versions": []}) for p in rs.list_profiles(ctx.engine)]
+            items = [
+                profile_view({**p, "versions": []}, ctx.settings.allow_flags) for p in rs.list_profiles(ctx.engine)
+            ]
             return render(
                 request, "controller/profiles.html", {"profiles": items, "form": dict(form), "error": msg}, status=422
             )
@@ -335,7 +379,7 @@ def page_router(ctx: AppContext) -> APIRouter:
         return render(
             request,
             "controller/profile.html",
-            {"p": profile_view(p), "error": None, "instances": list_instances(ctx.engine)},
+            {"p": profile_view(p, ctx.settings.allow_flags), "error": None, "instances": list_instances(ctx.engine)},
         )
 
     @r.post("/profiles/{name}")
@@ -352,7 +396,7 @@ def page_router(ctx: AppContext) -> APIRouter:
             return render(
                 request,
                 "controller/profile.html",
-                {"p": profile_view(p), "error": msg, "instances": list_instances(ctx.engine)},
+                {"p": profile_view(p, ctx.settings.allow_flags), "error": msg, "instances": list_instances(ctx.engine)},
                 status=422,
             )
         return RedirectResponse(f"/profiles/{name}", status_code=303)

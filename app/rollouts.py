@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from agent import preflight as pf
+from agent.preflight_policy import check_flag_policy
 from agent.probe import probe_settings_error
 from app.context import AppContext
 from app.profiles import Profile, ProfileError, argv_diff, parse_profile
@@ -34,11 +35,11 @@ class RolloutError(Exception):
         self.status = status
 
 
-def version_profile(version: dict[str, Any] | None) -> Profile | None:
+def version_profile(version: dict[str, Any] | None, allow_flags: list[str] | None = None) -> Profile | None:
     if version is None:
         return None
     try:
-        return parse_profile(str(version["name"]), dict(version["spec"]))
+        return parse_profile(str(version["name"]), dict(version["spec"]), allow_flags=allow_flags or ())
     except ProfileError:
         return None
 
@@ -53,7 +54,7 @@ def build_payload(
     model_root: str | None,
 ) -> dict[str, Any]:
     s = ctx.settings
-    lkg_profile = version_profile(lkg)
+    lkg_profile = version_profile(lkg, s.allow_flags)
     return {
         "profile": {"name": profile.name, "version": version["version"], "version_id": version["id"]},
         "argv": profile.to_argv(),
@@ -84,7 +85,7 @@ def _instance_and_profile(
     if prof is None:
         raise RolloutError(f"no profile named {profile_name!r}", 404)
     try:
-        profile = parse_profile(profile_name, prof["spec"])
+        profile = parse_profile(profile_name, prof["spec"], allow_flags=ctx.settings.allow_flags)
     except ProfileError as exc:
         raise RolloutError(f"profile {profile_name!r} does not validate any more: {exc}", 422) from None
     return inst, prof, profile
@@ -229,7 +230,7 @@ def preview(
     now = ctx.now() if now is None else now
     inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     current = rs.instance_profiles(ctx.engine, instance_id)
-    cur_profile = version_profile(current["current"])
+    cur_profile = version_profile(current["current"], ctx.settings.allow_flags)
     before = cur_profile.to_argv() if cur_profile else []
     after = profile.to_argv()
     plan = pf.OffloadPlan.from_payload(profile.offload_summary())
@@ -238,6 +239,17 @@ def preview(
     checks = pf.check_memory(plan, mem, reclaim_bytes=reclaim)
     labels = {str(k): str(v) for k, v in (inst.get("cache_config") or {}).items()}
     checks.append(pf.check_hybrid(plan, None, labels, override=override_hybrid))
+    checks.append(check_flag_policy(after, before, ctx.settings.allow_flags))
+    if plan.disk_path:
+        checks.append(
+            pf.Check(
+                "disk_tier",
+                "pass",
+                f"disk tier {plan.disk_path} ({plan.connector}): the agent checks on the host that it exists or can "
+                f"be created and has {pf.gib(plan.disk_min_free_bytes)} free before restarting",
+                {"path": plan.disk_path, "min_free_bytes": plan.disk_min_free_bytes},
+            )
+        )
     return {
         "instance": {"id": inst["id"], "url": inst["url"], "simulated": bool(inst.get("simulated"))},
         "profile": {"name": profile_name, "version": prof["current_version"], "spec": prof["spec"]},
@@ -248,6 +260,8 @@ def preview(
         ),
         "argv_before": before,
         "argv_after": after,
+        "tier_before": cur_profile.tier_label() if cur_profile else "the start-up command's",
+        "tier_after": profile.tier_label(),
         "diff": [{"flag": f, "before": a, "after": b} for f, a, b in argv_diff(before, after)],
         "preflight": [c.to_dict() for c in checks],
         "verdict": pf.summarize(checks),

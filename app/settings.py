@@ -197,6 +197,14 @@ class Settings(BaseSettings):
         20_000, ge=100, le=10_000_000, description="New series one push may create; more is refused (422)."
     )
 
+    # --- flags (issue 14; agent/flag_policy.py): profiles' extra_args beyond the allow-list
+    allow_flags: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="vLLM flags profiles' extra_args may carry beyond kvscope's allow-list (the agents' "
+        "launcher configs must allow them too: each agent's preflight is the final word).",
+    )
+
     @field_validator("data_dir", mode="before")
     @classmethod
     def _expand(cls, v: Any) -> Any:

@@ -242,7 +242,7 @@ def _parse_transfer_config(raw: str, gpu_block: int, profile: Profile) -> Offloa
         return OffloadConfig(
             "lmcache",
             "LMCache",
-            int(float(extra.get("max_local_cpu_size", 5)) * GIB),
+            int(float(extra.get("lmcache.max_local_cpu_size", extra.get("max_local_cpu_size", 5))) * GIB),
             gpu_block,
             "lru",
             1,
@@ -253,7 +253,8 @@ def _parse_transfer_config(raw: str, gpu_block: int, profile: Profile) -> Offloa
     if connector != "OffloadingConnector":
         raise _value_error(
             f"kv_connector {connector!r} is not simulated; kvscope sim supports OffloadingConnector "
-            "and LMCacheConnectorV1"
+            "and LMCacheConnectorV1 (a disk tier through ExampleConnector needs a real vLLM: it runs on "
+            "the CPU build)"
         )
     spec = extra.get("spec_name", "CPUOffloadingSpec")
     if spec not in SPEC_NAMES:
