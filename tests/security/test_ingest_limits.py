@@ -6,6 +6,7 @@ column-sized lengths, negative counters, number ranges, deep JSON). Runs on SQLi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -300,6 +301,30 @@ def test_a_json_body_nested_5000_deep_is_422_not_500_on_ingest_and_commands(clie
         assert r.status_code == 422 and "JSON" in r.json()["error"]
         r = client.post("/api/v1/commands", content=deep, headers=headers)
         assert r.status_code in (400, 422) and "error" in r.json()
+
+
+def test_an_id_of_20_digits_in_any_route_path_is_404_or_422_not_500(client: Any, app: Any) -> None:
+    from fastapi.routing import APIRoute
+
+    def every(routes: list[Any]) -> Iterator[Any]:  # routers included in the app, recursively
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            yield from every(inner.routes) if inner is not None else [r]
+
+    big = "12345678901234567890"
+    tried = []
+    for route in every(app.routes):
+        names = re.findall(r"\{(\w+)\}", getattr(route, "path", ""))
+        if not isinstance(route, APIRoute) or not any(n.endswith("_id") for n in names):
+            continue
+        path = route.path
+        for n in names:
+            path = path.replace("{" + n + "}", big if n.endswith("_id") else "x")
+        for method in sorted(route.methods - {"HEAD"}):
+            r = client.request(method, path)
+            assert r.status_code in (404, 422), (method, path, r.status_code, r.text[:200])
+            tried.append(path)
+    assert len(tried) >= 20  # instances, rollouts, experiments, alerts, silences ...
 
 
 # ---------------------------------------------------------------- what the agent does with it
