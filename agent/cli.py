@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent.engines import ENGINES
+from agent.engines.options import split_url
 from kvscope.errors import UserError
 
 DEFAULT_STATE = "~/.local/state/kvscope-agent"
@@ -109,6 +111,10 @@ def _urls(args: argparse.Namespace) -> list[str]:
     for u in urls:
         if not u.startswith(("http://", "https://")):
             raise UserError(f"--vllm-url {u!r} must start with http:// or https://")
+        try:  # engine options after '#' (agent/engines/options.py)
+            split_url(u, tuple(ENGINES))
+        except ValueError as exc:
+            raise UserError(f"--vllm-url {u!r}: {exc}") from None
     return [u.rstrip("/") for u in urls]
 
 

@@ -1,7 +1,10 @@
 """Reads one vLLM server: /metrics, /health, /v1/models, /version. Each source fails alone.
 
 `/metrics` is asked with a plain Accept header (an OpenMetrics Accept header switches vLLM's
-format). `/v1/models` and `/version` change only on a restart, so they are re-read every
+format). Other engines on the same port (SGLang, TensorRT-LLM, Dynamo KVBM, LMCache inside vLLM)
+are detected from their metric names and read by agent/engines; an instance URL's fragment
+(`#engine=sglang&block_size=16`, agent/engines/options.py) overrides the detection.
+`/v1/models` and `/version` change only on a restart, so they are re-read every
 `meta_every_s` seconds or after a restart / a failed health check, not every tick.
 """
 
@@ -13,10 +16,13 @@ from typing import Any
 
 import httpx
 
-from agent.exposition import parse
+from agent import engines
+from agent.engines import trtllm
+from agent.engines.options import EngineOptions, split_url
+from agent.exposition import Exposition, RawSample, parse
 from agent.fetch import Fetcher, FetchError, Reply, as_fetcher
 from agent.hygiene import CounterHygiene
-from agent.normalise import KEEP_PREFIXES, normalise
+from agent.normalise import KEEP_PREFIXES, Normalised, normalise
 from agent.protocol import AgentEvent, MetricType, Sample, Scrape
 
 SIM_HEADER = "x-kvscope-simulated"
@@ -39,14 +45,20 @@ class VllmReader:
     client: httpx.Client | Fetcher  # an httpx.Client is wrapped (tests, MockTransport)
     timeout_s: float = 2.0
     meta_every_s: float = 60.0
-    keep: tuple[str, ...] = KEEP_PREFIXES
+    keep: tuple[str, ...] = KEEP_PREFIXES + engines.KEEP_PREFIXES
     meta: InstanceMeta = field(default_factory=InstanceMeta)
     hygiene: CounterHygiene = field(init=False)
     label_cache: dict[str, dict[str, str]] = field(default_factory=dict)
     last_raw: str = ""  # the last /metrics text (for `capture`)
+    options: EngineOptions = field(default_factory=EngineOptions)  # from the URL's #fragment
+    detection: engines.Detection | None = None  # the engine seen at the last good scrape
 
     def __post_init__(self) -> None:
-        self.base_url = self.base_url.rstrip("/")
+        self.base_url, opts = split_url(self.base_url, tuple(engines.ENGINES))
+        if opts != EngineOptions():
+            self.options = opts
+        spec = engines.ENGINES.get(self.options.engine or "")
+        self.metrics_path = self.options.metrics_path or (spec.metrics_path if spec else "/metrics")
         self.hygiene = CounterHygiene(self.base_url)
         self.fetcher = as_fetcher(self.client)
 
@@ -59,12 +71,17 @@ class VllmReader:
 
         healthy: bool | None
         unreachable = False
+        metrics_only = self._metrics_only()
         try:
+            if metrics_only:  # e.g. Dynamo KVBM's own port: /metrics is all there is
+                raise _Skipped
             r = self._get("/health")
             healthy = r.status_code == 200
             simulated |= r.headers.get(SIM_HEADER) == "1"
             if not healthy:
                 errors.append(f"/health answered {r.status_code}")
+        except _Skipped:
+            healthy = None
         except FetchError as exc:
             healthy = False
             unreachable = exc.kind in ("timeout", "connect")
@@ -77,15 +94,18 @@ class VllmReader:
             errors.append("/metrics, /v1/models, /version: not asked (server unreachable)")
         else:
             try:
-                r = self._get("/metrics", accept="text/plain")
+                r = self._get(self.metrics_path, accept="text/plain")
                 simulated |= r.headers.get(SIM_HEADER) == "1"
                 if r.status_code != 200:
-                    errors.append(f"/metrics answered {r.status_code}")
+                    errors.append(f"{self.metrics_path} answered {r.status_code}")
+                    if metrics_only:
+                        healthy = scrape.healthy = False
                 else:
                     text = r.text
                     self.last_raw = text
-                    exp = parse(text, self.keep, self.label_cache)
-                    norm = normalise(exp)
+                    exp, norm = self._read_metrics(text, errors)
+                    if metrics_only:
+                        healthy = scrape.healthy = True
                     samples, hyg_events = self.hygiene.apply(norm, now)
                     events.extend(hyg_events)
                     if any(e.kind == "restart" for e in hyg_events):
@@ -114,11 +134,19 @@ class VllmReader:
                             )
                         )
             except FetchError as exc:
-                errors.append(f"/metrics: {_describe(exc)}")
+                errors.append(f"{self.metrics_path}: {_describe(exc)}")
+                if metrics_only:
+                    healthy = scrape.healthy = False
 
-        if not healthy:
+        if metrics_only:
+            pass  # no /v1/models or /version to read
+        elif not healthy:
             self.meta.read_at = None
-        if not unreachable and (self.meta.read_at is None or now - self.meta.read_at >= self.meta_every_s):
+        if (
+            not metrics_only
+            and not unreachable
+            and (self.meta.read_at is None or now - self.meta.read_at >= self.meta_every_s)
+        ):
             errors.extend(self._read_meta(now))
         meta = self.meta
         scrape.model, scrape.model_root, scrape.max_model_len = meta.model, meta.model_root, meta.max_model_len
@@ -128,6 +156,49 @@ class VllmReader:
         scrape.ok = metrics_ok
         scrape.error = "; ".join(errors)[:2000] if errors else None
         return scrape, events
+
+    # ------------------------------------------------------------------ engines
+    def _metrics_only(self) -> bool:
+        engine = self.options.engine or (self.detection.engine if self.detection else None)
+        spec = engines.ENGINES.get(engine or "")
+        return spec is not None and spec.metrics_only
+
+    def _read_metrics(self, text: str, errors: list[str]) -> tuple[Exposition, Normalised]:
+        """Parse, normalise, and add the engine readers' series (agent/engines)."""
+        from_json: list[RawSample] = []
+        if text.lstrip()[:1] in ("[", "{") and self.metrics_path == "/metrics":
+            text, from_json = self._json_metrics(text, errors)
+        exp = parse(text, self.keep, self.label_cache)
+        norm = normalise(exp)
+        norm.samples.extend(from_json)
+        names = list(exp.types) + [n for n, _l, _v in norm.samples]
+        reading = engines.read_engines(norm.samples, names, self.options.engine, self.options.block_size)
+        self.detection = reading.detection
+        norm.samples.extend(reading.samples)
+        for fam, mtype in reading.types.items():
+            norm.types.setdefault(fam, mtype)
+        return exp, norm
+
+    def _json_metrics(self, text: str, errors: list[str]) -> tuple[str, list[RawSample]]:
+        """A JSON /metrics is trtllm-serve's iteration statistics: its Prometheus text is at
+        /prometheus/metrics (used from now on when it answers); else the JSON's KV block stats."""
+        try:
+            r = self._get(trtllm.METRICS_PATH, accept="text/plain")
+            if r.status_code == 200 and r.text.lstrip()[:1] not in ("[", "{"):
+                self.metrics_path = trtllm.METRICS_PATH
+                self.last_raw = r.text
+                return r.text, []
+        except FetchError:
+            pass
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            errors.append("/metrics: JSON that cannot be read")
+            return "", []
+        samples = trtllm.iteration_samples(payload)
+        if not samples:
+            errors.append("/metrics: JSON without TensorRT-LLM iteration statistics")
+        return "", samples
 
     def _read_meta(self, now: float) -> list[str]:
         errors: list[str] = []
@@ -187,6 +258,10 @@ class VllmReader:
             except FetchError as exc:
                 out[name] = f"error: {_describe(exc)}"
         return out
+
+
+class _Skipped(Exception):
+    """/health is not asked of a metrics-only endpoint."""
 
 
 def _describe(exc: FetchError) -> str:
