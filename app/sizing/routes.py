@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app import rollouts
+from app.api.ids import DbId
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
 from app.pages.ranges import RANGES, resolve
@@ -62,7 +63,7 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/api/v1/instances/{instance_id}/cache-sizing")
     @requires(VIEWER)
     async def sizing_api(
-        instance_id: int,
+        instance_id: DbId,
         range: str | None = Query(None, max_length=16, description=f"one of {', '.join(RANGES)} (default 15m)"),
         start: float | None = None,
         end: float | None = None,
@@ -77,7 +78,7 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.post("/api/v1/instances/{instance_id}/sizing/profile")
     @requires(OPERATOR)
-    async def sizing_profile_api(instance_id: int, request: Request) -> JSONResponse:
+    async def sizing_profile_api(instance_id: DbId, request: Request) -> JSONResponse:
         """Save the sized profile; with request_rollout, request its rollout. Role: operator."""
         csrf.require_json(request)
         try:
@@ -115,7 +116,7 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.get("/instances/{instance_id}/sizing", response_class=HTMLResponse)
     @requires(VIEWER)
     def sizing_page(
-        instance_id: int,
+        instance_id: DbId,
         request: Request,
         range: str | None = Query(None, max_length=16),
         start: float | None = None,
@@ -127,7 +128,7 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.get("/instances/{instance_id}/sizing/curve", response_class=HTMLResponse)
     @requires(VIEWER)
     def sizing_fragment(
-        instance_id: int,
+        instance_id: DbId,
         request: Request,
         range: str | None = Query(None, max_length=16),
         start: float | None = None,
@@ -138,7 +139,7 @@ def page_router(ctx: AppContext) -> APIRouter:
 
     @r.post("/instances/{instance_id}/sizing/profile")
     @requires(OPERATOR)
-    async def sizing_profile_form(instance_id: int, request: Request) -> Response:
+    async def sizing_profile_form(instance_id: DbId, request: Request) -> Response:
         """Save the sized profile, then review it on the apply page. Role: operator."""
         form = await request.form()
         csrf.check(request, form.get(csrf.FIELD), ctx.secret)
