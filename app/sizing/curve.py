@@ -180,6 +180,7 @@ def curve(
         "first_seen_tokens": t.cold * block,
         "unbounded_reload_tokens": full * block,
         "current_offload_gib": {"value": current.value, "source": current.source},
+        "current_reload_tokens": None,  # what the curve predicts the current tier reloads
         "sizes": [],
         "recommendation": None,
     }
@@ -208,6 +209,8 @@ def curve(
         )
     out["sizes"] = sizes
     out["recommendation"] = _knee(t, full, bytes_per_block)
+    if current.value and bytes_per_block:
+        out["current_reload_tokens"] = t.hits(current.value * GIB / bytes_per_block) * block
     return out
 
 

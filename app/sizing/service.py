@@ -18,9 +18,10 @@ from typing import Any
 from agent.protocol import PushBatch
 from app.context import AppContext
 from app.profiles import ProfileError, parse_profile
+from app.rates import increase
 from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve
 from app.storage import rollouts_store as rs
-from app.storage.series_store import get_instance
+from app.storage.series_store import get_instance, series_points
 from app.storage.sizing_store import prune_windows, store_windows, windows_in
 
 log = logging.getLogger("kvscope.sizing")
@@ -28,6 +29,7 @@ MAX_WINDOWS_PER_PUSH = 64
 MAX_BINS = 2048
 MAX_OFFLOAD_GIB = 4096.0  # the profile's own bound
 RETENTION_S = 30 * 86400.0
+MAX_COUNTER_RANGE_S = 86400.0  # measured counters come from raw samples: a day at most
 PRUNE_JOB = "sizing_prune"
 
 
@@ -101,10 +103,27 @@ def report(
                 "tier_blocks_stored": totals.tier_stored,
                 "tier_blocks_removed": totals.tier_removed,
             },
+            "measured": measured(ctx, instance_id, start, end),
             "method": "LRU reuse distances of the GPU's BlockStored stream (Mattson), SHARDS-sampled; "
             "a block counts only if its whole prefix would reload (docs/cache-sizing.md)",
         }
     )
+    return out
+
+
+def measured(ctx: AppContext, instance_id: int, start: float, end: float) -> dict[str, Any]:
+    """vLLM's own prompt-token counters over the range, to set beside the prediction."""
+    if end - start > MAX_COUNTER_RANGE_S:
+        return {"note": "measured counters are shown for ranges of a day or less"}
+    out: dict[str, Any] = {"prompt_tokens": None, "by_source": {}}
+    for sp in series_points(ctx.engine, name="vllm:prompt_tokens_total", start=start, end=end, instance_id=instance_id):
+        out["prompt_tokens"] = (out["prompt_tokens"] or 0.0) + increase(sp.points)
+    for sp in series_points(
+        ctx.engine, name="vllm:prompt_tokens_by_source_total", start=start, end=end, instance_id=instance_id
+    ):
+        src = str(sp.labels.get("source", ""))
+        out["by_source"][src] = out["by_source"].get(src, 0.0) + increase(sp.points)
+    out["source"] = "vllm:prompt_tokens_total and vllm:prompt_tokens_by_source_total, increase over the range"
     return out
 
 

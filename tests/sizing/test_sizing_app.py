@@ -212,3 +212,34 @@ def test_the_instance_page_links_to_the_sizing_page(client, token, batch_factory
     iid = instance_id(client)
     page = client.get(f"/instances/{iid}")
     assert page.status_code == 200 and f'href="/instances/{iid}/sizing"' in page.text
+
+
+def test_measured_counters_and_the_prediction_at_the_current_size_sit_side_by_side(client, token, batch_factory, clock):
+    now = clock()
+    cfg = {**CACHE_CFG, "kv_offloading_size": "0.01"}  # 0.01 GiB = 163 blocks of 128 x 512 bytes
+
+    def counters(seq: int, ts: float, ext: float, prompt: float) -> None:
+        samples = [
+            ("vllm:prompt_tokens_total", {"engine": "0"}, prompt),
+            ("vllm:prompt_tokens_by_source_total", {"engine": "0", "source": "external_kv_transfer"}, ext),
+            ("vllm:cache_config_info", cfg, 1.0),
+        ]
+        types = {
+            "vllm:prompt_tokens": "counter",
+            "vllm:prompt_tokens_by_source": "counter",
+            "vllm:cache_config_info": "gauge",
+        }
+        body = batch_factory(seq, ts, samples=samples, types=types)
+        if seq == 2:
+            body["reuse"] = [real_window(ts - 30, ts)]
+        assert client.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+    counters(1, now - 60, 1000.0, 50_000.0)
+    counters(2, now, 9192.0, 86_782.0)
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    assert rep["measured"]["prompt_tokens"] == 36_782
+    assert rep["measured"]["by_source"]["external_kv_transfer"] == 8192
+    assert rep["current_offload_gib"]["value"] == 0.01
+    assert rep["current_reload_tokens"] == 64 * 128  # 163 blocks hold every reuse of this stream
+    page = client.get(f"/instances/{instance_id(client)}/sizing")
+    assert "36,782 prompt tokens" in page.text and "predicts 8,192 reloaded tokens" in page.text
