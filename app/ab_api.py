@@ -23,7 +23,7 @@ from app.ab.charts import experiment_figures
 from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort, ThreadExecutor
 from app.ab.verdict import describe
-from app.api.ids import DbId
+from app.api.ids import DbId, OptionalDbIdQuery
 from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
@@ -175,7 +175,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse(service.experiment_view(exp, runs), status_code=201)
 
     @r.get("/experiments")
-    def list_(instance: int | None = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
+    def list_(instance: OptionalDbIdQuery = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
         items = st.list_experiments(ctx.engine, instance_id=instance, limit=limit)
         return JSONResponse({"experiments": [service.experiment_view(e) for e in items]})
 

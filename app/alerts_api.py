@@ -22,7 +22,7 @@ from app.alerts.catalog import BY_NAME
 from app.alerts.delivery import DeliveryConfig, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
 from app.alerts.silencing import is_silenced
-from app.api.ids import DbId
+from app.api.ids import DbId, OptionalDbIdQuery
 from app.context import AppContext
 from app.jobs import register_job
 from app.storage import alerts_store as store
@@ -167,7 +167,7 @@ def api_router(ctx: AppContext) -> APIRouter:
     @r.get("/api/v1/alerts")
     def list_alerts(
         state: str = Query("open", description="open | firing | pending | resolved | all"),
-        instance: int | None = None,
+        instance: OptionalDbIdQuery = None,
         rule: str | None = None,
         limit: int = Query(200, ge=1, le=5000),
     ) -> JSONResponse:

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import controller_csrf as csrf
 from app import rollouts
-from app.api.ids import DbId
+from app.api.ids import DbId, OptionalDbIdQuery
 from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
@@ -277,7 +277,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse(rollout_view(r_ or {}), status_code=201)
 
     @r.get("/rollouts")
-    def list_(instance: int | None = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
+    def list_(instance: OptionalDbIdQuery = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
         return JSONResponse(
             {"rollouts": [rollout_view(x) for x in rs.list_rollouts(ctx.engine, instance_id=instance, limit=limit)]}
         )

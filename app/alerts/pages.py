@@ -17,7 +17,7 @@ from app.alerts import expected
 from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
 from app.alerts.params import ParamError, coerce, effective
-from app.api.ids import DbId
+from app.api.ids import DbId, OptionalDbIdQuery
 from app.context import AppContext
 from app.storage import alerts_store as store
 from app.storage.series_store import get_instance, list_instances
@@ -98,7 +98,7 @@ def router(ctx: AppContext) -> APIRouter:
         return _render(ctx, request, "alerts/_banner.html", {})
 
     @r.get("/alerts/rules", response_class=HTMLResponse)
-    async def rules_page(request: Request, instance: int | None = None) -> HTMLResponse:
+    async def rules_page(request: Request, instance: OptionalDbIdQuery = None) -> HTMLResponse:
         instances = list_instances(ctx.engine)
         overrides = store.all_overrides(ctx.engine)
         chosen = instance if instance is not None else (instances[0]["id"] if instances else None)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from app.api.ids import MAX_DB_ID, OptionalDbIdQuery
 from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.rates import gauge_series, rate_series, reset_times
@@ -72,8 +73,8 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/api/v1/series")
     async def series(
-        instance: int | None = Query(None, description="instance id (from /api/v1/instances)"),
-        host: int | None = Query(None, description="host id, for host-level series (GPU, memory)"),
+        instance: int | None = Query(None, ge=1, le=MAX_DB_ID, description="instance id (from /api/v1/instances)"),
+        host: int | None = Query(None, ge=1, le=MAX_DB_ID, description="host id, for host-level series (GPU, memory)"),
         metric: str = Query(..., min_length=1, max_length=255),
         start: float | None = None,
         end: float | None = None,
@@ -121,7 +122,7 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/api/v1/events")
     def events(
-        instance: int | None = None,
+        instance: OptionalDbIdQuery = None,
         start: float | None = None,
         end: float | None = None,
         limit: int = Query(500, ge=1, le=10_000),

@@ -325,6 +325,17 @@ def test_an_id_of_20_digits_in_any_route_path_is_404_or_422_not_500(client: Any,
             assert r.status_code in (404, 422), (method, path, r.status_code, r.text[:200])
             tried.append(path)
     assert len(tried) >= 20  # instances, rollouts, experiments, alerts, silences ...
+    # and id query parameters (?instance=, ?host=) of the list endpoints
+    queried = []
+    for route in every(app.routes):
+        if not isinstance(route, APIRoute) or "GET" not in route.methods or "{" in route.path:
+            continue
+        for q in route.dependant.query_params:
+            if q.name in ("instance", "host", "instance_id", "host_id"):
+                r = client.get(route.path, params={q.name: big, "name": "vllm:num_requests_running"})
+                assert r.status_code in (404, 422), (route.path, q.name, r.status_code, r.text[:200])
+                queried.append(route.path)
+    assert len(queried) >= 5
 
 
 # ---------------------------------------------------------------- what the agent does with it
