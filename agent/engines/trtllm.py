@@ -41,7 +41,6 @@ from agent.engines.kv_series import (
     TIER_USED_TOKENS,
     Derived,
     Samples,
-    block_size_of,
     by_name,
     converted,
     first,
@@ -209,7 +208,3 @@ def iteration_samples(payload: Any) -> Samples:
         if value is not None:
             out.append((name, {}, value))
     return out
-
-
-def json_block_size(samples: Samples) -> int | None:
-    return block_size_of(block_size(samples))
