@@ -8,6 +8,7 @@ tests/agent/test_wire.py checks equality with to_wire.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Sample, Scrape
@@ -48,8 +49,11 @@ def _update(u: RolloutUpdate) -> dict[str, Any]:
     }
 
 
+_REUSE_FIELDS = dataclasses.fields(ReuseWindow)
+
+
 def _reuse(w: ReuseWindow) -> dict[str, Any]:
-    d = {f: getattr(w, f) for f in ReuseWindow.__dataclass_fields__}
+    d = {f.name: getattr(w, f.name) for f in _REUSE_FIELDS}
     d["bins"] = [list(b) for b in w.bins]
     return d
 
