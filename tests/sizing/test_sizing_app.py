@@ -243,3 +243,17 @@ def test_measured_counters_and_the_prediction_at_the_current_size_sit_side_by_si
     assert rep["current_reload_tokens"] == 64 * 128  # 163 blocks hold every reuse of this stream
     page = client.get(f"/instances/{instance_id(client)}/sizing")
     assert "36,782 prompt tokens" in page.text and "predicts 8,192 reloaded tokens" in page.text
+
+
+def test_windows_older_than_the_retention_are_pruned_by_the_job(client, token, batch_factory, clock):
+    from app.jobs import run_job_now
+    from app.sizing.service import PRUNE_JOB, RETENTION_S
+
+    now = clock()
+    push(client, token, batch_factory, 1, now, reuse=[real_window(now - 30, now)])
+    iid = instance_id(client)
+    ctx = client.app.state.ctx
+    run_job_now(ctx, PRUNE_JOB, now + RETENTION_S - 60)
+    assert client.get(f"/api/v1/instances/{iid}/sizing").json()["sampling"]["windows"] == 1
+    run_job_now(ctx, PRUNE_JOB, now + RETENTION_S + 60)
+    assert client.get(f"/api/v1/instances/{iid}/sizing").json()["sampling"]["windows"] == 0
