@@ -31,6 +31,10 @@ DEMO_HOST = "demo-rig"  # the agent's host name; its token is bound to it
 # --max-model-len 4096 so one request fits, as vLLM requires) so that the
 # demo's documents overflow it and the CPU tier, larger than the pool, has something to give back.
 DENSE_KV_BYTES = 1 * GIB
+# The demo's servers add seeded noise to their modeled times (5% per step, 3% per server start;
+# SIMULATED, like the run-to-run spread of a real server: the field's reloads 33.3-35.6 ms), so an
+# A/B's intervals have a spread to estimate instead of a zero-width one.
+DEMO_SIM_JITTER = 0.05
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,11 @@ def demo_profiles(offload_gib: float) -> dict[str, dict[str, Any]]:
             "offload_size_gib": 2.0,
         },
     }
+
+
+def sim_flags(srv: DemoServer) -> list[str]:
+    """The sim's own flags for a demo server (the profile's flags come after them)."""
+    return ["--profile", srv.sim_profile, "--served-model-name", srv.model, "--sim-jitter", str(DEMO_SIM_JITTER)]
 
 
 def initial_argv(key: str, offload_gib: float) -> list[str]:
@@ -137,14 +146,11 @@ def write_launcher_config(
             "-m",
             "kvscope",
             "sim",
-            "--profile",
-            srv.sim_profile,
+            *sim_flags(srv),
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--served-model-name",
-            srv.model,
             "--sim-state-dir",
             str(sim_state),
             "--sim-gpu-index",
@@ -212,6 +218,34 @@ def _assign_profiles(engine: Any, ports: dict[str, int], now: float) -> int:
             rs.set_instance_profile(engine, iid, int(prof["version_id"]), now, healthy=True)
         done += 1
     return done
+
+
+def pause_traffic_during_experiments(engine: Any, traffic: dict[str, Any], now: float) -> list[str]:
+    """Hold a server's background traffic while an A/B experiment runs on it (until it has finished,
+    restore included), and say so on the experiment's page; resume after. Lines to print."""
+    from app.storage import ab_store as st
+    from app.storage.series_store import list_instances
+
+    by_url = {str(i["url"]).rstrip("/"): int(i["id"]) for i in list_instances(engine)}
+    active = {int(e["instance_id"]): int(e["id"]) for e in st.unfinished_experiments(engine)}
+    out = []
+    for url, t in traffic.items():
+        iid = by_url.get(url.rstrip("/"))
+        eid = active.get(iid) if iid is not None else None
+        if eid is not None and not t.paused.is_set():
+            t.pause(f"A/B experiment #{eid}")
+            st.add_note(
+                engine,
+                eid,
+                "kvscope demo: its background traffic generator for this server is paused while the "
+                "experiment runs (foreign traffic per run is still measured from the server's counters)",
+                now,
+            )
+            out.append(f"kvscope demo: traffic to {url} paused during A/B experiment #{eid}")
+        elif eid is None and t.paused.is_set():
+            out.append(f"kvscope demo: traffic to {url} resumed ({t.pause_reason} finished)")
+            t.resume()
+    return out
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -310,6 +344,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"kvscope demo: data in {data_dir}; logs in {data_dir / 'logs'}; Ctrl-C stops everything", flush=True)
 
     traffic: list[Traffic] = []
+    traffic_by_url: dict[str, Traffic] = {}
     try:
         for srv in SERVERS:
             base = f"http://127.0.0.1:{ports[srv.key]}"
@@ -327,11 +362,14 @@ def run_demo(args: argparse.Namespace) -> int:
                 t = Traffic(base, srv.model, mix=mix, rate=args.rate, seed=len(traffic))
                 t.start()
                 traffic.append(t)
+                traffic_by_url[base] = t
         assigned = 0
         t_stop = time.monotonic() + args.duration if args.duration else None
         while not stop.is_set():
             if assigned < len(SERVERS):
                 assigned = _assign_profiles(engine, ports, time.time())
+            for line in pause_traffic_during_experiments(engine, traffic_by_url, time.time()):
+                print(line, flush=True)
             if agent.poll() is not None:
                 print(
                     f"kvscope demo: the agent exited ({agent.returncode}); see {data_dir / 'logs' / 'agent.log'}",

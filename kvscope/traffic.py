@@ -6,7 +6,8 @@ Three kinds of prompt, like a small RAG / assistant deployment:
   recompute);
 - system prompts: a few shared system prompts followed by a short user turn (GPU prefix hits);
 - unique prompts: one-off text that can only be computed (the cost side of offload).
-Bounded: it stops on `stop` or after `max_requests`. Only the OpenAI completions API is used.
+Bounded: it stops on `stop` or after `max_requests`; `pause` holds it (the demo pauses it while an
+A/B experiment runs on its server). Only the OpenAI completions API is used.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class Traffic:
         self.sleep = sleep
         self.stats = TrafficStats()
         self.stop_event = threading.Event()
+        self.paused = threading.Event()  # set: no new requests (an A/B experiment runs on this server)
+        self.pause_reason = ""
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         m = self.mix
@@ -145,6 +148,9 @@ class Traffic:
         interval = self.workers / self.rate if self.rate > 0 else 1.0
         with httpx.Client(timeout=60.0) as client:
             while not self.stop_event.is_set():
+                if self.paused.is_set():
+                    self.stop_event.wait(0.2)
+                    continue
                 with self._lock:
                     if self.max_requests is not None and self.stats.sent >= self.max_requests:
                         return
@@ -179,6 +185,15 @@ class Traffic:
                 left = interval - (time.monotonic() - t0)
                 if left > 0:
                     self.stop_event.wait(left)
+
+    def pause(self, reason: str) -> None:
+        """Send nothing new until resume() (a request in flight still finishes)."""
+        self.pause_reason = reason
+        self.paused.set()
+
+    def resume(self) -> None:
+        self.pause_reason = ""
+        self.paused.clear()
 
     def start(self) -> None:
         for i in range(self.workers):

@@ -96,6 +96,13 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="run the model this many times faster than the wall clock (modeled times unchanged)",
     )
+    p.add_argument(
+        "--sim-jitter",
+        type=float,
+        default=0.0,
+        help="seeded log-normal noise on modeled times: sigma per engine step / transfer (0.05 = 5%%), "
+        "and 0.6 x sigma once per server start (run-to-run drift); 0 = deterministic",
+    )
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,7 @@ class EngineConfig:
     kv_offloading_backend: str
     hybrid_failure: str
     seed: int
+    sim_jitter: float = 0.0  # log-normal sigma of step/transfer times; 0.6 x sigma per server start
 
     @property
     def kv_cache_size_tokens(self) -> int:
@@ -420,7 +428,14 @@ def build_config(args: argparse.Namespace) -> EngineConfig:
         kv_offloading_backend=args.kv_offloading_backend,
         hybrid_failure=args.hybrid_failure,
         seed=args.seed,
+        sim_jitter=_jitter(getattr(args, "sim_jitter", 0.0)),
     )
+
+
+def _jitter(v: float) -> float:
+    if not 0.0 <= v <= 0.5:  # also refuses NaN
+        raise StartupError(f"--sim-jitter must be between 0 and 0.5, not {v}")
+    return float(v)
 
 
 def _replace_bytes(o: OffloadConfig, cpu_bytes: int) -> OffloadConfig:

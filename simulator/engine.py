@@ -22,6 +22,8 @@ TTFT = queueing + recompute + transfer + overheads, as the issue asks; concurren
 from __future__ import annotations
 
 import math
+import os
+import random
 from collections import deque
 from collections.abc import Callable
 
@@ -45,8 +47,12 @@ class Engine:
         now: float,
         wall_time: float | None = None,
         on_cpu_store: Callable[[int], None] | None = None,
+        noise_key: str | None = None,
     ) -> None:
         self.cfg = cfg
+        # Seeded noise (cfg.sim_jitter): a factor per server start (key: random per process) x one per step.
+        self._noise = random.Random(f"{cfg.seed}-{noise_key if noise_key is not None else os.urandom(8).hex()}")
+        self._run_factor = math.exp(self._noise.gauss(0.0, 0.6 * cfg.sim_jitter)) if cfg.sim_jitter > 0 else 1.0
         self.p = cfg.profile
         self.t = now
         self.pool = BlockPool(cfg.num_gpu_blocks)
@@ -177,6 +183,10 @@ class Engine:
             c[r.phase] += 1
         return c
 
+    def _jitter(self) -> float:  # the noise factor of one step or transfer (1.0 without jitter)
+        s = self.cfg.sim_jitter
+        return self._run_factor * math.exp(self._noise.gauss(0.0, s)) if s > 0 else 1.0
+
     def next_event_time(self) -> float | None:
         if self.dead or self.stalled_since is not None:
             return None
@@ -236,7 +246,7 @@ class Engine:
         n = len(self.step_members)
         dur = self.p.itl_s * (1.0 + self.p.itl_batch_slowdown * (n - 1)) if n else 0.0
         dur += sum(t for _, t in self.step_prefill) / self.p.prefill_tokens_per_s
-        self.step_end = self.t + dur
+        self.step_end = self.t + dur * self._jitter()
 
     def _step_done(self, events: list[Event]) -> None:
         members, self.step_members, self.step_end = self.step_members, [], None
@@ -303,7 +313,7 @@ class Engine:
                 return
             r.load_bytes = r.ext_tokens * self.cfg.kv_bytes_per_token
             if r.ext_tokens:
-                r.phase, r.remaining = "transfer", float(r.load_bytes)
+                r.phase, r.remaining = "transfer", float(r.load_bytes) * self._jitter()
                 r.load_started = self.t
                 self.load_jobs[r.id] = math.ceil(r.ext_tokens / self.chunk_tokens)
                 self.active.append(r)
@@ -398,7 +408,7 @@ class Engine:
             r.enqueued_at = self.t
             self.waiting.append(r)
         elif r.phase == "transfer":
-            r.phase, r.remaining = "load_step", self.p.device.load_step_s + r.fs_read_s
+            r.phase, r.remaining = "load_step", (self.p.device.load_step_s + r.fs_read_s) * self._jitter()
             r.load_secs = self.t - r.load_started
             self.load_jobs.pop(r.id, None)
         elif r.phase == "load_step":

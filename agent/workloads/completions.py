@@ -31,7 +31,7 @@ class RequestResult:
     started_at: float = 0.0  # seconds from the start of the run
     # x-kvscope-* response headers of a simulated server (its modeled timings), as sent
     server_headers: dict[str, str] = field(default_factory=dict)
-    model_ttft_s: float | None = None  # the simulator's modeled TTFT (x-kvscope-sim-ttft-ms), if sent
+    model_ttft_s: float | None = None  # the sim's modeled TTFT (whole request when not streaming), if sent
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,7 +92,8 @@ def send_completion(
         res.error = f"unreadable answer: {exc}"[:300]
         res.e2e_s = clock() - t0
     if res.ok:
-        _model_ttft(res)
+        # non-streaming: "TTFT" is the whole request here, so the sim's modeled whole request too
+        _model_ttft(res, "x-kvscope-sim-ttft-ms" if stream else "x-kvscope-sim-e2e-ms")
     return res
 
 
@@ -155,8 +156,8 @@ def _kv_headers(headers: httpx.Headers) -> dict[str, str]:
     return {k.lower(): v[:200] for k, v in headers.items() if k.lower().startswith("x-kvscope-")}
 
 
-def _model_ttft(res: RequestResult) -> None:
-    raw = res.server_headers.get("x-kvscope-sim-ttft-ms")
+def _model_ttft(res: RequestResult, header: str) -> None:
+    raw = res.server_headers.get(header)
     if raw is None:
         return
     try:

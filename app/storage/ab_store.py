@@ -175,6 +175,34 @@ def update_experiment(
     return True
 
 
+MAX_NOTES = 20
+MAX_NOTE_CHARS = 500
+
+
+def add_note(engine: Engine, experiment_id: int, note: str, now: float) -> bool:
+    """Append a note to an experiment (options.notes, shown on its page), e.g. the demo pausing its
+    traffic generator. At most MAX_NOTES, each cut to MAX_NOTE_CHARS; the same note twice is kept once."""
+    note = note.strip()[:MAX_NOTE_CHARS]
+    with engine.begin() as conn:
+        row = conn.execute(select(_E.c.options).where(_E.c.id == experiment_id)).first()
+        if row is None or not note:
+            return False
+        options = dict(row[0] or {})
+        notes = [str(n) for n in options.get("notes") or []]
+        if note in notes:
+            return True
+        if len(notes) >= MAX_NOTES:
+            return False
+        options["notes"] = [*notes, note]
+        conn.execute(update(_E).where(_E.c.id == experiment_id).values(options=options, updated_at=now))
+        _event(conn, experiment_id, _instance_of(conn, experiment_id), now, f"A/B experiment #{experiment_id}: {note}")
+    return True
+
+
+def _instance_of(conn: Any, experiment_id: int) -> int:
+    return int(conn.execute(select(_E.c.instance_id).where(_E.c.id == experiment_id)).scalar_one())
+
+
 # ---------------------------------------------------------------- runs
 def create_runs(engine: Engine, experiment_id: int, plan: list[tuple[str, int | None]]) -> None:
     """plan: (arm, profile version id) in run order."""

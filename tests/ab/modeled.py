@@ -33,13 +33,29 @@ NO_OFFLOAD: list[str] = []
 OFFLOAD_05 = ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
 
 
-def _engine(argv: list[str]) -> Any:
+def _engine(argv: list[str], noise_key: str = "") -> Any:
     from simulator.config import add_vllm_arguments, build_config
     from simulator.engine import Engine
 
     p = argparse.ArgumentParser()
     add_vllm_arguments(p)
-    return Engine(build_config(p.parse_args([*LAPTOP, *argv])), now=0.0)
+    return Engine(build_config(p.parse_args(argv)), now=0.0, noise_key=noise_key)
+
+
+def demo_dense_argv(profile: str, offload_gib: float = 2.0) -> list[str]:
+    """The demo's dense server on one of the demo's profiles: the sim command's own flags (profile,
+    served name, the demo's jitter) plus the profile rendered as the controller renders it."""
+    from app.profiles import parse_profile
+    from kvscope.demo import SERVERS, demo_profiles, sim_flags
+
+    srv = next(s for s in SERVERS if s.key == "dense")
+    return [*sim_flags(srv), *parse_profile(profile, demo_profiles(offload_gib)[profile]).to_argv()]
+
+
+def modeled_run(argv: list[str], spec: WorkloadSpec, run_key: str) -> dict[str, Any]:
+    """One run on a fresh engine (a restart) with the full sim argv; the simulator's own seeded
+    noise (--sim-jitter) keyed by the run key, no noise added here."""
+    return copy.deepcopy(_run_on(tuple(argv), json.dumps(spec.to_dict(), sort_keys=True), run_key))
 
 
 def modeled_probe_record(
@@ -53,7 +69,7 @@ def modeled_probe_record(
 ) -> dict[str, Any]:
     """One run's record: the model's (deterministic) timings times seeded jitter."""
     spec = spec or WorkloadSpec(kind="probe", prefix_tokens=1500, evict_prefixes=2, repetitions=5)
-    base = _model_run(tuple(argv), json.dumps(spec.to_dict(), sort_keys=True))
+    base = _run_on(tuple([*LAPTOP, *argv]), json.dumps(spec.to_dict(), sort_keys=True), "")
     rng = random.Random(f"{seed}-{run_key}")
     run_factor = math.exp(rng.gauss(0.0, run_sigma))
     out = copy.deepcopy(base)
@@ -68,14 +84,16 @@ def modeled_probe_record(
     return out
 
 
-@functools.lru_cache(maxsize=16)
-def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
-    """The model is deterministic and the prompt text does not change its timings (only token
-    counts do), so one modeled run per (argv, workload) serves every run key."""
+@functools.lru_cache(maxsize=256)
+def _run_on(argv: tuple[str, ...], spec_json: str, noise_key: str) -> dict[str, Any]:
+    """The model is deterministic for one noise key and the prompt text does not change its timings
+    (only token counts do), so one modeled run per (argv, workload, key) serves every run key."""
+    from agent.workloads.probe import plan_probe
+    from agent.workloads.snapshot import tier_capacities
     from simulator.tokenizer import encode
 
     spec = WorkloadSpec(**json.loads(spec_json))
-    eng = _engine(list(argv))
+    eng = _engine(list(argv), noise_key)
     run_key = "model"
     t = 0.0
     n = 0
@@ -101,7 +119,8 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
             {
                 "tag": tag,
                 "ok": True,
-                "ttft_s": r.ttft,
+                # non-streaming (the field's method): TTFT stands for the whole request
+                "ttft_s": r.ttft if spec.stream else r.finished_at - r.arrival,
                 "itl_s": (sum(gaps) / len(gaps)) if gaps else None,
                 "e2e_s": r.finished_at - r.arrival,
                 "prompt_tokens": r.prompt_len,
@@ -117,21 +136,20 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
 
     send(prompts.text(f"{run_key}-warmup", 32), "warmup", 4)
     t0 = t
+    # sized as the runner sizes it, from what the server's metrics say (after the warm-up's step)
+    plan = plan_probe(
+        spec,
+        eng.cfg.kv_cache_size_tokens,
+        tier_capacities(eng.cfg.cache_config_labels(), eng.cfg.offload_config_labels() or {}),
+        block_tokens=eng.cfg.block_size,
+        max_model_len=eng.cfg.max_model_len,
+    )
     for rep in range(spec.repetitions):
         target = prompts.text(f"{run_key}-r{rep}-target", spec.prefix_tokens)
         send(target, "cold", spec.max_tokens)
         send(target, "hit", spec.max_tokens)
-        n_evict = spec.evict_prefixes
-        if n_evict is None:
-            from agent.workloads.probe import evict_count
-
-            n_evict = evict_count(eng.cfg.kv_cache_size_tokens, spec.evict_tokens or spec.prefix_tokens)
-        for k in range(n_evict):
-            send(
-                prompts.text(f"{run_key}-r{rep}-evict{k}", spec.evict_tokens or spec.prefix_tokens),
-                "evict",
-                spec.max_tokens,
-            )
+        for k in range(int(plan["evict_prefixes"])):
+            send(prompts.text(f"{run_key}-r{rep}-evict{k}", int(plan["evict_tokens"])), "evict", spec.max_tokens)
         send(target, "reload", spec.max_tokens)
     total = sum(tokens.values())
     offload = eng.cfg.offload
@@ -141,7 +159,8 @@ def _model_run(argv: tuple[str, ...], spec_json: str) -> dict[str, Any]:
         "run_key": run_key,
         "workload": spec.to_dict(),
         "reset": "ok",
-        "server": {"model": "Qwen/Qwen3-Reranker-0.6B", "version": "sim", "simulated": True},
+        "server": {"model": eng.cfg.served_model_name, "version": "sim", "simulated": True},
+        "driver": {"evict_prefixes": plan["evict_prefixes"], "evict_tokens": plan["evict_tokens"], "plan": plan},
         "requests": [r for r in requests if r["tag"] != "warmup"],
         "elapsed_s": t - t0,
         "counters": {

@@ -153,8 +153,8 @@ def _profile(client: Any, name: str, spec: dict[str, Any]) -> None:
 @pytest.mark.parametrize("executor", ["app", "agent"])
 def test_offload_b_wins_on_reload_ttft_and_only_b_reloads(rig_factory: Any, executor: str) -> None:
     make, client = rig_factory
-    rig = make(
-        ["--profile", "laptop8gb-qwen3-reranker-0.6b"],
+    rig = make(  # seeded run-to-run noise (simulated): a deterministic server gives zero-width intervals
+        ["--profile", "laptop8gb-qwen3-reranker-0.6b", "--sim-jitter", "0.05"],
         ["--kv-cache-memory-bytes", "268435456", "--max-model-len", "2048"],
     )
     _profile(client, "laptop-no-offload", LAPTOP_POOL)
@@ -181,6 +181,8 @@ def test_offload_b_wins_on_reload_ttft_and_only_b_reloads(rig_factory: Any, exec
         share = r["summary"]["share_external_kv_transfer"]
         assert (share > 0) if r["arm"] == "B" else (share == 0), r
         assert r["simulated"] and r["reset"] == "ok" and r["summary"]["timing_source"] == "sim-model"
+        assert r["rollout_id"] is not None  # every run started from a restart, the first one too
+        assert r["foreign"]["requests"] == 0 and not r["contaminated"]  # nobody else sent anything
     assert "--kv-offloading-size" in " ".join(runs[1]["argv"]) and "--kv-offloading-size" not in runs[0]["argv"]
     ip = client.get(f"/api/v1/instances/{rig.instance_id()}/profile").json()
     assert ip["current"]["name"] == "laptop-no-offload"  # back on A at the end

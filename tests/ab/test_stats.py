@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from app.ab.stats import bonferroni_level, bootstrap_diffs, mean, percentile, stat_fn
+from app.ab.stats import (
+    bonferroni_level,
+    bootstrap_diffs,
+    mean,
+    percentile,
+    small_sample_factor,
+    stat_fn,
+    t_quantile,
+)
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -91,14 +99,34 @@ def test_bonferroni_level() -> None:
     assert bonferroni_level(0.95, 0) == pytest.approx(0.95)
 
 
-def test_few_runs_widen_the_interval_by_sqrt_n_over_n_minus_1() -> None:
+def test_few_runs_widen_the_interval_by_sqrt_n_over_n_minus_1_times_t_over_z() -> None:
     rng = random.Random(4)
     a = [[50 + rng.gauss(0, 3) for _ in range(5)] for _ in range(3)]
     b = [[50 + rng.gauss(0, 3) for _ in range(5)] for _ in range(3)]
     (wide,) = bootstrap_diffs(a, b, [mean], seed=2, n_boot=400) or []
     (plain,) = bootstrap_diffs(a, b, [mean], seed=2, n_boot=400, widen_small_samples=False) or []
+    # 3 runs per arm at 95%: sqrt(3/2) x t(0.975, df 4) / z(0.975) = 1.2247 x 2.7764 / 1.9600
+    factor = small_sample_factor(3, 3, 0.95)
+    assert factor == pytest.approx(1.5**0.5 * 2.776445 / 1.959964, rel=1e-5)
     assert wide.diff == plain.diff and plain.lo < plain.diff < plain.hi
-    assert wide.diff - wide.lo == pytest.approx((plain.diff - plain.lo) * 1.5**0.5)
-    assert wide.hi - wide.diff == pytest.approx((plain.hi - plain.diff) * 1.5**0.5)
+    assert wide.diff - wide.lo == pytest.approx((plain.diff - plain.lo) * factor)
+    assert wide.hi - wide.diff == pytest.approx((plain.hi - plain.diff) * factor)
     assert wide.rel_lo is not None and plain.rel_lo is not None and wide.rel is not None
-    assert wide.rel - wide.rel_lo == pytest.approx((plain.rel - plain.rel_lo) * 1.5**0.5)
+    assert wide.rel - wide.rel_lo == pytest.approx((plain.rel - plain.rel_lo) * factor)
+
+
+def test_t_quantiles_match_the_tables() -> None:
+    assert t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-5)
+    assert t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-5)
+    assert t_quantile(0.995, 10) == pytest.approx(3.169273, abs=1e-5)
+    assert t_quantile(0.975, 1000) == pytest.approx(1.962339, abs=1e-5)
+    with pytest.raises(ValueError):
+        t_quantile(0.2, 3)
+    assert small_sample_factor(1, 5, 0.95) == 1.0  # one run: no spread to widen (never called anyway)
+
+
+def test_one_run_per_arm_or_no_variation_is_never_significant() -> None:
+    (one,) = bootstrap_diffs([[100.0, 101.0, 99.0]], [[10.0, 11.0, 9.0]], [mean], seed=0, n_boot=200) or []
+    assert one.hi < 0 and not one.estimable and not one.significant  # a huge gap, from one run each
+    flat = bootstrap_diffs([[5.0]] * 3, [[9.0]] * 3, [mean], seed=0, n_boot=200)
+    assert flat is not None and flat[0].lo == flat[0].hi == 4.0 and not flat[0].significant
