@@ -79,18 +79,26 @@ class KvEventsCollector:
         return sources
 
     def windows(self, now: float) -> list[ReuseWindow]:
+        """The window of each followed instance since the last call; finds (and re-finds) sources.
+
+        vLLM's sources are asked again every ``discover_every_s``: a restart with other flags (a
+        profile switching events on, another port) moves the subscriber, keeping its model.
+        """
         out: list[ReuseWindow] = []
         for inst in self.instances:
-            if inst.subscriber is None:
+            sub = inst.subscriber
+            if sub is None or (not inst.configured and now >= inst.next_discovery):
                 sources = self._discover(inst, now)
-                if not sources:
-                    continue
-                sub = Subscriber(inst.url, sources, TierModel(inst.url, now, max_keys=self.max_keys))
-                self._start(sub)
-                inst.subscriber = sub
-                log.info("KV events of %s: %s", inst.url, ", ".join(s.endpoint for s in sources))
+                if sources and (sub is None or sources != sub.sources):
+                    model = TierModel(inst.url, now, max_keys=self.max_keys) if sub is None else sub.model
+                    if sub is not None:
+                        sub.stop()
+                    sub = inst.subscriber = Subscriber(inst.url, sources, model)
+                    self._start(sub)
+                    log.info("KV events of %s: %s", inst.url, ", ".join(s.endpoint for s in sources))
+            if sub is None:
                 continue
-            w = inst.subscriber.take_window(now)
+            w = sub.take_window(now)
             if w is not None:
                 out.append(w)
         return out

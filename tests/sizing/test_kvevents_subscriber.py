@@ -200,3 +200,28 @@ def test_collector_uses_a_configured_source_without_asking_vllm():
     )
     col.windows(0.0)
     assert [s.sources for s in started] == [[EventSource(endpoint="tcp://127.0.0.1:5999", bind=True)]]
+
+
+def test_collector_follows_a_restart_that_moves_the_publisher():
+    answers = [{"0": {"enable_kv_cache_events": True, "endpoint": "tcp://*:6001"}}]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=json.dumps(answers[-1]))
+
+    started: list[Subscriber] = []
+    col = KvEventsCollector(
+        ["http://h:8000"],
+        HttpxFetcher(httpx.Client(transport=httpx.MockTransport(handler))),
+        discover_every_s=60,
+        start=started.append,
+    )
+    col.windows(0.0)
+    col.windows(30.0)  # not asked again yet
+    assert [s.sources[0].endpoint for s in started] == ["tcp://h:6001"]
+    answers.append({"0": {"enable_kv_cache_events": True, "endpoint": "tcp://*:6002"}})
+    col.windows(61.0)
+    assert [s.sources[0].endpoint for s in started] == ["tcp://h:6001", "tcp://h:6002"]
+    assert started[1].model is started[0].model  # the histogram state carries over
+    answers.append({})  # events switched off: the subscriber stays (nothing to follow elsewhere)
+    col.windows(130.0)
+    assert len(started) == 2 and col.instances[0].subscriber is started[1]
