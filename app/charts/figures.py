@@ -62,9 +62,18 @@ def _trace(t: Trace, xs: list[int]) -> dict[str, Any]:
     return tr
 
 
-def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
+MIN_SHOWN_S = 120.0  # a fresh instance's first two minutes still fill the width
+
+
+def build_figure(panel: Panel, events: list[dict[str, Any]], data_since: float | None = None) -> dict[str, Any]:
+    """data_since: when the instance's data begin; a range reaching further back is shown from
+    there (a fresh demo fills the chart instead of sitting in a sliver at the right)."""
     g = panel.grid
     xs = [round(t * 1000) for t in g.times]
+    shown_from = g.start
+    if data_since is not None and math.isfinite(data_since) and data_since > g.start:
+        shown_from = min(data_since, g.end - MIN_SHOWN_S) if g.end - g.start > MIN_SHOWN_S else g.start
+        shown_from = max(shown_from, g.start)
     nrows = max(1, len(panel.rows))
     height = (1.0 - ROW_GAP * (nrows - 1)) / nrows
     layout: dict[str, Any] = {
@@ -86,7 +95,7 @@ def build_figure(panel: Panel, events: list[dict[str, Any]]) -> dict[str, Any]:
         "plot_bgcolor": "rgba(0,0,0,0)",
         "xaxis": {
             "type": "date",
-            "range": [int(g.start * 1000), int(g.end * 1000)],
+            "range": [int(shown_from * 1000), int(g.end * 1000)],
             "title": {"text": "time (UTC)", "standoff": 4},
             "automargin": True,
             "anchor": _axis_name(nrows - 1)[0],

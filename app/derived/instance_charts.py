@@ -69,11 +69,14 @@ def tokens_by_source(scope: Scope) -> Panel:
             vals = by_src.pop(src.vllm_label)
             name = kv.source_label(src.vllm_label, tier)
             p.traces.append(Trace(name, vals, "tokens/s", style="area", color=src.color, group="src"))
-    for label, vals in sorted(by_src.items()):  # unknown sources pass through
-        p.traces.append(Trace(kv.source_label(label), vals, "tokens/s", style="area", group="src"))
+    for i, (label, vals) in enumerate(sorted(by_src.items())):  # unknown sources pass through
+        color = palette.OTHER_SOURCE_COLORS[i % len(palette.OTHER_SOURCE_COLORS)]
+        p.traces.append(Trace(kv.source_label(label), vals, "tokens/s", style="area", color=color, group="src"))
     tiers = sum_by(got[kv.CACHED_BY_SOURCE], "source", g, counter_rate)
-    for src, vals in sorted(tiers.items()):
-        p.traces.append(Trace(f"cached from {src}", vals, "tokens/s", style="dot"))
+    moved = {src: vals for src, vals in sorted(tiers.items()) if any(v for v in vals)}  # all-zero tiers: noise
+    for i, (src, vals) in enumerate(moved.items()):
+        color = palette.GPU_CYCLE[i % len(palette.GPU_CYCLE)]
+        p.traces.append(Trace(f"cached from {src}", vals, "tokens/s", style="dot", color=color))
     if tiers:
         p.notes.append("Dotted: cached prompt tokens per tier (device / host / disk ...), as the server reports.")
     p.notes.append(_window_note(g))
@@ -326,9 +329,12 @@ def gpu(scope: Scope) -> Panel:
         ("kvscope:gpu_pcie_tx_bytes_per_second", "PCIe tx GPU->host", 2, 1e-9, "dot"),
     ):
         for s in sorted(got[name], key=lambda s: s.labels.get("gpu", "")):
-            tag = f"GPU{s.labels.get('gpu', '?')}"
+            idx = s.labels.get("gpu", "?")
             unit = p.rows[row].split("(")[-1].rstrip(")")
-            p.traces.append(Trace(f"{tag} {label}", scale(gauge_values(s, g), k), unit, row=row, style=style))
+            color = palette.gpu_color(int(idx)) if idx.isdigit() else palette.GREY
+            p.traces.append(
+                Trace(f"GPU{idx} {label}", scale(gauge_values(s, g), k), unit, row=row, style=style, color=color)
+            )
     if not p.has_data() and count is None:
         p.empty = (
             _no_data_reason(scope, "GPU readings")

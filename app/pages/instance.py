@@ -109,7 +109,8 @@ def chart_data(
         raise HTTPException(404, f"no chart {key!r}: charts are {', '.join(CHARTS)}")
     sc = scope or _scope(ctx, inst, tr, px, tier)
     panel = CHARTS[key](sc)
-    figure = None if panel.empty else build_figure(panel, events if events is not None else _events(ctx, inst, tr))
+    evs = events if events is not None else _events(ctx, inst, tr)
+    figure = None if panel.empty else build_figure(panel, evs, data_since=_float(inst.get("first_seen")))
     return {
         "key": key,
         "title": panel.title,
@@ -121,6 +122,13 @@ def chart_data(
         "step": sc.grid.step,
         "points": len(sc.grid.times),
     }
+
+
+def _float(v: object) -> float | None:
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def parse_instance_id(raw: str) -> int:
