@@ -24,6 +24,7 @@ from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort, ThreadExecutor
 from app.ab.verdict import describe
 from app.api.ids import DbId, OptionalDbIdQuery
+from app.api.json_body import read_json
 from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
@@ -164,10 +165,7 @@ def api_router(ctx: AppContext) -> APIRouter:
     @r.post("/experiments")
     async def create(request: Request) -> JSONResponse:
         csrf.require_json(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, "body is not valid JSON") from None
+        body = await read_json(request)
         if not isinstance(body, dict):
             raise HTTPException(422, "body must be a JSON object")
         eid = await run_in_threadpool(_start_from, ctx, body, requester(request, body.get("requested_by")))
@@ -224,10 +222,7 @@ def api_router(ctx: AppContext) -> APIRouter:
     @r.post("/experiments/{experiment_id}/keep")
     async def keep(experiment_id: DbId, request: Request) -> JSONResponse:
         csrf.require_json(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, "body is not valid JSON") from None
+        body = await read_json(request)
         arm = str((body or {}).get("arm", "")) if isinstance(body, dict) else ""
         rid = await run_in_threadpool(_keep, ctx, experiment_id, arm, requester(request, None))
         return JSONResponse({"rollout_id": rid, "rollout": f"/api/v1/rollouts/{rid}"}, status_code=201)

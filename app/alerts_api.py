@@ -23,6 +23,7 @@ from app.alerts.delivery import DeliveryConfig, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
 from app.alerts.silencing import is_silenced
 from app.api.ids import DbId, OptionalDbIdQuery
+from app.api.json_body import read_json
 from app.context import AppContext
 from app.jobs import register_job
 from app.storage import alerts_store as store
@@ -216,10 +217,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         note = ""
         body = await request.body()
         if body:
-            try:
-                data = await request.json()
-            except ValueError:
-                raise HTTPException(400, 'body must be JSON, e.g. {"note": "looking"}') from None
+            data = await read_json(request, 'body must be JSON, e.g. {"note": "looking"}')
             note = str(data.get("note", "")) if isinstance(data, dict) else ""
         if store.get_alert(ctx.engine, alert_id) is None:
             raise HTTPException(404, f"no alert {alert_id}")
@@ -229,10 +227,7 @@ def api_router(ctx: AppContext) -> APIRouter:
     @r.post("/api/v1/alerts/silences")
     async def silence(request: Request) -> JSONResponse:
         csrf.require_json(request)
-        try:
-            data = await request.json()
-        except ValueError:
-            raise HTTPException(400, 'body must be JSON: {"minutes": 60, "rule": ..., "instance": id}') from None
+        data = await read_json(request, 'body must be JSON: {"minutes": 60, "rule": ..., "instance": id}')
         if not isinstance(data, dict):
             raise HTTPException(400, "body must be a JSON object")
         sid = create_silence(

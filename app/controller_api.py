@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from app import controller_csrf as csrf
 from app import rollouts
 from app.api.ids import DbId, OptionalDbIdQuery
+from app.api.json_body import read_json
 from app.auth.roles import requester
 from app.context import AppContext
 from app.jobs import register_job
@@ -198,10 +199,7 @@ def _spec_from_json(body: Any) -> tuple[str, dict[str, Any], str]:
 
 async def _json(request: Request) -> Any:
     csrf.require_json(request)
-    try:
-        return await request.json()
-    except ValueError:
-        raise HTTPException(400, "body is not valid JSON") from None
+    return await read_json(request)
 
 
 # ---------------------------------------------------------------- JSON API

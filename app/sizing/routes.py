@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from app import controller_csrf as csrf
 from app import rollouts
 from app.api.ids import DbId
+from app.api.json_body import read_json
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
 from app.pages.ranges import RANGES, resolve
@@ -81,10 +82,7 @@ def router(ctx: AppContext) -> APIRouter:
     async def sizing_profile_api(instance_id: DbId, request: Request) -> JSONResponse:
         """Save the sized profile; with request_rollout, request its rollout. Role: operator."""
         csrf.require_json(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, 'body must be JSON: {"offload_gib": number}') from None
+        body = await read_json(request, 'body must be JSON: {"offload_gib": number}')
         if not isinstance(body, dict):
             raise HTTPException(400, 'body must be a JSON object: {"offload_gib": number}')
         who = requester(request, None)

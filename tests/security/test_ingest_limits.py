@@ -338,6 +338,31 @@ def test_an_id_of_20_digits_in_any_route_path_is_404_or_422_not_500(client: Any,
     assert len(queried) >= 5
 
 
+def test_every_json_route_answers_a_body_nested_5000_deep_or_over_1_mib_with_4xx(client: Any, app: Any) -> None:
+    from fastapi.routing import APIRoute
+
+    def every(routes: list[Any]) -> Iterator[Any]:
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            yield from every(inner.routes) if inner is not None else [r]
+
+    deep = b"[" * 5000 + b"]" * 5000
+    big = b'{"note": "' + b"x" * (1024 * 1024 + 1) + b'"}'
+    tried = 0
+    for route in every(app.routes):
+        if not isinstance(route, APIRoute) or not route.path.startswith("/api/"):
+            continue
+        path = re.sub(r"\{\w+\}", "x", re.sub(r"\{\w+_id\}", "1", route.path))
+        for method in sorted(route.methods & {"POST", "PUT", "PATCH"}):
+            for body in (deep, big):
+                r = client.request(method, path, content=body, headers={"Content-Type": "application/json"})
+                assert 400 <= r.status_code < 500, (method, path, r.status_code, r.text[:200])
+            tried += 1
+    assert tried >= 10
+    r = client.post("/api/v1/profiles", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
 # ---------------------------------------------------------------- what the agent does with it
 
 
