@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import queue
 import threading
@@ -49,6 +50,20 @@ TERMINAL = frozenset({"healthy", "rolled_back", "failed", "refused"})
 ProbeFn = Callable[..., ProbeResult]
 
 
+def _setting(payload: dict[str, Any], key: str, own: float, own_configured: bool) -> float:
+    """A numeric rollout setting: explicit in the payload > the launcher config's > the app's
+    default (payload["defaults"]) > the built-in default. Garbage counts as unset."""
+    defaults = payload.get("defaults") if isinstance(payload.get("defaults"), dict) else {}
+    for value in (payload.get(key), own if own_configured else None, defaults.get(key)):
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if v > 0 and math.isfinite(v):
+            return v
+    return own
+
+
 @dataclass
 class ManagedInstance:
     """One server this agent may restart, with what its preflight reads."""
@@ -72,6 +87,23 @@ class ManagedInstance:
     state_file: Path | None = None
     lkg_args: list[str] | None = None  # last argv verified healthy on this host
     allow_flags: list[str] = field(default_factory=list)  # widens agent/flag_policy.py's list
+    configured: frozenset[str] = frozenset()  # settings the launcher config set for this instance
+
+    def deadline_for(self, payload: dict[str, Any]) -> float:
+        """Health deadline of a rollout: the rollout's own value, else this instance's launcher
+        config, else the app's default, else the built-in one."""
+        return _setting(payload, "health_deadline_s", self.health_deadline_s, "health_deadline_s" in self.configured)
+
+    def probe_for(self, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """Probe settings of a rollout (None: no probe): the app's defaults, overridden by this
+        instance's launcher config, overridden by what the rollout itself sets."""
+        explicit = payload.get("probe")
+        if explicit is False:
+            return None
+        defaults = payload.get("defaults") if isinstance(payload.get("defaults"), dict) else {}
+        base = defaults.get("probe") if isinstance(defaults.get("probe"), dict) else {}
+        merged = {**base, **self.probe, **(explicit if isinstance(explicit, dict) else {})}
+        return None if merged.get("enabled") is False else merged
 
     def last_good(self) -> list[str]:
         return list(self.lkg_args) if self.lkg_args is not None else list(self.initial_args)
@@ -261,7 +293,7 @@ class Controller:
         p = cmd.payload
         argv = [str(a) for a in p.get("argv") or []]
         name = str((p.get("profile") or {}).get("name", "?"))
-        deadline = float(p.get("health_deadline_s") or inst.health_deadline_s)
+        deadline = inst.deadline_for(p)
         lkg = [str(a) for a in p["lkg_argv"]] if isinstance(p.get("lkg_argv"), list) else inst.last_good()
         t0 = self.monotonic()
         timings: dict[str, float] = {}
@@ -289,10 +321,10 @@ class Controller:
         if not health.ok:
             return self._rollback(cmd, inst, lkg, f"not healthy: {health.reason}", timings, t0)
 
-        probe_cfg = p.get("probe")
+        probe_cfg = inst.probe_for(p)
         probe_data: dict[str, Any] | None = None
-        if probe_cfg is not False and not (isinstance(probe_cfg, dict) and probe_cfg.get("enabled") is False):
-            cfg = ProbeConfig.from_dict({**inst.probe, **(probe_cfg if isinstance(probe_cfg, dict) else {})})
+        if probe_cfg is not None:
+            cfg = ProbeConfig.from_dict(probe_cfg)
             self._update(cmd.id, "probing", "verification probe: cold, GPU hit, evict, reload", {})
             t3 = self.monotonic()
             result = self.probe_fn(inst.url, model=health.model, config=cfg, alive=inst.launcher.alive)
@@ -343,7 +375,7 @@ class Controller:
             return self._update(
                 cmd.id, "failed", f"{reason}; rollback failed to start: {exc}", {"timings": timings, "error": reason}
             )
-        health = self._wait(inst, float(cmd.payload.get("health_deadline_s") or inst.health_deadline_s))
+        health = self._wait(inst, inst.deadline_for(cmd.payload))
         timings["rollback_s"] = self.monotonic() - t
         timings["total_s"] = self.monotonic() - t0
         if not health.ok:
@@ -568,6 +600,7 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
             restart_on_exit=bool(spec.get("restart_on_exit", own_process)),
             state_file=state_dir / f"{name}.state.json",
             allow_flags=_strs(data.get("allow_flags"), "allow_flags") + _strs(spec.get("allow_flags"), "allow_flags"),
+            configured=frozenset(k for k in ("health_deadline_s", "probe") if k in spec),
         )
         inst.load_state()
         out.append(inst)

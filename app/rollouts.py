@@ -64,12 +64,17 @@ def build_payload(
         "offload": profile.offload_summary(),
         "override_hybrid": override_hybrid,
         "model_root": model_root,
-        "health_deadline_s": s.rollout_health_deadline_s,
-        "probe": {
-            "enabled": s.probe_enabled,
-            "prefix_words": s.probe_prefix_words,
-            "evict_count": s.probe_evict_count,
-            "request_timeout_s": s.probe_request_timeout_s,
+        # The app's defaults: the agent uses them only where the instance's launcher config sets
+        # nothing (a per-instance health_deadline_s or probe there wins); a rollout that sets
+        # "health_deadline_s" or "probe" itself (top level) wins over both.
+        "defaults": {
+            "health_deadline_s": s.rollout_health_deadline_s,
+            "probe": {
+                "enabled": s.probe_enabled,
+                "prefix_words": s.probe_prefix_words,
+                "evict_count": s.probe_evict_count,
+                "request_timeout_s": s.probe_request_timeout_s,
+            },
         },
     }
 
@@ -112,7 +117,7 @@ def request_rollout(
         ctx, profile, version, lkg, override_hybrid=override_hybrid, model_root=inst.get("model_root")
     )
     if probe:
-        payload["probe"] = {**payload["probe"], **probe}
+        payload["probe"] = dict(probe)  # explicit: wins over the launcher config and the defaults
     # The pool before the switch, to show what it changed (e.g. fp8: ~1.8x the tokens).
     payload["pool_before"] = {"kv_cache_size_tokens": (inst.get("cache_config") or {}).get("kv_cache_size_tokens")}
     try:
