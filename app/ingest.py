@@ -52,9 +52,9 @@ def parse_batch(body: bytes, now: float, *, max_future_skew_s: float, max_past_a
 
 def _explain(body: bytes, exc: ValidationError) -> str:
     """Say first what is wrong at the top: not JSON, not an object, wrong protocol."""
-    first = exc.errors()[0] if exc.error_count() else {}
-    if first.get("type") == "json_invalid":  # incl. nesting past pydantic-core's recursion limit
-        return f"body is not valid JSON: {first.get('msg')}"
+    errors = exc.errors()
+    if errors and errors[0]["type"] == "json_invalid":  # incl. nesting past pydantic-core's limit
+        return f"body is not valid JSON: {errors[0]['msg']}"
     try:
         data: Any = json.loads(body)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
