@@ -53,7 +53,8 @@ ProbeFn = Callable[..., ProbeResult]
 def _setting(payload: dict[str, Any], key: str, own: float, own_configured: bool) -> float:
     """A numeric rollout setting: explicit in the payload > the launcher config's > the app's
     default (payload["defaults"]) > the built-in default. Garbage counts as unset."""
-    defaults = payload.get("defaults") if isinstance(payload.get("defaults"), dict) else {}
+    got = payload.get("defaults")
+    defaults: dict[str, Any] = got if isinstance(got, dict) else {}
     for value in (payload.get(key), own if own_configured else None, defaults.get(key)):
         try:
             v = float(value)  # type: ignore[arg-type]
@@ -100,8 +101,10 @@ class ManagedInstance:
         explicit = payload.get("probe")
         if explicit is False:
             return None
-        defaults = payload.get("defaults") if isinstance(payload.get("defaults"), dict) else {}
-        base = defaults.get("probe") if isinstance(defaults.get("probe"), dict) else {}
+        got = payload.get("defaults")
+        defaults: dict[str, Any] = got if isinstance(got, dict) else {}
+        probe = defaults.get("probe")
+        base: dict[str, Any] = probe if isinstance(probe, dict) else {}
         merged = {**base, **self.probe, **(explicit if isinstance(explicit, dict) else {})}
         return None if merged.get("enabled") is False else merged
 

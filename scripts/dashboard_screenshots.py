@@ -1,7 +1,11 @@
 """Screenshots of the dashboard for docs/screenshots, both themes, from a running app.
 
     kvscope demo --port 8080 --data-dir /tmp/demo &   # wait a few minutes for data
-    python scripts/dashboard_screenshots.py http://127.0.0.1:8080 [--out docs/screenshots] [--instance ID]
+    python scripts/dashboard_screenshots.py http://127.0.0.1:8080 --token-file /tmp/demo/api-token \
+        [--out docs/screenshots] [--instance ID]
+
+Pages need a login: --token-file names a file holding an API token (the demo writes its operator
+token to <data dir>/api-token), sent as Authorization: Bearer.
 
 Uses the Debian chromium through Playwright (as tests/browser do). The demo is simulated: the
 pages say so ("simulated" badges), and so do the screenshots.
@@ -34,11 +38,16 @@ def main() -> int:
     ap.add_argument("--out", default="docs/screenshots")
     ap.add_argument("--instance", type=int, help="instance id (default: the first one that is up)")
     ap.add_argument("--range", default="15m")
+    ap.add_argument("--token-file", help="file with an API token (pages need a login)")
     args = ap.parse_args()
     base = args.url.rstrip("/")
+    headers = {}
+    if args.token_file:
+        headers["Authorization"] = "Bearer " + Path(args.token_file).read_text().strip()
     iid = args.instance
     if iid is None:
-        with urllib.request.urlopen(base + "/api/v1/instances", timeout=10) as r:
+        req = urllib.request.Request(base + "/api/v1/instances", headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as r:
             rows = json.load(r)
         rows = rows if isinstance(rows, list) else rows.get("instances", [])
         if not rows:
@@ -51,7 +60,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as prof:
         ctx = pw.chromium.launch_persistent_context(
-            prof, executable_path=CHROMIUM, headless=True, args=FLAGS, viewport={"width": 1400, "height": 1000}
+            prof,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1400, "height": 1000},
+            extra_http_headers=headers,
         )
         try:
             page = ctx.new_page()

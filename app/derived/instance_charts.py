@@ -73,10 +73,10 @@ def tokens_by_source(scope: Scope) -> Panel:
         color = palette.OTHER_SOURCE_COLORS[i % len(palette.OTHER_SOURCE_COLORS)]
         p.traces.append(Trace(kv.source_label(label), vals, "tokens/s", style="area", color=color, group="src"))
     tiers = sum_by(got[kv.CACHED_BY_SOURCE], "source", g, counter_rate)
-    moved = {src: vals for src, vals in sorted(tiers.items()) if any(v for v in vals)}  # all-zero tiers: noise
-    for i, (src, vals) in enumerate(moved.items()):
+    moved = {name: vals for name, vals in sorted(tiers.items()) if any(v for v in vals)}  # all-zero tiers: noise
+    for i, (tier_name, vals) in enumerate(moved.items()):
         color = palette.GPU_CYCLE[i % len(palette.GPU_CYCLE)]
-        p.traces.append(Trace(f"cached from {src}", vals, "tokens/s", style="dot", color=color))
+        p.traces.append(Trace(f"cached from {tier_name}", vals, "tokens/s", style="dot", color=color))
     if tiers:
         p.notes.append("Dotted: cached prompt tokens per tier (device / host / disk ...), as the server reports.")
     p.notes.append(_window_note(g))

@@ -58,8 +58,8 @@ def _chart_state(page: Any, key: str) -> dict[str, Any]:
               rendered: el.dataset.rendered === "1",
               svg: !!el.querySelector(".main-svg"),
               traces: traces.map(t => ({name: t.name, points: t.y.filter(v => v !== null).length})),
-              x0: traces.length ? traces[0].x[0] : null,
-              n: traces.length ? traces[0].x.length : 0,
+              x0: traces.length ? (traces[0].x ? traces[0].x[0] : traces[0].x0) : null,
+              n: traces.length ? traces[0].y.length : 0,
               range: el.layout.xaxis.range,
             };
         }""",
@@ -150,7 +150,8 @@ def test_range_picker_changes_the_data(live: LiveApp, page: Any) -> None:
     p.click("#range-picker button[data-range='15m']")
     p.wait_for_function(
         "(x0) => { const el = document.querySelector('#chart-tokens .chart');"
-        " return el && el.dataset.rendered === '1' && el.data && el.data[0].x[0] !== x0; }",
+        " return el && el.dataset.rendered === '1' && el.data"
+        " && (el.data[0].x ? el.data[0].x[0] : el.data[0].x0) !== x0; }",
         arg=before["x0"],
         timeout=20_000,
     )
@@ -175,7 +176,8 @@ def test_range_picker_changes_the_data(live: LiveApp, page: Any) -> None:
     p.wait_for_function("() => location.search.includes('range=custom')")
     p.wait_for_function(
         "(x0) => { const el = document.querySelector('#chart-tokens .chart');"
-        " return el && el.dataset.rendered === '1' && el.data && el.data[0].x[0] !== x0; }",
+        " return el && el.dataset.rendered === '1' && el.data"
+        " && (el.data[0].x ? el.data[0].x[0] : el.data[0].x0) !== x0; }",
         arg=after["x0"],
         timeout=20_000,
     )
@@ -231,4 +233,44 @@ def test_usable_on_a_phone(live: LiveApp, page: Any) -> None:
     # the range picker buttons are big enough to tap
     box = p.locator("#range-picker button[data-range='15m']").bounding_box()
     assert box is not None and box["height"] >= 32
+    assert log.errors == []
+
+
+def test_at_390_px_every_legend_entry_shows_and_axis_titles_do_not_overlap(live: LiveApp, page: Any) -> None:
+    """A phone: the legend wraps and its chart grows, so no entry is cut off by the chart's box;
+    the stacked sub-plots' y-axis titles stay apart; the refresh asks for the plot's width."""
+    p, log = page
+    p.set_viewport_size({"width": 390, "height": 844})
+    p.goto(live.url + "/instances/1?range=1h")
+    _wait_charts(p)
+    for key in CHARTS:
+        got = p.evaluate(
+            """(key) => {
+                const chart = document.querySelector(`#chart-${key} .chart`);
+                const c = chart.getBoundingClientRect();
+                const items = [...chart.querySelectorAll('.legend .traces')].map(e => e.getBoundingClientRect());
+                const titles = [...chart.querySelectorAll('.g-ytitle, [class^="g-y"][class$="title"]')]
+                  .map(e => e.getBoundingClientRect()).filter(r => r.height > 0);
+                return {chart: {top: c.top, bottom: c.bottom, left: c.left, right: c.right},
+                        items: items.map(r => ({top: r.top, bottom: r.bottom, left: r.left, right: r.right})),
+                        titles: titles.map(r => ({top: r.top, bottom: r.bottom, left: r.left, right: r.right})),
+                        traces: chart.data.filter(t => t.name !== 'events').length};
+            }""",
+            key,
+        )
+        assert len(got["items"]) == got["traces"], (key, got)
+        for it in got["items"]:
+            assert got["chart"]["top"] <= it["top"] and it["bottom"] <= got["chart"]["bottom"] + 1, (key, it, got)
+            assert it["right"] <= got["chart"]["right"] + 1, (key, it)
+        titles = got["titles"]
+        for i, a in enumerate(titles):
+            for b in titles[i + 1 :]:
+                assert not _overlaps(a, b), (key, a, b)
+    with p.expect_request(lambda r: "/fragments/chart/tokens" in r.url) as req:
+        p.evaluate("() => window.htmx.trigger(document.body, 'kvs-refresh')")
+    px = int(req.value.url.split("px=")[1].split("&")[0])
+    assert 200 <= px <= 390
+    _wait_charts(p)
+    n = p.evaluate("() => document.querySelector('#chart-tokens .chart').data[0].y.length")
+    assert n <= px
     assert log.errors == []
