@@ -1,12 +1,13 @@
 """Every colour the instance charts use, in one place, so one meaning has one colour and two
 series drawn side by side never share one.
 
-Token sources (GPU hit / offload reload / recompute) keep the colours people learned from the
-worth panel; when the KV-vocabulary module names the sources, SOURCE_COLORS is the one table to
-point at it.
+Token sources (GPU hit / offload reload / recompute) and hit rates take theirs from the KV
+vocabulary (agent/kv_vocabulary.py), which the A/B charts share.
 """
 
 from __future__ import annotations
+
+from agent import kv_vocabulary as kv
 
 # Tableau 10, by role
 GREEN = "#2ca02c"
@@ -20,14 +21,10 @@ GREY = "#7f7f7f"
 OLIVE = "#bcbd22"
 CYAN = "#17becf"
 
-SOURCE_COLORS = {
-    "local_cache_hit": GREEN,
-    "external_kv_transfer": BLUE,
-    "local_compute": RED,
-}
+SOURCE_COLORS = {src.vllm_label: src.color for src in kv.SOURCES}  # defined in agent/kv_vocabulary.py
 OTHER_SOURCE_COLORS = [PURPLE, CYAN, OLIVE, PINK, BROWN]  # sources vLLM adds later, in order
 
-HIT_RATE = {"gpu": GREEN, "offload": BLUE, "overall": ORANGE}
+HIT_RATE = {d.key: d.color for d in kv.HIT_RATES}
 TRANSFER = {"load": BLUE, "store": PURPLE}
 CEILING = RED
 PINNED = {

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from agent import kv_vocabulary as kv
 from app.charts import palette
+from app.derived.engine_charts import with_engine_names
 from app.derived.evaluate import (
     Values,
     add,
@@ -353,3 +354,5 @@ CHARTS: dict[str, Callable[[Scope], Panel]] = {
     "latency": latency,
     "gpu": gpu,
 }
+# engine and tier names for endpoints read by an engine reader (app/derived/engine_charts.py)
+CHARTS = with_engine_names(CHARTS)

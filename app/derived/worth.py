@@ -152,8 +152,9 @@ def _verdict(
     load_time_known: bool,
 ) -> tuple[str, str]:
     if not configured:
-        return "No offload tier on this instance (no CPU offload size, no connector reloads): nothing to weigh.", (
-            "neutral"
+        return (
+            "Offload is off on this instance (no CPU offload size, no connector reloads): nothing to weigh.",
+            "neutral",
         )
     name = tier or "offload tier"
     how = "" if basis in (None, PREFILL_MEASURED) else f" (prefill speed {basis})"
