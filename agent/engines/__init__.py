@@ -143,8 +143,9 @@ def read_engines(
                 derived.types = {k: v for k, v in derived.types.items() if not k.startswith(DASHBOARD_PREFIX)}
         reading.derived.append(derived)
         reading.notes.extend(derived.notes)
-    if det.engine == vllm_tiering.NAME and not det.components and det.detected_by != "override":
-        return reading  # plain vLLM: the dashboard's default, nothing to name
+    plain = det.engine == vllm_tiering.NAME and not det.components and det.detected_by != "override"
+    if plain and not reading.samples:
+        return reading  # vLLM without offload tiers: the dashboard's default, nothing to name
     info = Derived(det.engine)
     info.add(
         ENGINE_INFO,

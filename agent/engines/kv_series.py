@@ -152,3 +152,19 @@ def block_size_of(value: float | None) -> int | None:
 
 def converted(block_size: int) -> dict[str, str]:
     return {"converted": "blocks", "block_size": str(block_size)}
+
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def copy_family(d: Derived, samples: Samples, src: str, dst: str, mtype: str, drop: tuple[str, ...] = ()) -> None:
+    """An engine's family under the dashboard's name (its samples' labels kept, minus ``drop``):
+    for families whose meaning is the same (TTFT histograms, running / waiting requests)."""
+    suffixes = HISTOGRAM_SUFFIXES if mtype == "histogram" else ("",)
+    for name, labels, value in samples:
+        for suf in suffixes:
+            if name == src + suf:
+                d.add(dst + suf, {k: v for k, v in labels.items() if k not in drop}, value, mtype)
+                break
+    if mtype == "histogram" and any(n == dst + "_count" for n, _l, _v in d.samples):
+        d.types[dst] = "histogram"

@@ -39,6 +39,7 @@ from agent.engines.kv_series import (
     Derived,
     Samples,
     by_name,
+    copy_family,
     first,
     total,
 )
@@ -205,6 +206,11 @@ def read(samples: Samples, block_size: int | None = None) -> Derived:
         {"tier": "all", "definition": HIT_RATE_DEFINITION},
         first(one_rank(rows("sglang:cache_hit_rate"))),
     )
+    # same meaning, the dashboard's names: TTFT, running and waiting requests
+    ttft = "sglang:time_to_first_token_seconds"
+    copy_family(d, samples, ttft, "vllm:time_to_first_token_seconds", "histogram")
+    d.add("vllm:num_requests_running", {}, total(rows("sglang:num_running_reqs")))
+    d.add("vllm:num_requests_waiting", {}, total(rows("sglang:num_queue_reqs")))
     return d
 
 

@@ -43,6 +43,7 @@ from agent.engines.kv_series import (
     Samples,
     by_name,
     converted,
+    copy_family,
     first,
     total,
 )
@@ -157,6 +158,11 @@ def read(samples: Samples, block_size: int | None = None) -> Derived:
         d.add(TIER_USED_TOKENS, {"tier": GPU, **conv}, None if used_blocks is None else used_blocks * bs)
     d.add("vllm:kv_cache_usage_perc", {}, t("kv_cache_utilization"))
     d.add(TIER_USAGE_RATIO, {"tier": CPU}, t("kv_cache_host_utilization"))
+    # same meaning, the dashboard's names: TTFT, running and waiting requests
+    canon = canonical(samples)
+    copy_family(d, canon, "trtllm_time_to_first_token_seconds", "vllm:time_to_first_token_seconds", "histogram")
+    d.add("vllm:num_requests_running", {}, t("num_requests_running"))
+    d.add("vllm:num_requests_waiting", {}, t("num_requests_waiting"))
     return d
 
 
