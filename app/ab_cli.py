@@ -48,6 +48,13 @@ def register(sub: Any) -> None:
     p.add_argument("--b", dest="profile_b", help="profile B")
     p.add_argument("--workload", default="probe", choices=["probe", "prefix-repetition", "replay", "observe"])
     p.add_argument("--trace", type=Path, help="replay: a JSONL trace {prompt, max_tokens?, offset_s?} per line")
+    p.add_argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        default=None,
+        help="whole non-streaming requests (the field's stand-in for TTFT with a small max_tokens)",
+    )
     for name, typ, hlp in WORKLOAD_OPTS:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, help=hlp)
     p.add_argument(
@@ -87,6 +94,8 @@ def workload_from_args(args: argparse.Namespace) -> dict[str, Any]:
         v = getattr(args, name, None)
         if v is not None:
             wl[name] = v
+    if getattr(args, "stream", None) is False:
+        wl["stream"] = False
     if args.workload == "replay":
         if args.trace is None:
             raise UserError("--workload replay needs --trace FILE (JSONL)")

@@ -26,7 +26,7 @@ class WorkloadSpec:
     request_timeout_s: float = 60.0
     # --- probe: prefix cold, again (GPU hit), `evict_prefixes` others, again (reload or recompute)
     prefix_tokens: int = 1500  # the CPU tier must hold this prefix + the evicting ones (0.5 GiB: ~4,600 tokens)
-    evict_prefixes: int | None = None  # None: auto, just enough to fill the GPU pool (from cache_config_info)
+    evict_prefixes: int | None = None  # None: auto (probe.plan_probe: GPU pool + tiers)
     evict_tokens: int | None = None  # length of each evicting prefix (default: prefix_tokens)
     repetitions: int = 5
     # --- prefix-repetition: many requests over shared prefixes
@@ -51,7 +51,11 @@ class WorkloadSpec:
 
     def describe(self) -> str:
         if self.kind == "probe":
-            evict = "auto (enough to fill the GPU pool)" if self.evict_prefixes is None else self.evict_prefixes
+            evict = (
+                "auto (sized from the GPU pool and offload tiers)"
+                if self.evict_prefixes is None
+                else self.evict_prefixes
+            )
             return (
                 f"probe: {self.prefix_tokens}-token prefix, {evict} evicting prefixes, {self.repetitions} repetitions"
             )

@@ -185,12 +185,13 @@ def run_view(r: dict[str, Any], *, with_record: bool = False) -> dict[str, Any]:
     out["model"] = server.get("model")
     out["simulated"] = bool(server.get("simulated"))
     out["reset"] = rec.get("reset")
-    out["summary"] = r.get("summary") or {}
+    summary: dict[str, Any] = r.get("summary") or {}
+    out["summary"] = summary
     out["foreign"] = rec.get("foreign")
-    out["contaminated"] = out["summary"].get("contaminated")
-    out["plan"] = (
-        ((rec.get("driver") or {}).get("plan") or {}).get("text") if isinstance(rec.get("driver"), dict) else None
-    )
+    out["contaminated"] = summary.get("contaminated")
+    driver = rec.get("driver")
+    plan = driver.get("plan") if isinstance(driver, dict) else None
+    out["plan"] = plan.get("text") if isinstance(plan, dict) else None
     if with_record:
         out["record"] = rec
     return out

@@ -229,7 +229,9 @@ def test_cli_pieces(tmp_path: Any) -> None:
     ns.concurrency = 2
     wl = ab_cli.workload_from_args(ns)
     assert wl["records"] == [{"prompt": "hello there", "offset_s": 0.5}, {"prompt": "again"}]
-    assert wl["concurrency"] == 2
+    assert wl["concurrency"] == 2 and "stream" not in wl
+    probe = argparse.Namespace(workload="probe", stream=False, **{n: None for n, _t, _h in ab_cli.WORKLOAD_OPTS})
+    assert ab_cli.workload_from_args(probe) == {"kind": "probe", "stream": False}  # --no-stream: the field's method
     with (
         pytest.raises(UserError, match="cannot reach the kvscope app"),
         AppClient("http://127.0.0.1:9", None, "no token") as c,

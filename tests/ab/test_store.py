@@ -82,3 +82,23 @@ def test_experiment_lifecycle_in_the_store(engine: Any) -> None:
     assert [e["id"] for e in st.list_experiments(engine, instance_id=iid)][1] == eid
     kinds = {e["kind"] for e in list_events(engine, instance_id=iid)}
     assert "ab" in kinds
+
+
+def test_notes_on_an_experiment_are_kept_once_bounded_and_evented(engine: Any) -> None:
+    iid = _instance(engine)
+    eid = st.create_experiment(
+        engine, instance_id=iid, profile_a="a", profile_b="b", workload={}, runs_per_arm=3, seed=0, now=1.0
+    )
+    assert st.add_note(engine, eid, "traffic paused", 2.0)
+    assert st.add_note(engine, eid, "traffic paused", 3.0)  # the same note twice is kept once
+    assert st.add_note(engine, eid, "x" * 5000, 4.0)
+    exp = st.get_experiment(engine, eid)
+    assert exp is not None and exp["options"]["notes"][0] == "traffic paused"
+    assert len(exp["options"]["notes"]) == 2 and len(exp["options"]["notes"][1]) == st.MAX_NOTE_CHARS
+    for i in range(st.MAX_NOTES):
+        st.add_note(engine, eid, f"note {i}", 5.0)
+    assert not st.add_note(engine, eid, "one too many", 6.0)  # refused past MAX_NOTES
+    assert len(st.get_experiment(engine, eid)["options"]["notes"]) == st.MAX_NOTES  # type: ignore[index]
+    assert not st.add_note(engine, 99999, "no such experiment", 6.0) and not st.add_note(engine, eid, "  ", 6.0)
+    msgs = [e["message"] for e in list_events(engine, instance_id=iid, kinds=("ab",))]
+    assert f"A/B experiment #{eid}: traffic paused" in msgs

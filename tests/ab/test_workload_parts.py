@@ -58,7 +58,7 @@ def test_spec_refuses_bad_input_with_one_line(data: dict[str, Any], msg: str) ->
 def test_spec_defaults_trace_file_and_roundtrip(tmp_path: Path) -> None:
     s = parse_workload(None)
     assert s.kind == "probe" and s.prefix_tokens == 1500 and s.evict_prefixes is None
-    assert "probe: 1500-token prefix, auto (enough to fill the GPU pool) evicting" in s.describe()
+    assert "probe: 1500-token prefix, auto (sized from the GPU pool and offload tiers) evicting" in s.describe()
     assert parse_workload({"evict_prefixes": "auto"}).evict_prefixes is None
     assert parse_workload({"evict_prefixes": 3}).evict_prefixes == 3
     from agent.workloads.probe import evict_count
