@@ -101,8 +101,25 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     templates = ctx.extras.get("templates")
     if templates is not None:
         templates.env.globals["ab_describe"] = describe
+        templates.env.globals["ab_arm_tier"] = lambda version_id, name=None: arm_tier(ctx, version_id, name)
     app.include_router(api_router(ctx))
     app.include_router(page_router(ctx))
+
+
+def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
+    """The KV tier of an arm's profile version, in words (e.g. 'disk tier /var/kv (ExampleConnector)');
+    before the experiment pins a version, the profile's current one."""
+    from app.rollouts import version_profile
+    from app.storage.rollouts_store import get_profile, get_version
+
+    try:
+        version = get_version(ctx.engine, int(version_id)) if version_id is not None else None
+    except (TypeError, ValueError, OverflowError):
+        version = None
+    if version is None and name:
+        version = get_profile(ctx.engine, str(name))
+    prof = version_profile(version, ctx.settings.allow_flags)
+    return prof.tier_label() if prof is not None else "unknown (profile not found or no longer valid)"
 
 
 def _http(exc: service.ExperimentError) -> HTTPException:

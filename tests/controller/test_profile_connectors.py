@@ -187,3 +187,17 @@ def test_the_simulator_takes_lmcache_settings_and_refuses_example_connector_clea
     with pytest.raises(StartupError) as ei:
         config_from_argv(["--profile", "tiny", *disk])
     assert "ExampleConnector" in ei.value.text and "needs a real vLLM" in ei.value.text
+
+
+def test_the_ab_page_names_the_tier_each_arm_has(client: Any, token: str, clock: Any) -> None:
+    batch = make_batch(1, clock(), samples=[("vllm:cache_config_info", {"kv_cache_size_tokens": "3072"}, 1.0)])
+    assert client.post("/api/v1/ingest", json=batch, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
+    client.post("/api/v1/profiles", json={"name": "gpu-only", "spec": {}})
+    client.post("/api/v1/profiles", json={"name": "disk", "spec": {"disk_tier": {"shared_storage_path": "/var/kv"}}})
+    r = client.post("/api/v1/experiments", json={"instance": iid, "a": "gpu-only", "b": "disk"})
+    assert r.status_code == 201, r.text
+    page = client.get(f"/experiments/{r.json()['id']}")
+    assert page.status_code == 200
+    assert "A (gpu-only): no KV tier (GPU only)" in page.text
+    assert "B (disk): disk tier /var/kv (ExampleConnector)" in page.text
