@@ -249,6 +249,7 @@ def run_once(args: argparse.Namespace) -> int:
 def run_parse(args: argparse.Namespace) -> int:
     import json
 
+    from agent import engines
     from agent.exposition import parse
     from agent.normalise import KEEP_PREFIXES, normalise
 
@@ -256,8 +257,9 @@ def run_parse(args: argparse.Namespace) -> int:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")
     except OSError as exc:
         raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
-    exp = parse(text, None if args.all else KEEP_PREFIXES)
+    exp = parse(text, None if args.all else KEEP_PREFIXES + engines.KEEP_PREFIXES)
     norm = normalise(exp)
+    reading = engines.read_engines(norm.samples, list(exp.types) + [n for n, _l, _v in norm.samples])
     families: dict[str, Any] = {}
     for name, labels, value in norm.samples:
         fam = _family(name, norm.types)
@@ -272,6 +274,14 @@ def run_parse(args: argparse.Namespace) -> int:
         "shadowed_older_names": norm.shadowed,
         "dropped_nonfinite": norm.dropped_nonfinite,
         "dropped_duplicates": norm.dropped_duplicates,
+        # what agent/engines adds to a scrape of this text (the normalised KV series)
+        "engine": {
+            "engine": reading.detection.engine,
+            "components": list(reading.detection.components),
+            "block_size": reading.block_size,
+            "notes": reading.notes,
+            "samples": [{"name": n, "labels": lab, "value": v} for n, lab, v in reading.samples],
+        },
     }
     json.dump(out, sys.stdout, indent=1)
     sys.stdout.write("\n")

@@ -69,3 +69,25 @@ def test_every_registered_engine_declares_prefixes_a_title_and_a_reader() -> Non
     for name, spec in ENGINES.items():
         assert spec.name == name and spec.title and spec.prefixes and callable(spec.read)
         assert spec.metrics_path.startswith("/")
+
+
+def test_agent_parse_shows_what_the_engine_readers_add_to_a_saved_exposition(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+    from pathlib import Path
+
+    from kvscope.cli import main
+
+    prom = (
+        Path(__file__).resolve().parents[2]
+        / "fixtures"
+        / "sglang"
+        / "real__sglang-0.5.23__hicache-collectors-driven.prom"
+    )
+    assert main(["agent", "parse", str(prom)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"]["engine"] == "sglang" and out["engine"]["block_size"] == 64
+    names = {s["name"] for s in out["engine"]["samples"]}
+    assert {"vllm:prompt_tokens_by_source_total", "kvscope:kv_tier_capacity_tokens"} <= names
+    assert "sglang:load_back_bytes" in out["families"]  # the engine's own families are kept too
