@@ -145,7 +145,7 @@ def test_agent_events_are_stored(client: Any, token: str, clock: Any, batch_fact
 
 def test_missing_or_wrong_token_is_401(client: Any, clock: Any, batch_factory: Any, engine: Any) -> None:
     body = json.dumps(batch_factory(1, clock()))
-    assert client.post("/api/v1/ingest", content=body).status_code == 401
+    assert client.post("/api/v1/ingest", content=body, headers={"Authorization": ""}).status_code == 401
     r = client.post("/api/v1/ingest", content=body, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401 and "token" in r.json()["error"]
     r = client.post("/api/v1/ingest", content=body, headers={"Authorization": "Basic abc"})

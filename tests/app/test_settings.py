@@ -49,11 +49,11 @@ def test_placeholder_secret_refused_off_loopback(tmp_path: Path, host: str) -> N
     s = load_settings(None, data_dir=str(tmp_path), host=host)
     with pytest.raises(UserError, match="KVSCOPE_SECRET_KEY"):
         s.check_for_bind()
-    ok = load_settings(None, data_dir=str(tmp_path), host=host, secret_key="a-real-long-random-secret")
+    ok = load_settings(None, data_dir=str(tmp_path), host=host, secret_key="a-real-long-random-secret-of-32-bytes")
     ok.check_for_bind()
     with pytest.raises(UserError, match="KVSCOPE_AGENT_TOKEN"):
         load_settings(
-            None, data_dir=str(tmp_path), host=host, secret_key="real-secret-value", agent_token="change-me"
+            None, data_dir=str(tmp_path), host=host, secret_key="real-secret-value-" + "x" * 32, agent_token="change-me"
         ).check_for_bind()
 
 

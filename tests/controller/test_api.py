@@ -46,7 +46,7 @@ def test_rollout_hand_off_and_updates(client: Any, token: str, clock: Any) -> No
     assert r.json()["state"] == "requested" and r.json()["payload"]["argv"] == ["--kv-cache-dtype", "fp8"]
     assert client.post("/api/v1/rollouts", json={"instance": iid, "profile": "fp8"}).status_code == 409
     # Without a token the app hands nothing out.
-    assert client.post("/api/v1/ingest", json=make_batch(2, clock())).status_code == 401
+    assert client.post("/api/v1/ingest", json=make_batch(2, clock()), headers={"Authorization": ""}).status_code == 401
     reply = _push(client, token, 2, clock.advance(1))
     assert [c["id"] for c in reply["commands"]] == [rid]
     cmd = reply["commands"][0]

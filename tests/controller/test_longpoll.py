@@ -23,7 +23,7 @@ from agent.protocol import AgentEvent, Command, RolloutUpdate
 from app.api.commands import poll_state
 from tests.agent.fakevllm import FakeVllm
 from tests.agent.livesrv import LiveServer
-from tests.conftest import make_batch
+from tests.conftest import api_token, make_batch
 
 AUTH = "Authorization"
 INSTANCE = "http://127.0.0.1:8000"
@@ -82,7 +82,7 @@ def _rollout(client: Any, iid: int) -> int:
 
 def _poll(client: Any, token: str | None, wait: Any = 0, **body: Any) -> Any:
     payload = {"agent_id": "agent-1", "host": "rig1", **body}
-    headers = {AUTH: f"Bearer {token}"} if token else {}
+    headers = {AUTH: f"Bearer {token}" if token else ""}  # "" drops the client's own API token
     return client.post(f"/api/v1/commands?wait={wait}", json=payload, headers=headers)
 
 
@@ -100,7 +100,7 @@ def test_auth_and_bad_requests_answer_4xx_with_a_message(client: Any, token: str
     assert _poll(client, token, host=7).status_code == 422
     assert _poll(client, token, known="1,2").status_code == 422
     assert _poll(client, token, known=[1, "x"]).status_code == 422
-    assert _poll(client, token, host="elsewhere").status_code == 409
+    assert _poll(client, token, host="elsewhere").status_code == 403  # the token is bound to rig1
     h = {AUTH: f"Bearer {token}"}
     bad = client.post("/api/v1/commands", content=b"{nope", headers=h)
     assert bad.status_code == 400 and "error" in bad.json()
@@ -177,7 +177,7 @@ def live(app: Any) -> Iterator[LiveServer]:
 def test_agent_thread_delivers_a_command_without_any_push(
     app: Any, live: LiveServer, token: str, clock: Any, tmp_path: Path
 ) -> None:
-    c = httpx.Client(base_url=live.url, timeout=10)
+    c = httpx.Client(base_url=live.url, timeout=10, headers={AUTH: "Bearer " + api_token(app.state.ctx.engine)})
     try:
         iid = _setup(c, token, clock)
         state_dir = tmp_path / "agent"
@@ -235,7 +235,7 @@ def test_agent_run_starts_the_poll_with_the_sink_and_its_stop_cuts_it(
     )
     stop = threading.Event()
     runner = threading.Thread(target=agent.run, args=(stop, clock), daemon=True)
-    c = httpx.Client(base_url=live.url, timeout=10)
+    c = httpx.Client(base_url=live.url, timeout=10, headers={AUTH: "Bearer " + api_token(app.state.ctx.engine)})
     try:
         runner.start()
         # the poll starts before the first push (409: host unknown); that push cuts its backoff short
