@@ -108,23 +108,63 @@ def report(
             "a block counts only if its whole prefix would reload (docs/cache-sizing.md)",
         }
     )
+    add_saved_seconds(out)
+    return out
+
+
+def _increase(ctx: AppContext, name: str, instance_id: int, start: float, end: float) -> dict[str, float]:
+    """Reset-corrected increase of every series `name` over the range, by its `source` label."""
+    out: dict[str, float] = {}
+    for sp in series_points(ctx.engine, name=name, start=start, end=end, instance_id=instance_id):
+        key = str(sp.labels.get("source", ""))
+        out[key] = out.get(key, 0.0) + increase(sp.points)
     return out
 
 
 def measured(ctx: AppContext, instance_id: int, start: float, end: float) -> dict[str, Any]:
-    """vLLM's own prompt-token counters over the range, to set beside the prediction."""
+    """vLLM's own counters over the range, to set beside the prediction: prompt tokens by source,
+    and the prefill seconds per computed token and load seconds per byte that turn reloaded tokens
+    into prefill seconds saved."""
     if end - start > MAX_COUNTER_RANGE_S:
         return {"note": "measured counters are shown for ranges of a day or less"}
-    out: dict[str, Any] = {"prompt_tokens": None, "by_source": {}}
-    for sp in series_points(ctx.engine, name="vllm:prompt_tokens_total", start=start, end=end, instance_id=instance_id):
-        out["prompt_tokens"] = (out["prompt_tokens"] or 0.0) + increase(sp.points)
-    for sp in series_points(
-        ctx.engine, name="vllm:prompt_tokens_by_source_total", start=start, end=end, instance_id=instance_id
-    ):
-        src = str(sp.labels.get("source", ""))
-        out["by_source"][src] = out["by_source"].get(src, 0.0) + increase(sp.points)
-    out["source"] = "vllm:prompt_tokens_total and vllm:prompt_tokens_by_source_total, increase over the range"
-    return out
+    total = _increase(ctx, "vllm:prompt_tokens_total", instance_id, start, end)
+    by_source = _increase(ctx, "vllm:prompt_tokens_by_source_total", instance_id, start, end)
+    prefill_s = sum(_increase(ctx, "vllm:request_prefill_time_seconds_sum", instance_id, start, end).values())
+    load_s = sum(_increase(ctx, "vllm:kv_offload_load_time_total", instance_id, start, end).values())
+    load_bytes = sum(_increase(ctx, "vllm:kv_offload_load_bytes_total", instance_id, start, end).values())
+    computed = by_source.get("local_compute", 0.0)
+    return {
+        "prompt_tokens": sum(total.values()) if total else None,
+        "by_source": by_source,
+        "source": "vllm:prompt_tokens_total and vllm:prompt_tokens_by_source_total, increase over the range",
+        "prefill_s_per_computed_token": {
+            "value": prefill_s / computed if prefill_s > 0 and computed > 0 else None,
+            "source": "vllm:request_prefill_time_seconds_sum / prompt_tokens_by_source{local_compute} (the prefill "
+            "phase's whole time, so an upper bound of the compute cost)",
+        },
+        "load_s_per_byte": {
+            "value": load_s / load_bytes if load_s > 0 and load_bytes > 0 else None,
+            "source": "vllm:kv_offload_load_time_total / vllm:kv_offload_load_bytes_total",
+        },
+    }
+
+
+def add_saved_seconds(rep: dict[str, Any]) -> None:
+    """``saved_prefill_s`` on every size: reloaded tokens x (prefill s/token - load s/token), when
+    vLLM's counters gave the prefill speed (the load cost is 0 when no tier has loaded yet: said so)."""
+    m = rep.get("measured") or {}
+    prefill = (m.get("prefill_s_per_computed_token") or {}).get("value")
+    per_byte = (m.get("load_s_per_byte") or {}).get("value")
+    bpt = (rep.get("bytes_per_token") or {}).get("value")
+    load = per_byte * bpt if per_byte is not None and bpt else 0.0
+    rep["saved_prefill_s_basis"] = (
+        None
+        if prefill is None
+        else f"{prefill * 1e3:.3f} ms prefill per computed token"
+        + (f" - {load * 1e3:.3f} ms load per token" if load else " (no tier load measured: load cost taken as 0)")
+    )
+    for point in rep.get("sizes") or []:
+        point["saved_prefill_s"] = None if prefill is None else point["reload_tokens"] * max(0.0, prefill - load)
 
 
 def _profile_name(instance_id: int, gib: float) -> str:

@@ -218,15 +218,18 @@ def test_measured_counters_and_the_prediction_at_the_current_size_sit_side_by_si
     now = clock()
     cfg = {**CACHE_CFG, "kv_offloading_size": "0.01"}  # 0.01 GiB = 163 blocks of 128 x 512 bytes
 
-    def counters(seq: int, ts: float, ext: float, prompt: float) -> None:
+    def counters(seq: int, ts: float, ext: float, prompt: float, computed: float, prefill_s: float) -> None:
         samples = [
             ("vllm:prompt_tokens_total", {"engine": "0"}, prompt),
             ("vllm:prompt_tokens_by_source_total", {"engine": "0", "source": "external_kv_transfer"}, ext),
+            ("vllm:prompt_tokens_by_source_total", {"engine": "0", "source": "local_compute"}, computed),
+            ("vllm:request_prefill_time_seconds_sum", {"engine": "0"}, prefill_s),
             ("vllm:cache_config_info", cfg, 1.0),
         ]
         types = {
             "vllm:prompt_tokens": "counter",
             "vllm:prompt_tokens_by_source": "counter",
+            "vllm:request_prefill_time_seconds": "histogram",
             "vllm:cache_config_info": "gauge",
         }
         body = batch_factory(seq, ts, samples=samples, types=types)
@@ -234,15 +237,19 @@ def test_measured_counters_and_the_prediction_at_the_current_size_sit_side_by_si
             body["reuse"] = [real_window(ts - 30, ts)]
         assert client.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
 
-    counters(1, now - 60, 1000.0, 50_000.0)
-    counters(2, now, 9192.0, 86_782.0)
+    counters(1, now - 60, 1000.0, 50_000.0, 10_000.0, 1.0)
+    counters(2, now, 9192.0, 86_782.0, 27_710.0, 18.71)  # 17.71 s for 17,710 computed tokens: 1 ms each
     rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
     assert rep["measured"]["prompt_tokens"] == 36_782
     assert rep["measured"]["by_source"]["external_kv_transfer"] == 8192
     assert rep["current_offload_gib"]["value"] == 0.01
     assert rep["current_reload_tokens"] == 64 * 128  # 163 blocks hold every reuse of this stream
+    assert math.isclose(rep["measured"]["prefill_s_per_computed_token"]["value"], 0.001)
+    assert math.isclose(rep["sizes"][-1]["saved_prefill_s"], 8192 * 0.001)
+    assert "load cost taken as 0" in rep["saved_prefill_s_basis"]
     page = client.get(f"/instances/{instance_id(client)}/sizing")
     assert "36,782 prompt tokens" in page.text and "predicts 8,192 reloaded tokens" in page.text
+    assert "8.19 s" in page.text  # prefill saved at the largest size shown
 
 
 def test_windows_older_than_the_retention_are_pruned_by_the_job(client, token, batch_factory, clock):
