@@ -171,7 +171,7 @@ class VllmReader:
         exp = parse(text, self.keep, self.label_cache)
         norm = normalise(exp)
         norm.samples.extend(from_json)
-        names = list(exp.types) + [n for n, _l, _v in norm.samples]
+        names = exp.types.keys() if exp.types else {n for n, _l, _v in norm.samples}
         reading = engines.read_engines(norm.samples, names, self.options.engine, self.options.block_size)
         self.detection = reading.detection
         norm.samples.extend(reading.samples)

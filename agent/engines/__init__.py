@@ -77,20 +77,25 @@ class Detection:
 
 def detect(names: Iterable[str], override: str | None = None) -> Detection:
     """The engines whose prefixes appear in ``names`` (metric or family names)."""
-    seen: set[str] = set()
-    prefixes = [(p, spec.name) for spec in ENGINES.values() for p in spec.prefixes]
-    for name in names:
-        for p, engine in prefixes:
-            if engine not in seen and name.startswith(p):
-                seen.add(engine)
-        if len(seen) == len(ENGINES):
-            break
+    heads = {_head(n) for n in names}
+    seen = {engine for p, engine in _PREFIXES if p in heads}
     ordered = sorted(seen, key=lambda e: ENGINES[e].rank)
     if override is not None and override in ENGINES:
         return Detection(override, tuple(e for e in ordered if e != override), "override")
     if not ordered:
         return Detection(None)
     return Detection(ordered[0], tuple(ordered[1:]))
+
+
+# every engine prefix is a name's head: up to its first ':' (vllm:, sglang:) or else its first '_'
+_PREFIXES = [(p, spec.name) for spec in ENGINES.values() for p in spec.prefixes]
+
+
+def _head(name: str) -> str:
+    i = name.find(":")
+    if i < 0:
+        i = name.find("_")
+    return name[: i + 1]
 
 
 @dataclass
@@ -121,10 +126,11 @@ def read_engines(
 ) -> EngineReading:
     """Detect the endpoint's engines and run their readers on its (parsed, normalised) samples.
 
-    ``names`` are the names detection looks at (default: the samples' own); ``block_size`` an
+    ``names`` are the names detection looks at (default: the samples' own; the families of the
+    exposition's TYPE lines are enough when it has them); ``block_size`` an
     operator's override of the engine's block size (tokens per block). A reader never writes the
     dashboard's ``vllm:`` families on an endpoint that has vLLM's own: they would count twice."""
-    det = detect(names if names is not None else (n for n, _l, _v in samples), override)
+    det = detect(names if names is not None else {n for n, _l, _v in samples}, override)
     reading = EngineReading(det)
     if det.engine is None:
         return reading

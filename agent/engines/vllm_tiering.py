@@ -51,7 +51,8 @@ def block_size(samples: Samples) -> float | None:
 
 def read(samples: Samples, block_size: int | None = None) -> Derived:
     d = Derived(NAME)
-    fam = by_name(samples, P)
+    own = by_name(samples, "vllm:kv_offload_")
+    fam = {n: rows for n, rows in own.items() if n.startswith(P)}
     for what in ("queries", "hits"):
         rows = fam.get(f"{P}chunk_{what}_total") or fam.get(f"{P}block_{what}_total") or []
         for key, value in sum_by(rows, ("tier",)).items():
@@ -68,7 +69,6 @@ def read(samples: Samples, block_size: int | None = None) -> Derived:
             name = tier_name(raw)
             path = f"{name}->CPU" if what == "read" else f"CPU->{name}"
             d.add(TIER_TRANSFER_BYTES, {"tier": name, "tier_label": raw, "direction": direction, "path": path}, value)
-    own = by_name(samples, "vllm:kv_offload_")
     d.add(TIER_TRANSFER_BYTES, {"tier": CPU, "direction": "load", "path": "CPU->GPU"}, total(own.get(LOAD_BYTES, [])))
     d.add(TIER_TRANSFER_BYTES, {"tier": CPU, "direction": "store", "path": "GPU->CPU"}, total(own.get(STORE_BYTES, [])))
     return d
