@@ -247,13 +247,13 @@ class VllmReader:
         """The raw answers of every endpoint (or the error text), for `kvscope agent capture`."""
         out: dict[str, bytes | str] = {}
         for path, name in (
-            ("/metrics", "metrics.prom"),
+            (self.metrics_path, "metrics.prom"),
             ("/v1/models", "v1_models.json"),
             ("/version", "version.json"),
             ("/health", "health.txt"),
         ):
             try:
-                r = self._get(path, accept="text/plain" if path == "/metrics" else "*/*")
+                r = self._get(path, accept="text/plain" if path == self.metrics_path else "*/*")
                 out[name] = r.content if r.status_code == 200 else f"HTTP {r.status_code}\n{r.text[:2000]}"
             except FetchError as exc:
                 out[name] = f"error: {_describe(exc)}"
