@@ -42,7 +42,7 @@ from agent.launcher.base import Launcher, LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 from agent.preflight_policy import check_disk_tier, check_flag_policy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
-from agent.protocol import AgentEvent, Command, RolloutUpdate
+from agent.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
 from kvscope.errors import UserError
 
@@ -468,7 +468,7 @@ class Controller:
         return state
 
     def _event(
-        self, ts: float, kind: str, message: str, instance: str | None, data: dict[str, Any] | None = None
+        self, ts: float, kind: EventKind, message: str, instance: str | None, data: dict[str, Any] | None = None
     ) -> None:
         ev = AgentEvent(
             ts=ts,

@@ -250,7 +250,7 @@ def _parse_transfer_config(raw: str, gpu_block: int, profile: Profile) -> Offloa
         return OffloadConfig(
             "lmcache",
             "LMCache",
-            int(float(extra.get("lmcache.max_local_cpu_size", extra.get("max_local_cpu_size", 5))) * GIB),
+            int(float(extra.get("lmcache.max_local_cpu_size") or extra.get("max_local_cpu_size") or 5) * GIB),
             gpu_block,
             "lru",
             1,
