@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.personalities import PERSONALITIES
 from simulator.profiles import DTYPE_BYTES, GIB, PROFILES, Profile, get_profile
 
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -89,6 +90,13 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
         choices=["current", "legacy"],
         help="legacy: older builds' names (gpu_cache_usage_perc, gpu_prefix_cache_*, "
         "time_per_output_token_seconds; no by-source or new offload families)",
+    )
+    p.add_argument(
+        "--sim-engine",
+        default="vllm",
+        choices=list(PERSONALITIES),
+        help="which engine's families /metrics exports: vllm, or the same model as SGLang's or "
+        "TensorRT-LLM's (simulator/personalities.py)",
     )
     p.add_argument(
         "--sim-time-scale",

@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
             server_info=server_info(cfg),
             time_scale=args.sim_time_scale,
             legacy_metric_names=args.sim_metric_names == "legacy",
+            personality=args.sim_engine,
             load_tracking=args.enable_server_load_tracking,
             kv_event_sources=kv_events.sources() if kv_events is not None else None,
         )

@@ -29,6 +29,7 @@ from simulator.openai_api import (
     stream_chunk,
     usage_chunk,
 )
+from simulator.personalities import personality_registry
 from simulator.request import EngineDead, Event
 
 Scope = dict[str, Any]
@@ -49,6 +50,7 @@ class SimApp:
         on_fatal: Callable[[str], None] | None = None,
         server_info: dict[str, Any] | None = None,
         legacy_metric_names: bool = False,
+        personality: str = "vllm",
         load_tracking: bool = False,
         kv_event_sources: dict[str, Any] | None = None,
     ) -> None:
@@ -65,7 +67,8 @@ class SimApp:
         self.dev_mode = dev_mode
         self.on_fatal = on_fatal
         self.server_info = server_info or {}
-        self.registry = build_registry(engine, legacy_metric_names)
+        # /metrics as vLLM, or as another engine's families (simulator/personalities.py)
+        self.registry = personality_registry(build_registry(engine, legacy_metric_names), personality)
         self.load_tracking = load_tracking
         self.kv_event_sources = kv_event_sources or {}  # GET /kv_event_sources (simulator/kv_events.py)
         self.in_flight = 0
