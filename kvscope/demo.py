@@ -81,6 +81,22 @@ def sim_flags(srv: DemoServer) -> list[str]:
     return ["--profile", srv.sim_profile, "--served-model-name", srv.model, "--sim-jitter", str(DEMO_SIM_JITTER)]
 
 
+def kv_events_available() -> bool:
+    """pyzmq and msgpack (the kvevents extra) are installed: the demo's servers publish KV events."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("zmq", "msgpack"))
+
+
+def kv_events_flags(port: int) -> list[str]:
+    """The sim's KV-event publisher on a loopback port the agent binds (vLLM connects to a host
+    endpoint), so the sizing page has a (simulated) curve; none without the kvevents extra."""
+    if not kv_events_available():
+        return []
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
+    return ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
+
+
 def initial_argv(key: str, offload_gib: float) -> list[str]:
     """The flags a demo server starts with: its initial profile, rendered as the controller would."""
     from app.profiles import parse_profile
@@ -155,6 +171,7 @@ def write_launcher_config(
             str(sim_state),
             "--sim-gpu-index",
             str(gpu),  # one simulated GPU per server, as on a two-GPU rig
+            *kv_events_flags(_free_port()),
         ]
         initial = initial_argv(srv.key, offload_gib)
         lines += [
@@ -323,6 +340,8 @@ def run_demo(args: argparse.Namespace) -> int:
     ]
     for srv in SERVERS:
         agent_cmd += ["--vllm-url", f"http://127.0.0.1:{ports[srv.key]}"]
+    if kv_events_available():
+        agent_cmd += ["--kv-events", "auto"]  # the sizing page's curve (docs/cache-sizing.md)
     env = {**os.environ, "KVSCOPE_SIM_STATE_DIR": str(data_dir / "sim-state")}
     agent_log = open(data_dir / "logs" / "agent.log", "ab")  # noqa: SIM115 - lives as long as the agent
     agent = subprocess.Popen(agent_cmd, env=env, stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -129,7 +129,7 @@ class Subscriber:
                 s = self._ctx.socket(zmq.SUB)
                 s.setsockopt(zmq.LINGER, 0)
                 s.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
-                (s.bind if src.bind else s.connect)(src.endpoint)
+                self._attach(s, src)
                 socks[s] = src
                 poller.register(s, zmq.POLLIN)
             self.ready.set()
@@ -149,6 +149,21 @@ class Subscriber:
         finally:
             for s in socks:
                 s.close(0)
+
+    @staticmethod
+    def _attach(sock: zmq.Socket[Any], src: EventSource) -> None:
+        """Bind where vLLM connects, else connect. /kv_event_sources reports ``tcp://*:0`` resolved
+        to ``tcp://ip:port``, which vLLM binds although it names a host: a bind that finds the
+        address taken or not ours connects instead."""
+        if not src.bind:
+            sock.connect(src.endpoint)
+            return
+        try:
+            sock.bind(src.endpoint)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EADDRINUSE, zmq.EADDRNOTAVAIL):
+                raise
+            sock.connect(src.endpoint)
 
     def _handle(self, src: EventSource, frames: list[bytes]) -> None:
         try:

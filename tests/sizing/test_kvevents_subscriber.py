@@ -225,3 +225,15 @@ def test_collector_follows_a_restart_that_moves_the_publisher():
     answers.append({})  # events switched off: the subscriber stays (nothing to follow elsewhere)
     col.windows(130.0)
     assert len(started) == 2 and col.instances[0].subscriber is started[1]
+
+
+def test_a_host_endpoint_vllm_bound_itself_is_connected_to_instead():
+    """vLLM reports tcp://*:0 resolved to ip:port: a host name, yet vLLM bound it."""
+    pub = FakePublisher("tcp://127.0.0.1:*")  # bound by the publisher, reported as a host endpoint
+    sub = run_subscriber([EventSource(endpoint=pub.endpoint, bind=True)])
+    try:
+        assert sub.error is None
+        publish_until_seen(pub, sub)
+    finally:
+        sub.stop()
+        pub.close()
