@@ -231,6 +231,34 @@ def trtllm_families(rows: Rows) -> Iterator[Metric]:
 
 
 FAMILIES = {"sglang": sglang_families, "trtllm": trtllm_families}
+# where each personality serves its Prometheus text (trtllm-serve: /metrics answers JSON)
+METRICS_PATHS = {"vllm": "/metrics", "sglang": "/metrics", "trtllm": "/prometheus/metrics"}
+
+
+def trtllm_iteration_stats(registry: CollectorRegistry) -> list[dict[str, object]]:
+    """trtllm-serve's JSON /metrics: the latest iteration's statistics (kvCacheStats and queue
+    sizes), from the TensorRT-LLM families of ``registry`` (a trtllm personality)."""
+    rows = _rows(registry.collect())
+
+    def g(name: str) -> float:
+        return _sum(rows, name)
+
+    kv = {
+        "maxNumBlocks": int(g("trtllm_kv_cache_max_blocks")),
+        "freeNumBlocks": int(g("trtllm_kv_cache_free_blocks")),
+        "usedNumBlocks": int(g("trtllm_kv_cache_used_blocks")),
+        "tokensPerBlock": int(g("trtllm_kv_cache_tokens_per_block")),
+        "reusedBlocks": int(g("trtllm_kv_cache_reused_blocks_total")),
+        "missedBlocks": int(g("trtllm_kv_cache_missed_blocks_total")),
+        "cacheHitRate": g("trtllm_kv_cache_hit_rate"),
+    }
+    return [
+        {
+            "numActiveRequests": int(g("trtllm_num_requests_running")),
+            "numQueuedRequests": int(g("trtllm_num_requests_waiting")),
+            "kvCacheStats": kv,
+        }
+    ]
 
 
 class PersonalityCollector(Collector):

@@ -29,7 +29,7 @@ from simulator.openai_api import (
     stream_chunk,
     usage_chunk,
 )
-from simulator.personalities import personality_registry
+from simulator.personalities import METRICS_PATHS, personality_registry, trtllm_iteration_stats
 from simulator.request import EngineDead, Event
 
 Scope = dict[str, Any]
@@ -69,6 +69,8 @@ class SimApp:
         self.server_info = server_info or {}
         # /metrics as vLLM, or as another engine's families (simulator/personalities.py)
         self.registry = personality_registry(build_registry(engine, legacy_metric_names), personality)
+        self.personality = personality
+        self.metrics_path = METRICS_PATHS[personality]
         self.load_tracking = load_tracking
         self.kv_event_sources = kv_event_sources or {}  # GET /kv_event_sources (simulator/kv_events.py)
         self.in_flight = 0
@@ -160,10 +162,14 @@ class SimApp:
                 )
             elif path == "/v1/models":
                 await self._need(method, "GET", send) and await self._json(send, 200, self._models())
-            elif path == "/metrics":
+            elif path == self.metrics_path:
                 if await self._need(method, "GET", send):
                     self.dispatch(self.engine.advance(self.clock()))
                     await self._respond(send, 200, render(self.registry), CONTENT_TYPE)
+            elif path == "/metrics" and self.personality == "trtllm":  # trtllm-serve: JSON iteration stats
+                if await self._need(method, "GET", send):
+                    self.dispatch(self.engine.advance(self.clock()))
+                    await self._json(send, 200, trtllm_iteration_stats(self.registry))
             elif path in ("/v1/completions", "/v1/chat/completions"):
                 if await self._need(method, "POST", send):
                     kind = "completion" if path == "/v1/completions" else "chat"

@@ -3,6 +3,8 @@ families, is read back by the agent's engine readers with the same token counts 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from prometheus_client import generate_latest
 from simdrive import doc_ids, engine, run
@@ -94,3 +96,37 @@ def test_sim_engine_is_a_flag_of_kvscope_sim() -> None:
     assert make_parser().parse_args(["--sim-engine", "trtllm"]).sim_engine == "trtllm"
     with pytest.raises(SystemExit):
         make_parser().parse_args(["--sim-engine", "tgi"])
+
+
+def test_a_trtllm_personality_serves_json_at_metrics_and_text_at_prometheus_metrics_like_trtllm_serve() -> None:
+    import asyncio
+
+    import httpx
+    from simdrive import app, client
+
+    from agent.vllm_reader import VllmReader
+
+    async def go() -> tuple[object, str]:
+        a = app(*ARGS, personality="trtllm")
+        try:
+            async with client(a) as c:
+                stats = (await c.get("/metrics")).json()
+                text = (await c.get("/prometheus/metrics")).text
+                return stats, text
+        finally:
+            await a.stop()
+
+    stats, text = asyncio.run(go())
+    assert isinstance(stats, list) and stats[0]["kvCacheStats"]["tokensPerBlock"] > 0
+    assert "trtllm_kv_cache_max_blocks" in text
+
+    routes = {"/metrics": (200, json.dumps(stats)), "/prometheus/metrics": (200, text), "/health": (200, "")}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        status, body = routes.get(req.url.path, (404, ""))
+        return httpx.Response(status, text=body)
+
+    reader = VllmReader("http://trt:8000", httpx.Client(transport=httpx.MockTransport(handler)))
+    s, _ = reader.scrape(1.0)
+    assert reader.metrics_path == "/prometheus/metrics" and reader.detection is not None
+    assert reader.detection.engine == "trtllm" and any(x.labels.get("kv_engine") == "trtllm" for x in s.samples)
