@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import html
+import logging
 import time
 from typing import Any
 
@@ -14,12 +14,13 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
-from app import auth, jobs
+from app import jobs
 from app.api import commands as commands_api
 from app.api import ingest as ingest_api
 from app.api import read as read_api
-from app.auth import guard
 from app.api.docs import install_docs
+from app.auth import guard
+from app.auth.install import install as install_auth
 from app.auth.secret import effective_secret
 from app.context import AppContext, Clock
 from app.selfmetrics import SelfMetrics
@@ -81,7 +82,7 @@ def create_app(
                 continue
             raise
         mod.install(app, ctx)
-    auth.install(app, ctx)  # login pages, admin API, Host allow-list and security headers (outermost)
+    install_auth(app, ctx)  # login pages, admin API, Host allow-list and security headers (outermost)
     jobs.install(app, ctx)  # last: starts whatever jobs the parts registered
     return app
 

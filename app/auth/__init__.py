@@ -3,10 +3,6 @@ security headers. See docs/security.md.
 
 Every route needs a role. A route states it with `@requires(...)` (roles.py); one without it needs
 "viewer" to read (GET/HEAD) and "operator" for anything else, so a new route is never open by
-accident. `install(app, ctx)` wires the checks into the app.
+accident. `app.auth.install.install(app, ctx)` wires the checks into the app. This file imports
+nothing, so `kvscope user ...` and the agent's CLI stay light.
 """
-
-from app.auth.install import install
-from app.auth.roles import ADMIN, AGENT, OPERATOR, PUBLIC, VIEWER, Principal, principal_of, requires
-
-__all__ = ["ADMIN", "AGENT", "OPERATOR", "PUBLIC", "VIEWER", "Principal", "install", "principal_of", "requires"]

@@ -36,7 +36,7 @@ def test_outage_every_sample_once_in_order(
     # stdlib: what `kvscope agent` uses; its keep-alive connection goes stale when the app stops
     push: Any = StdlibFetcher() if push_kind == "stdlib" else httpx.Client(trust_env=False)
     agent = Agent(
-        AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=tmp_path / "state"),
+        AgentConfig(["http://vllm:8000"], server=live.url, token=token, host_name="rig1", state_dir=tmp_path / "state"),
         client=fake.client(),
         push_client=push,
     )
@@ -80,7 +80,7 @@ def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: A
     t0 = clock() - 50
     refused = httpx.Client(trust_env=False)
     dead = Agent(
-        AgentConfig(["http://vllm:8000"], server="http://127.0.0.1:9", token=token, state_dir=state),
+        AgentConfig(["http://vllm:8000"], server="http://127.0.0.1:9", token=token, host_name="rig1", state_dir=state),
         client=fake.client(),
         push_client=refused,
     )
@@ -91,7 +91,7 @@ def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: A
     refused.close()
     push = httpx.Client(trust_env=False)
     agent = Agent(
-        AgentConfig(["http://vllm:8000"], server=live.url, token=token, state_dir=state),
+        AgentConfig(["http://vllm:8000"], server=live.url, token=token, host_name="rig1", state_dir=state),
         client=fake.client(),
         push_client=push,
     )
@@ -120,7 +120,9 @@ def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: A
 
     fake = FakeVllm()
     agent = Agent(
-        AgentConfig(["http://vllm:8000"], server="http://app", token=token, state_dir=tmp_path / "st"),
+        AgentConfig(
+            ["http://vllm:8000"], server="http://app", token=token, host_name="rig1", state_dir=tmp_path / "st"
+        ),
         client=fake.client(),
         push_client=httpx.Client(transport=httpx.MockTransport(via_app)),
     )
