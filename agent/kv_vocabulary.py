@@ -88,6 +88,17 @@ CACHED_SOURCE_TIERS: dict[str, str | None] = {
     "p2p": "peer instance (p2p)",
     "external_unspecified": "external connector",
 }
+# --kv-transfer-config's kv_connector: what the connector stores into (vLLM's built-in ones)
+CONNECTOR_TIERS: dict[str, str] = {
+    "OffloadingConnector": "CPU",
+    "ExampleConnector": "disk",  # files under shared_storage_path
+    "SharedStorageConnector": "disk",  # ExampleConnector's earlier name
+    "LMCacheConnectorV1": "LMCache",
+    "LMCacheConnector": "LMCache",
+    "NixlConnector": "peer instance (NIXL)",
+    "P2pNcclConnector": "peer instance (NCCL)",
+    "MooncakeConnector": "Mooncake store",
+}
 # --kv-offloading-backend (cache_config_info kv_offloading_backend)
 BACKEND_TIERS: dict[str, str] = {"native": "CPU", "lmcache": "LMCache"}
 # TieringOffloadingSpec tier label kinds: "0:primary", "1:fs", "2:obj"
@@ -106,17 +117,41 @@ def configured_offload_gib(cache_config: Mapping[str, Any] | None) -> float | No
     return gib if gib > 0 and gib == gib and gib != float("inf") else None
 
 
+def connector_from_argv(argv: Iterable[str]) -> str | None:
+    """kv_connector of a vLLM command line's --kv-transfer-config JSON; None without one."""
+    import json
+
+    items = list(argv)
+    for i, item in enumerate(items):
+        raw: str | None = None
+        if item == "--kv-transfer-config" and i + 1 < len(items):
+            raw = items[i + 1]
+        elif item.startswith("--kv-transfer-config="):
+            raw = item.split("=", 1)[1]
+        if raw is None:
+            continue
+        try:
+            cfg = json.loads(raw)
+        except ValueError:
+            return None
+        name = cfg.get("kv_connector") if isinstance(cfg, dict) else None
+        return str(name) if name else None
+    return None
+
+
 def offload_tiers(
     cache_config: Mapping[str, Any] | None,
     *,
     cached_sources: Iterable[str] = (),
     tiering_tiers: Iterable[str] = (),
     lmcache: bool = False,
+    connector: str | None = None,
 ) -> list[str]:
     """The offload tiers an instance has, named by what they are (CPU, disk, LMCache, ...), in
-    order: the configured backend, TieringOffloadingSpec tiers, tiers that supplied cached tokens
-    (cached_sources: source labels of prompt_tokens_cached_by_source seen moving), LMCache metrics.
-    Empty when nothing shows an offload tier."""
+    order: the configured backend or the known KV connector, TieringOffloadingSpec tiers, tiers
+    that supplied cached tokens (cached_sources: source labels of prompt_tokens_cached_by_source
+    seen moving; with a known connector its "external_unspecified" tokens are that connector's),
+    LMCache metrics. Empty when nothing shows an offload tier."""
     names: list[str] = []
 
     def add(name: str | None) -> None:
@@ -126,10 +161,14 @@ def offload_tiers(
     backend = str((cache_config or {}).get("kv_offloading_backend") or "")
     if configured_offload_gib(cache_config) is not None:
         add(BACKEND_TIERS.get(backend.lower(), backend if backend not in ("", "None") else "CPU"))
+    connector_tier = CONNECTOR_TIERS.get(connector, connector) if connector else None
+    add(connector_tier)
     for tier in tiering_tiers:
         kind = tier.split(":", 1)[-1].lower()
         add(TIERING_KINDS.get(kind, kind or None))
     for src in cached_sources:
+        if src == "external_unspecified" and connector_tier:
+            continue
         add(CACHED_SOURCE_TIERS.get(src, src or None))
     if lmcache:
         add("LMCache")

@@ -15,6 +15,7 @@ from app.derived.evaluate import Values, gauge_window, range_increase
 from app.derived.grid import Grid, make_grid
 from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
 from app.storage.raw_store import counter_increases, raw_points_from, series_meta
+from app.storage.rollouts_store import list_rollouts
 from app.storage.rollups import DEFAULT_PX, TieredSeries, pick_tier, scrape_gap, tiered_points
 
 Increase = tuple[dict[str, Any], float]  # (labels, increase) of one series
@@ -207,12 +208,33 @@ def offload_size_bytes(instance: dict[str, Any]) -> float | None:
 TIERING_HITS = "vllm:kv_offload_tiering_block_hits_total"
 
 
-def tiers_from(cache_config: dict[str, Any] | None, got: dict[str, list[Increase]]) -> list[str]:
-    """Offload tier names from the config and the increases of CACHED_BY_SOURCE / TIERING_HITS over
-    a range: tiers that supplied cached tokens in it, TieringOffloadingSpec tiers present."""
+def tiers_from(
+    cache_config: dict[str, Any] | None, got: dict[str, list[Increase]], connector: str | None = None
+) -> list[str]:
+    """Offload tier names from the config, the KV connector kvscope last started the instance
+    with, and the increases of CACHED_BY_SOURCE / TIERING_HITS over a range: tiers that supplied
+    cached tokens in it, TieringOffloadingSpec tiers present."""
     moved = sorted({str(lab.get("source", "")) for lab, inc in got.get(kv.CACHED_BY_SOURCE, []) if inc > 0})
     tiering = sorted({str(lab.get("tier", "")) for lab, _inc in got.get(TIERING_HITS, [])})
-    return kv.offload_tiers(cache_config, cached_sources=moved, tiering_tiers=tiering)
+    return kv.offload_tiers(cache_config, cached_sources=moved, tiering_tiers=tiering, connector=connector)
+
+
+def applied_connector(engine: Engine, instance_id: int) -> str | None:
+    """The kv_connector of the argv of the instance's latest healthy rollout (vLLM's metrics do
+    not say which connector runs: an ExampleConnector disk store reports 'external_unspecified')."""
+    for r in list_rollouts(engine, instance_id=instance_id, limit=20):
+        if r.get("state") == "healthy":
+            argv = (r.get("payload") or {}).get("argv") or []
+            return kv.connector_from_argv(str(a) for a in argv) if isinstance(argv, list) else None
+    return None
+
+
+def scope_connector(scope: Any) -> str | None:
+    """applied_connector of a Scope's instance (None for scopes without a database)."""
+    engine = getattr(scope, "engine", None)
+    if engine is None:
+        return None
+    return applied_connector(engine, int(scope.instance["id"]))
 
 
 def offload_tiers(scope: Scope) -> list[str]:
@@ -223,7 +245,7 @@ def offload_tiers(scope: Scope) -> list[str]:
         return memo
     g = scope.grid
     got = scope.range_increases([kv.CACHED_BY_SOURCE, TIERING_HITS], g.start, g.end)
-    tiers = tiers_from(scope.instance.get("cache_config"), got)
+    tiers = tiers_from(scope.instance.get("cache_config"), got, scope_connector(scope))
     try:
         scope._tiers = tiers
     except AttributeError:

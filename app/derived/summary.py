@@ -11,7 +11,7 @@ from typing import Any
 
 from agent import kv_vocabulary as kv
 from app.derived import worth as w
-from app.derived.panels import TIERING_HITS, Scope, offload_size_bytes, tiers_from
+from app.derived.panels import TIERING_HITS, Scope, offload_size_bytes, scope_connector, tiers_from
 
 NAMES = sorted(
     {*w.NAMES, kv.CACHED_BY_SOURCE, TIERING_HITS, *(n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams)}
@@ -50,9 +50,14 @@ class Summary:
 
 
 def summarise(
-    got: dict[str, list[tuple[dict[str, Any], float]]], instance: dict[str, Any], start: float, end: float
+    got: dict[str, list[tuple[dict[str, Any], float]]],
+    instance: dict[str, Any],
+    start: float,
+    end: float,
+    connector: str | None = None,
 ) -> Summary:
-    """The summary from the increases over [start, end] of the families in NAMES. Pure."""
+    """The summary from the increases over [start, end] of the families in NAMES (and the KV
+    connector kvscope started the instance with, when known). Pure."""
     by_source: dict[str, float] = {}
     for labels, inc in got.get(kv.BY_SOURCE, []):
         src = str(labels.get("source", ""))
@@ -62,7 +67,7 @@ def summarise(
         if name != kv.BY_SOURCE and incs:
             increases[name] = sum(v for _labels, v in incs)
     tokens = {src.key: by_source.get(src.vllm_label) for src in kv.SOURCES}
-    tiers = tiers_from(instance.get("cache_config"), got)
+    tiers = tiers_from(instance.get("cache_config"), got, connector)
     worth = w.worth_from(got, tiers, offload_size_bytes(instance) is not None)
     return Summary(start, end, tokens, kv.hit_rates(increases, by_source), tiers, worth)
 
@@ -70,4 +75,4 @@ def summarise(
 def compute_summary(scope: Scope) -> Summary:
     g = scope.grid
     got = scope.range_increases(NAMES, g.start, g.end)
-    return summarise(got, scope.instance, g.start, g.end)
+    return summarise(got, scope.instance, g.start, g.end, scope_connector(scope))

@@ -188,3 +188,14 @@ def test_offload_tiers_are_named_by_what_they_are() -> None:
     assert kv.offload_tiers(cpu, cached_sources=["host", "disk", "p2p"]) == ["CPU", "disk", "peer instance (p2p)"]
     assert kv.offload_tiers({"kv_offloading_size": "garbage"}) == [] and kv.offload_tiers(None) == []
     assert kv.tier_name([]) is None and kv.tier_name(["CPU", "disk"]) == "CPU + disk"
+    # a known connector names what vLLM reports only as external_unspecified
+    off = {"kv_offloading_size": "None"}
+    assert kv.offload_tiers(off, cached_sources=["external_unspecified"], connector="ExampleConnector") == ["disk"]
+    assert kv.offload_tiers(off, connector="SomeNewConnector") == ["SomeNewConnector"]
+    argv = ["serve", "m", "--kv-transfer-config", '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}']
+    assert kv.connector_from_argv(argv) == "ExampleConnector"
+    assert kv.connector_from_argv(['--kv-transfer-config={"kv_connector":"LMCacheConnectorV1"}']) == (
+        "LMCacheConnectorV1"
+    )
+    assert kv.connector_from_argv(["--kv-transfer-config", "{not json"]) is None
+    assert kv.connector_from_argv(["--kv-transfer-config", "[1]"]) is None and kv.connector_from_argv([]) is None

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.exposition import parse
+from agent.normalise import KEEP_PREFIXES, normalise
 from app.ingest import parse_batch
 from app.storage.ingest_store import IngestWriter
 from tests.app.pages.recorded import recorded_batches
@@ -135,3 +138,57 @@ def test_the_instance_page_opens_with_the_api_verdict_and_its_numbers(client: An
     assert "None" not in head and "nan" not in head
     frag = client.get("/instances/1/fragments/summary", params=params)
     assert frag.status_code == 200 and api["worth"]["verdict"].split(":")[0] in frag.text
+
+
+EXAMPLE_CONNECTOR = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
+EXAMPLE_CONNECTOR = EXAMPLE_CONNECTOR / "real__vllm-0.32.0-cpu__tiny-llama__example-connector.prom"
+
+
+def _disk_batches(t0: float) -> list[dict[str, Any]]:
+    """Scrapes of a real vLLM running ExampleConnector (a disk store, no CPU offload size): the
+    captured /metrics last, and before it made-up earlier scrapes with every counter at 1/8, 2/8
+    ... of its value (so the range has increases, the rate charts several points)."""
+    norm = normalise(parse(EXAMPLE_CONNECTOR.read_text(), KEEP_PREFIXES))
+    out = []
+    for i, k in enumerate(n / 8 for n in range(1, 9)):
+        samples = [
+            {"name": n, "labels": dict(lab), "value": v * k if n.endswith(("_total", "_sum", "_count")) else v}
+            for n, lab, v in norm.samples
+        ]
+        ts = t0 + 5.0 * i
+        scrape = {"instance": "http://127.0.0.1:8000", "ts": ts, "ok": True, "healthy": True, "types": norm.types}
+        out.append(
+            {"agent_id": "a", "host": "rig1", "seq": i + 1, "sent_at": ts, "scrapes": [{**scrape, "samples": samples}]}
+        )
+    return out
+
+
+def test_a_disk_connector_is_an_offload_tier_named_by_what_it_is(engine: Any, client: Any, clock: Any) -> None:
+    from app.storage import rollouts_store as rs
+
+    batches = _disk_batches(clock() - 60)
+    writer = IngestWriter(engine)
+    for b in batches:
+        writer.write(parse_batch(json.dumps(b).encode(), b["sent_at"], max_future_skew_s=300, max_past_age_s=1e9), 0)
+    params = {"range": "custom", "start": batches[0]["sent_at"] + 1, "end": batches[-1]["sent_at"] + 1}
+    body = client.get("/api/v1/instances/1/summary", params=params).json()
+    assert body["tokens"]["offload_reload"] == 1024 * 7 / 8 and body["offload_tiers"] == ["external connector"]
+    w = body["worth"]
+    assert w["reloaded_tokens"] == 896 and w["tier"] == "external connector"
+    assert "Offload is off" not in w["verdict"] and "external connector" in w["verdict"]
+    assert w["prefill_basis"] == "measured" and w["prefill_tokens_per_s"] > 0 and w["load_gbps"] is None
+
+    # kvscope started it with ExampleConnector: the tier is named for what that connector is (disk)
+    prof = rs.create_profile(engine, "disk", {}, clock())
+    argv = ["--kv-transfer-config", json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both"})]
+    rid = rs.create_rollout(
+        engine, instance_id=1, version_id=prof["version_id"], lkg_version_id=None, payload={"argv": argv}, now=clock()
+    )
+    assert rs.finish_rollout(engine, rid, "healthy", "test", clock(), only_from=("requested",))
+    body = client.get("/api/v1/instances/1/summary", params=params).json()
+    assert body["offload_tiers"] == ["disk"] and body["worth"]["verdict"].startswith("Worth it: disk reloads")
+    chart = client.get("/api/v1/instances/1/charts/tokens", params=params).json()
+    names = [t["name"] for t in chart["figure"]["data"]]
+    assert "disk reload" in names and not any("CPU" in n for n in names)
+    page = client.get("/instances/1", params=params).text
+    assert "tokens reloaded from disk" in page and "offload disk" in page
