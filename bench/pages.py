@@ -159,10 +159,11 @@ def measure(browser: Any, server: Server, path: str) -> Load:
     page.wait_for_load_state("networkidle")
     first = list(got)
     got.clear()
-    page.evaluate(
-        "() => { document.querySelectorAll('.chart[data-figure]').forEach(e => delete e.dataset.rendered);"
-        " window.htmx.trigger(document.body, 'kvs-refresh'); }"
-    )
+    panels = int(page.evaluate("() => document.querySelectorAll('[hx-trigger*=\"kvs-refresh\"]').length"))
+    page.evaluate("() => window.htmx.trigger(document.body, 'kvs-refresh')")
+    deadline = time.monotonic() + 120
+    while len(got) < panels and time.monotonic() < deadline:  # every fragment of the refresh came back
+        page.wait_for_timeout(100)
     page.wait_for_load_state("networkidle")
     page.wait_for_function(RENDERED, timeout=120_000)
     refresh = sum(n for n, _ in got)

@@ -270,7 +270,11 @@ def test_at_390_px_every_legend_entry_shows_and_axis_titles_do_not_overlap(live:
         p.evaluate("() => window.htmx.trigger(document.body, 'kvs-refresh')")
     px = int(req.value.url.split("px=")[1].split("&")[0])
     assert 200 <= px <= 390
-    _wait_charts(p)
-    n = p.evaluate("() => document.querySelector('#chart-tokens .chart').data[0].y.length")
-    assert n <= px
+    # the refreshed chart (swapped in, drawn) has at most one point per pixel column
+    p.wait_for_function(
+        "(px) => { const el = document.querySelector('#chart-tokens .chart');"
+        " return el && el.dataset.rendered === '1' && el.data && el.data[0].y.length <= px; }",
+        arg=px,
+        timeout=20_000,
+    )
     assert log.errors == []
