@@ -201,3 +201,16 @@ def test_the_ab_page_names_the_tier_each_arm_has(client: Any, token: str, clock:
     assert page.status_code == 200
     assert "A (gpu-only): no KV tier (GPU only)" in page.text
     assert "B (disk): disk tier /var/kv (ExampleConnector)" in page.text
+
+
+def test_the_simulator_reads_the_kv_events_config_a_profile_renders() -> None:
+    from simulator.kv_events import parse_config
+
+    argv = parse_profile("ev", {"kv_events": {"endpoint": "tcp://127.0.0.1:5601", "topic": "t"}}).to_argv()
+    cfg = parse_config(argv[1])
+    assert (cfg["enable_kv_cache_events"], cfg["publisher"], cfg["endpoint"], cfg["topic"]) == (
+        True,
+        "zmq",
+        "tcp://127.0.0.1:5601",
+        "t",
+    )
