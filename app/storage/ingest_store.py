@@ -194,8 +194,9 @@ class IngestWriter:
         }
         if self.dialect in ("sqlite", "postgresql"):
             ins = sqlite.insert if self.dialect == "sqlite" else postgresql.insert
-            res = conn.execute(ins(IngestBatch).values(**values).on_conflict_do_nothing())
-            return (res.rowcount or 0) == 0
+            # RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT here
+            stmt = ins(IngestBatch).values(**values).on_conflict_do_nothing().returning(IngestBatch.seq)
+            return conn.execute(stmt).first() is None
         try:
             with conn.begin_nested():
                 conn.execute(insert(IngestBatch).values(**values))
