@@ -91,6 +91,8 @@ class SubprocessLauncher:
     def start(self, extra_argv: list[str]) -> None:
         if self.alive():
             raise LauncherError(f"{self.name} is already running (pid {self.pid}); stop it first")
+        if self.pid is not None and _group_alive(self.pid):  # what an exited server left (its engine
+            self._reap_group(self.pid)  # core may still hold the port): gone before the next start
         if self.port is not None:
             use = pid_id.port_use(self.port, self.proc_root)
             if use.in_use:

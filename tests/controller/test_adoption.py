@@ -22,7 +22,8 @@ from agent.controller import Controller, ManagedInstance
 from agent.launcher import process_identity as pid_id
 from agent.launcher.base import LauncherError
 from agent.launcher.subprocess import SubprocessLauncher
-from tests.controller.test_launchers import FAKE, free_port
+from tests.controller.test_launchers import FAKE
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TREE = REPO / "tests" / "agent" / "trees" / "adopt" / "proc"
@@ -199,3 +200,24 @@ def test_a_port_held_by_a_server_it_cannot_adopt_never_gets_a_second_one(tmp_pat
     finally:
         other.kill()
         other.wait(timeout=10)
+
+
+def test_children_an_exited_server_left_are_reaped_before_the_next_start(tmp_path: Path) -> None:
+    port = free_port()
+    la = SubprocessLauncher([sys.executable, str(FAKE), str(port)], log_dir=tmp_path, name="srv", port=port)
+    la.start(["--child"])
+    try:
+        _wait_port(port)
+        first = la.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)  # the server dies; its child stays in the group
+        la._proc.wait(timeout=10)  # type: ignore[union-attr]
+        assert la.alive() is False
+        from agent.launcher.subprocess import _group_alive
+
+        assert _group_alive(first)
+        la.start([])
+        assert not _group_alive(first) and la.pid != first
+        _wait_port(port)
+    finally:
+        la.stop()
