@@ -15,12 +15,13 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.ports import free_port
 
 PG_USER = "kvscope"
 TEMPLATE_DB = "kvscope_template"
@@ -43,12 +44,6 @@ def _version_key(path: str) -> int:
         return int(Path(path).parent.parent.name)
     except ValueError:
         return 0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _run_as() -> tuple[int, int] | None:

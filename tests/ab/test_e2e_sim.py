@@ -27,17 +27,12 @@ from agent.controller import Controller, load_config
 from agent.loop import Agent, AgentConfig
 from agent.preflight import GIB
 from tests.conftest import api_token
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 BOX = Path(__file__).resolve().parent.parent / "controller" / "fixtures" / "hosts" / "box32g-cgv2"
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
 LAPTOP_POOL = {"kv_cache_memory_bytes": 268435456, "max_model_len": 2048}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Rig:

@@ -4,7 +4,6 @@ GPU pool): bracketed runs, cache reset in dev mode, counter deltas, the sim's mo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from agent.workloads.runner import execute_run
 from agent.workloads.spec import parse_workload
 from app.ab.results import summarise_run
+from tests.ports import free_port
 
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
 LAPTOP = [
@@ -30,12 +30,6 @@ LAPTOP = [
 ]
 OFFLOAD = ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
 PROBE = {"kind": "probe", "prefix_tokens": 1500, "repetitions": 2}  # evicting prefixes: auto
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from fakevllm import FakeVllm, ServedFake
-from livesrv import free_port
 
 from agent.fetch import FetchError, HttpxFetcher, StdlibFetcher
 from agent.vllm_reader import VllmReader
+from tests.ports import free_port
 
 
 @pytest.fixture

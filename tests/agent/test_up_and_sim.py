@@ -15,12 +15,13 @@ from typing import Any
 import httpx
 import pytest
 from fakevllm import FakeVllm, ServedFake
-from livesrv import LiveServer, free_port
+from livesrv import LiveServer
 
 from agent.host_sources import HostCollector
 from agent.hostmem import HostMemorySource
 from agent.loop import Agent, AgentConfig
 from app.storage.series_store import list_instances, series_points
+from tests.ports import free_port
 
 KVSCOPE = [sys.executable, "-m", "kvscope"]
 

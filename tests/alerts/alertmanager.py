@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.ports import free_port
 
 CONFIG = """\
 global:
@@ -42,12 +43,6 @@ def find_alertmanager() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Alertmanager:
     url: str
@@ -71,7 +66,7 @@ def alertmanager(tmp: Path) -> Iterator[Alertmanager]:
         )
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "alertmanager.yml").write_text(CONFIG)
-    port = _free_port()
+    port = free_port()
     log = tmp / "alertmanager.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -24,6 +24,7 @@ import pytest
 
 from app.jobs import run_job_now
 from tests.conftest import api_token
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +44,6 @@ PARAMS = {
 # warm nearly every prompt token is a prefix hit; after a restart each is recomputed once.
 DOCS = [" ".join(f"document {d} section {i} explains the caching policy." for i in range(60)) for d in range(10)]
 PER_SCRAPE = 2
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -106,7 +99,7 @@ class Sim:
 def sim(tmp_path: Path) -> Iterator[Sim]:
     shm = tmp_path / "shm"
     shm.mkdir()
-    s = Sim(_free_port(), shm)
+    s = Sim(free_port(), shm)
     s.start()
     try:
         yield s

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.ports import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -24,12 +25,6 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LiveApp:

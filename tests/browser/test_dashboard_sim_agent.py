@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import LiveApp, free_port
+from tests.browser.conftest import LiveApp
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHARTS = ["tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu"]

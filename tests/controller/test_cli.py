@@ -19,7 +19,8 @@ import pytest
 from kvscope.app_client import find_token
 from kvscope.cli import main
 from kvscope.errors import UserError
-from tests.agent.livesrv import LiveServer, free_port
+from tests.agent.livesrv import LiveServer
+from tests.ports import free_port
 
 
 @pytest.fixture

@@ -25,17 +25,12 @@ from agent.controller import Controller, load_config
 from agent.loop import Agent, AgentConfig
 from agent.preflight import GIB
 from tests.conftest import api_token
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 FIX = Path(__file__).parent / "fixtures"
 BOX = FIX / "hosts" / "box32g-cgv2"
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Rig:

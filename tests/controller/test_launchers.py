@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,9 @@ from agent.launcher.docker import DockerLauncher, demux_logs
 from agent.launcher.health import wait_healthy
 from agent.launcher.subprocess import SubprocessLauncher
 from agent.launcher.systemd import SystemdLauncher, systemd_quote
+from tests.ports import free_port
 
 FAKE = Path(__file__).parent / "fake_server.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

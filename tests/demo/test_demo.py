@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sims_of(data_dir: Path) -> list[int]:
@@ -38,7 +33,7 @@ def _sims_of(data_dir: Path) -> list[int]:
 
 
 def test_demo_fills_the_dashboard_and_stops_cleanly(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "demo"
     shm_before = {f for f in os.listdir("/dev/shm") if f.startswith("vllm_offload_")}
     proc = subprocess.Popen(

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.ports import free_port
 
 try:
     from . import watchdog
@@ -85,12 +86,6 @@ def die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(job_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 from .behaviour import differences, record
 from .captures import agent_capture, keep_or_compare
 from .conftest import ServerPool
 from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, delta, read_until, send
-from .server import Server, free_port, http_get
+from .server import Server, http_get
 from .workload import BLOCK, POOL_BLOCKS, PREFIX, TAIL, complete, tokens
 
 # vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterable
@@ -15,16 +14,12 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
+
 
 def binaries() -> tuple[str, str] | None:
     prom, tool = shutil.which("prometheus"), shutil.which("promtool")
     return (prom, tool) if prom and tool else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _esc(v: str) -> str:

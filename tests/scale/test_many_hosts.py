@@ -20,8 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ports import free_port
+from tests.waits import wait_until
+
 from .netns import TestLab, why_not_available
-from .prom import free_port
 from .sim import sim_command
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -40,17 +42,6 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-
-
-def _wait(what: str, cond: Any, timeout: float = 60.0, every: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture
@@ -112,7 +103,7 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
             ],
             "app",
         )
-        _wait("the app", lambda: _get(f"{app_url}/healthz") is not None)
+        wait_until(lambda: _get(f"{app_url}/healthz") is not None, "the app", 60, interval=0.25)
         for i in range(N_HOSTS):
             work = tmp_path / f"host{i}"
             spawn(net.exec_prefix(i) + sim_command(8000, work), f"sim{i}")
@@ -173,25 +164,32 @@ def _states(app: str) -> dict[str, tuple[str, bool]]:
 def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any]) -> None:
     app, net = lab["app"], lab["net"]
     hosts = [f"labhost{i}" for i in range(N_HOSTS)]
-    _wait("every host up", lambda: all(_states(app).get(h, ("", False))[0] == "up" for h in hosts), timeout=120)
+    wait_until(
+        lambda: all(_states(app).get(h, ("", False))[0] == "up" for h in hosts), "every host up", 120, interval=0.25
+    )
     states = _states(app)
     assert set(states) == set(hosts), states
     assert all(sim for _, sim in states.values()), "instances of kvscope sim must be labelled simulated"
-    time.sleep(3)  # a few ticks of everyone
+    db = lab["db"]
+    before = _tick_counts(db, hosts)
+    wait_until(  # a few ticks of everyone stored
+        lambda: all(n >= before[h] + 3 for h, n in _tick_counts(db, hosts).items()), "3 more ticks of every host", 60
+    )
 
     net.set_link(1, up=False)
     t_cut = time.time()
-    _wait("labhost1 stale", lambda: _states(app)["labhost1"][0] == "stale", timeout=30)
+    wait_until(lambda: _states(app)["labhost1"][0] == "stale", "labhost1 stale", 30, interval=0.25)
     others = _states(app)
     assert others["labhost0"][0] == "up" and others["labhost2"][0] == "up", others
     metrics = httpx.get(f"{app}/metrics", timeout=10, headers=_auth()).text
     assert re.search(r'kvscope_instance_stale\{[^}]*host="labhost1"[^}]*\} 1\.0', metrics), "exporter: not stale"
-    # keep the host cut off well past any hole we accept (a precondition, not a timing assertion)
-    time.sleep(max(1.0, t_cut + 2 * MAX_HOLE_S + 2.0 - time.time()))
+    # keep the host cut off well past any hole we accept (a precondition, not a timing assertion):
+    # until the hosts still connected have stored ticks that far past the cut
+    wait_until(
+        lambda: _last_tick(db, "labhost0") > t_cut + 2 * MAX_HOLE_S + 2.0, "labhost0 ticks well past the cut", 60
+    )
     net.set_link(1, up=True)
     t_back = time.time()
-
-    db = lab["db"]
 
     def outage_filled() -> bool:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
@@ -199,8 +197,8 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
         inside = [t for t in ts if t_cut + 1 < t < t_back - 1]
         return len(inside) >= int(t_back - t_cut) - 4 and bool(ts) and ts[-1] > t_back
 
-    _wait("the spooled samples of labhost1", outage_filled, timeout=90, every=0.5)
-    _wait("labhost1 up again", lambda: _states(app)["labhost1"][0] == "up", timeout=30)
+    wait_until(outage_filled, "the spooled samples of labhost1", 90, interval=0.5)
+    wait_until(lambda: _states(app)["labhost1"][0] == "up", "labhost1 up again", 30, interval=0.25)
 
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
         for host in hosts:
@@ -231,3 +229,14 @@ def _host_ticks(conn: sqlite3.Connection, host: str) -> list[float]:
     return [
         r[0] / 1000.0 for r in conn.execute("select ts_ms from samples where series_id = ? order by ts_ms", (row[0],))
     ]
+
+
+def _tick_counts(db: Path, hosts: list[str]) -> dict[str, int]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        return {h: len(_host_ticks(conn, h)) for h in hosts}
+
+
+def _last_tick(db: Path, host: str) -> float:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        ticks = _host_ticks(conn, host)
+    return ticks[-1] if ticks else 0.0

@@ -434,7 +434,8 @@ def _by_source(text: str) -> dict[str, float]:
 def test_reads_a_prometheus_that_scrapes_kvscope_sim(tmp_path: Path, prom_bins: tuple[str, str]) -> None:
     """Prometheus scrapes a `kvscope sim` every second while requests with a shared prefix run;
     the source reads back the by-source token counters the sim reports."""
-    from .prom import free_port
+    from tests.ports import free_port
+
     from .sim import running_sim
 
     port = free_port()

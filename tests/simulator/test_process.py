@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,27 +17,21 @@ import pytest
 from simdrive import doc_text
 
 from simulator.profiles import GIB, MIB
+from tests.ports import free_port
+from tests.waits import wait_until
 
 KVSCOPE = [sys.executable, "-m", "kvscope", "sim"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_healthy(p: subprocess.Popen[str], url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         assert p.poll() is None, p.communicate()[1]
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
+            return httpx.get(url + "/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("kvscope sim did not become healthy")
+            return False
+
+    wait_until(healthy, "kvscope sim to answer /health", timeout)
 
 
 @contextmanager
@@ -88,10 +81,8 @@ def smi(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sim_process_lifecycle(tmp_path: Path, sig: int) -> None:
     with sim(tmp_path, "--profile", "tiny", "--kv-offloading-size", "0.01", "--startup-delay", "1.5") as (p, url):
-        deadline = time.monotonic() + 30
-        while not list((tmp_path / "shm").glob("vllm_offload_*.mmap")) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the buffer is allocated at engine start, before the start-up delay
-        [buf] = list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
+        # the buffer is allocated at engine start, before the start-up delay
+        [buf] = wait_until(lambda: list((tmp_path / "shm").glob("vllm_offload_*.mmap")), "the offload buffer file")
         with pytest.raises(httpx.ConnectError):  # like vLLM: the port opens only once the engine is up
             httpx.get(url + "/health", timeout=1)
         assert buf.stat().st_size == int(0.01 * GIB)
@@ -99,10 +90,15 @@ def test_sim_process_lifecycle(tmp_path: Path, sig: int) -> None:
         r = httpx.post(url + "/v1/completions", json={"prompt": doc_text(0, 320), "max_tokens": 2}, timeout=10)
         assert r.status_code == 200 and r.headers["x-kvscope-simulated"] == "1"
         assert os.stat(buf).st_blocks > 0  # stored chunks touched their pages: resident, not sparse
-        time.sleep(0.7)  # the state file is rewritten twice a second
-        [state] = list((tmp_path / "state").glob("sim-*.json"))
-        q = smi(tmp_path, "--query-gpu=index,name,memory.used,memory.total", "--format=csv,noheader,nounits")
-        idx, name, used, total = q.stdout.strip().split(", ")
+        # the state file is rewritten twice a second: wait for one the fake nvidia-smi reads
+        [state] = wait_until(lambda: list((tmp_path / "state").glob("sim-*.json")), "the sim's state file")
+
+        def gpu_line() -> list[str] | None:
+            q = smi(tmp_path, "--query-gpu=index,name,memory.used,memory.total", "--format=csv,noheader,nounits")
+            parts = q.stdout.strip().split(", ")
+            return parts if len(parts) == 4 else None
+
+        idx, name, used, total = wait_until(gpu_line, "a GPU line from the fake nvidia-smi")
         assert (idx, name, int(total)) == ("0", "NVIDIA GeForce RTX 4070", 12282)
         assert int(used) == (int(12282 * MIB * 0.9) + 4 * MIB) // MIB  # what the sim reserved (+ driver)
         apps = smi(tmp_path, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
@@ -174,10 +170,8 @@ def test_hybrid_reload_hang_gives_no_reply(tmp_path: Path) -> None:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/v1/completions", json={"prompt": doc_text(1, 900), "max_tokens": 2}, timeout=2)
         assert httpx.get(url + "/health", timeout=5).status_code == 200  # the API server still answers
-        lookups = [_lookups(url)]
-        time.sleep(0.5)
-        lookups.append(_lookups(url))
-        assert lookups[1] > lookups[0]  # the engine keeps retrying the CPU lookup
+        first = _lookups(url)
+        wait_until(lambda: _lookups(url) > first, "the engine to retry the CPU lookup")  # it keeps retrying
         with pytest.raises(httpx.ReadTimeout):  # and serves nothing else any more
             httpx.post(url + "/v1/completions", json={"prompt": "short", "max_tokens": 1}, timeout=1)
         assert "kv_offload_load_bytes_total{" in httpx.get(url + "/metrics").text
@@ -194,10 +188,7 @@ def _lookups(url: str) -> float:
 
 def test_sigterm_during_startup_delay_exits_cleanly(tmp_path: Path) -> None:
     with sim(tmp_path, "--profile", "tiny", "--kv-offloading-size", "0.01", "--startup-delay", "60") as (p, _url):
-        deadline = time.monotonic() + 30
-        while not list((tmp_path / "shm").glob("vllm_offload_*.mmap")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
+        wait_until(lambda: list((tmp_path / "shm").glob("vllm_offload_*.mmap")), "the offload buffer file")
         assert stop(p, signal.SIGTERM) == 0
     assert not list((tmp_path / "shm").glob("vllm_offload_*.mmap"))
 
@@ -215,15 +206,13 @@ def test_agent_nvidia_smi_source_reads_a_running_sim_through_the_fake(
         try:
             for i in range(3):  # reload traffic: stores (tx) and, after eviction, loads (rx)
                 httpx.post(url + "/v1/completions", json={"prompt": doc_text(i % 2, 1200), "max_tokens": 2}, timeout=10)
-            deadline = time.monotonic() + 20
             got: dict[str, float] = {}
-            while time.monotonic() < deadline and not {
-                "kvscope:gpu_memory_used_bytes",
-                "kvscope:gpu_process_memory_bytes",
-            } <= set(got):
-                reading = src.read(time.monotonic())
-                got |= {s.name: s.value for s in reading.samples}
-                time.sleep(0.3)
+
+            def read_both() -> bool:
+                got.update({s.name: s.value for s in src.read(time.monotonic()).samples})
+                return {"kvscope:gpu_memory_used_bytes", "kvscope:gpu_process_memory_bytes"} <= set(got)
+
+            wait_until(read_both, "GPU and process memory from the fake nvidia-smi", 20, interval=0.3)
         finally:
             src.close()
         assert got["kvscope:gpu_memory_total_bytes"] == 12282 * MIB

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from simdrive import app, client, doc_text
 
 from simulator.server import SimApp
+from tests.waits import wait_until_async
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 OFFLOAD = ["--profile", "tiny", "--kv-offloading-size", "0.05"]
@@ -298,7 +299,7 @@ def test_hybrid_crash_over_http_fails_in_flight_requests_and_calls_fatal() -> No
         reload = await c.post("/v1/completions", json={"prompt": doc_text(1, 900), "max_tokens": 2})
         after = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         health = await c.get("/health")
-        await asyncio.sleep(0.3)  # the fatal callback runs after the 500s went out
+        await wait_until_async(lambda: fatal, "the fatal callback (it runs after the 500s went out)")
         return reload.status_code, after.status_code, health.status_code
 
     assert with_client(argv, body, on_fatal=fatal.append) == (500, 500, 500)
@@ -381,7 +382,7 @@ def test_a_simulator_bug_fails_requests_instead_of_hanging(capsys: pytest.Captur
 
         a.engine.advance = broken
         r = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-        await asyncio.sleep(0.3)
+        await wait_until_async(lambda: fatal, "the fatal callback of the broken engine")
         return r.status_code
 
     assert with_client(["--profile", "tiny"], body, on_fatal=fatal.append) == 500

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import httpx
@@ -15,12 +14,7 @@ from agent.fetch import HttpxFetcher
 from agent.kvevents.collector import KvEventsCollector
 from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of, vllm_binds
 from agent.kvevents.tier_model import TierModel
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import free_port
 
 
 def wait_for(cond, what: str, timeout: float = 10.0) -> None:
