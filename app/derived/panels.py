@@ -97,20 +97,41 @@ class Scope:
 
     def range_increases(self, names: list[str], start: float, end: float) -> dict[str, list[Increase]]:
         """Reset-corrected increase over [start, end] of each instance counter named, with its
-        labels, counted from the last sample before start. Within raw retention the database
-        folds the raw samples (no points shipped, exact at any window edge, whatever tier the
-        charts use); beyond it, fetched rollup buckets inside the range."""
-        if (self.live is not None and self.grid.tier == "raw") or (
-            self.raw_since is not None and start >= self.raw_since
-        ):
-            metas = series_meta(self.engine, names, instance_id=self.instance_id, host_id=None)
-            incs = counter_increases(self.engine, [m[0] for m in metas], start, end)
-            out: dict[str, list[Increase]] = {n: [] for n in names}
-            for sid, name, labels, _kind in metas:
-                out[name].append((labels, incs.get(sid, 0.0)))
-            return out
+        labels, counted from the last sample before start, exact at any window edge:
+        - raw charts (live, or within raw retention): the database folds the raw samples;
+        - rollup charts within raw retention: the whole buckets inside the range (each counted
+          from the sample before it) plus the two edge fragments folded from raw samples, so a
+          long range reads minutes of raw samples, not hours;
+        - beyond raw retention: the whole buckets inside the range (the edges' partial buckets
+          cannot be split)."""
+        in_raw = self.raw_since is not None and start >= self.raw_since
+        if self.grid.tier == "raw" and (self.live is not None or in_raw):
+            return self._db_increases(names, start, end)
         got = self.fetch(names)
-        return {n: [(s.labels, range_increase(s, start, end)) for s in got[n]] for n in names}
+        if not in_raw:
+            return {n: [(s.labels, range_increase(s, start, end)) for s in got[n]] for n in names}
+        res = self.grid.res
+        lo, hi = math.ceil(start / res) * res, math.floor(end / res) * res
+        if hi <= lo:
+            return self._db_increases(names, start, end)
+        ids = [s.series_id for n in names for s in got[n]]
+        head = counter_increases(self.engine, ids, start, lo - 0.001) if lo > start else {}
+        tail = counter_increases(self.engine, ids, hi, end)
+        return {
+            n: [
+                (s.labels, head.get(s.series_id, 0.0) + range_increase(s, lo, hi) + tail.get(s.series_id, 0.0))
+                for s in got[n]
+            ]
+            for n in names
+        }
+
+    def _db_increases(self, names: list[str], start: float, end: float) -> dict[str, list[Increase]]:
+        metas = series_meta(self.engine, names, instance_id=self.instance_id, host_id=None)
+        incs = counter_increases(self.engine, [m[0] for m in metas], start, end)
+        out: dict[str, list[Increase]] = {n: [] for n in names}
+        for sid, name, labels, _kind in metas:
+            out[name].append((labels, incs.get(sid, 0.0)))
+        return out
 
     def _read(self, names: list[str], host: bool, lean: bool) -> dict[str, list[TieredSeries]]:
         if self.live is not None and self.grid.tier == "raw":
@@ -240,7 +261,7 @@ def scope_connector(scope: Any) -> str | None:
 def offload_tiers(scope: Scope) -> list[str]:
     """The offload tiers of the instance over the scope's range, named by what they are (see
     agent.kv_vocabulary.offload_tiers). Memoised on the scope."""
-    memo = getattr(scope, "_tiers", None)
+    memo: list[str] | None = getattr(scope, "_tiers", None)
     if memo is not None:
         return memo
     g = scope.grid

@@ -140,3 +140,27 @@ def test_scope_increases_equal_vllm_deltas_on_every_path(fed: Any) -> None:
                 m0,
                 m1,
             )
+
+
+@pytest.mark.parametrize("rolled", [True, False], ids=["rolled-up", "raw-tail-only"])
+def test_rollup_charts_count_window_edges_from_raw_samples(fed: Any, rolled: bool) -> None:
+    """A range whose charts read 1-minute buckets still gets vLLM's delta at unaligned edges:
+    whole buckets inside plus the two edge fragments from raw samples (rolled-up: buckets stored
+    by the rollup job; raw-tail-only: the job has not run, buckets are folded from raw)."""
+    engine, batches, _ids = fed
+    inst = list_instances(engine)[0]
+    now = batches[-1]["sent_at"] + 120
+    if rolled:
+        run_rollups(engine, now, raw_retention_s=1e9, m1_retention_s=1e9, h1_retention_s=1e9)
+    compared = 0
+    for start, end in _windows(batches):
+        if end - start < 180:
+            continue  # at least two whole minutes inside
+        sc = make_scope(engine, inst, start=start, end=end, now=now, state="up", raw_retention_s=1e9, tier="1m")
+        assert sc.grid.tier == "1m"
+        got = sc.range_increases(["vllm:prompt_tokens_by_source_total"], start, end)
+        by = {lab["source"]: v for lab, v in got["vllm:prompt_tokens_by_source_total"]}
+        for src in SOURCES:
+            assert by[src] == pytest.approx(_vllm_delta(batches, src, start, end), abs=1e-6), (src, start, end)
+            compared += 1
+    assert compared >= 30
