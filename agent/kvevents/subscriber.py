@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -94,9 +95,16 @@ class Subscriber:
     """One instance's KV-event sockets on a thread of their own, feeding a TierModel."""
 
     def __init__(
-        self, instance: str, sources: list[EventSource], model: TierModel, ctx: zmq.Context[Any] | None = None
+        self,
+        instance: str,
+        sources: list[EventSource],
+        model: TierModel,
+        ctx: zmq.Context[Any] | None = None,
+        tap: Callable[[list[bytes]], None] | None = None,
     ) -> None:
+        """``tap`` sees every raw message first (recording a stream for fixtures)."""
         self.instance = instance
+        self.tap = tap
         self.sources = sources[:MAX_SOURCES]
         self.model = model
         self._ctx = ctx or zmq.Context.instance()
@@ -166,6 +174,8 @@ class Subscriber:
             sock.connect(src.endpoint)
 
     def _handle(self, src: EventSource, frames: list[bytes]) -> None:
+        if self.tap is not None:
+            self.tap(frames)
         try:
             batch = decode_message(frames)
         except BadMessage:

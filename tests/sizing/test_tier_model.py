@@ -6,6 +6,7 @@ import json
 import random
 from collections import OrderedDict
 
+import pytest
 from kvstreams import FIXTURES, fixture_streams, message, recorded_frames, removed_map, stored_map
 
 from agent.kvevents.decode import Stored, decode_message
@@ -184,3 +185,22 @@ def test_sampled_model_stays_within_its_key_bound_on_a_long_stream():
     w = model.take_window(1.0)
     assert w.references == 16_000 and w.rate < 1.0
     assert abs(w.cold - 16_000) < 1600  # every block new: the sampled estimate is close
+
+
+def captures_with_a_tier() -> list:
+    """Recorded streams of servers with a real external tier (their counters beside them)."""
+    return [p for p in fixture_streams() if p.with_name(p.name.replace(".events.jsonl", ".counters.json")).exists()]
+
+
+@pytest.mark.parametrize("path", captures_with_a_tier(), ids=lambda p: p.name)
+def test_on_a_real_tier_capture_the_unbounded_prediction_is_the_measured_reload(path):
+    counters = json.loads(path.with_name(path.name.replace(".events.jsonl", ".counters.json")).read_text())
+    requests = json.loads(path.with_name(path.name.replace(".events.jsonl", ".requests.json")).read_text())
+    window = run(recorded_frames(path), max_keys=None).take_window(1.0)
+    block = window.block_size
+    tails = sum(r["prompt_tokens"] % block for r in requests)
+    external = counters["src:external_kv_transfer"]
+    assert window.lost == 0 and window.garbage == 0
+    assert window.references * block == counters["src:local_compute"] + external - tails
+    assert external > 0
+    assert hits_at(hist_of(window), 10**9) * block == external
