@@ -2,8 +2,9 @@
 
 Outcome of one POST:
 - 200: stored (or a duplicate of one stored before): removed from the spool; its commands returned.
-- 401/403 (token refused), 404/405 (--server is not the app): kept and retried with backoff;
-  fixing the token or the URL must lose nothing.
+- 401/403 (token refused), 404/405 (--server is not the app), 400/421 (the app's Host allow-list
+  does not name the --server host): kept and retried with backoff; fixing the token, the URL or
+  KVSCOPE_ALLOWED_HOSTS must lose nothing.
 - 408, 429, 5xx, connection errors, timeouts: kept and retried with backoff.
 - any other 4xx (413 too large, 422 invalid, ...): the app will never take it: dropped, counted,
   and reported as an event in a later batch.
@@ -26,8 +27,10 @@ from agent.spool import Spool
 
 log = logging.getLogger("kvscope.agent.push")
 
-# 404/405: wrong --server URL (or an app still starting): fixing it must lose nothing
-RETRY_STATUSES = frozenset({401, 403, 404, 405, 408, 425, 429})
+# 404/405: wrong --server URL (or an app still starting); 400/421: the app refused the request
+# before reading the batch (its Host allow-list does not name the --server host, a bad header):
+# fixing the configuration must lose nothing. The app answers a bad batch itself with 413/422.
+RETRY_STATUSES = frozenset({400, 401, 403, 404, 405, 408, 421, 425, 429})
 
 
 @dataclass
@@ -109,6 +112,8 @@ class Pusher:
             message = _error_text(r)
             if r.status_code in RETRY_STATUSES or r.status_code >= 500 or r.status_code < 400:
                 hint = " (check --token)" if r.status_code in (401, 403) else ""
+                if r.status_code in (400, 421):
+                    hint = " (check --server and the app's KVSCOPE_ALLOWED_HOSTS)"
                 self._failed(now, f"app answered {r.status_code}: {message}{hint}")
                 res.error = self.last_error
                 return res

@@ -386,3 +386,22 @@ def test_the_agent_drops_a_refused_batch_counts_it_and_pushes_the_next(
     with engine.connect() as conn:
         seqs = sorted(s for (s,) in conn.execute(select(IngestBatch.seq)))
     assert seqs == [2, 3]
+
+
+def test_a_push_refused_by_the_host_allow_list_stays_spooled_until_the_server_url_is_fixed(
+    client: Any, token: str, engine: Any, clock: Any, tmp_path: Path
+) -> None:
+    """A Host the app does not answer (400) is a configuration to fix, not a bad batch: the agent
+    used to drop every batch then."""
+    from agent.pusher import Pusher
+    from agent.spool import Spool
+
+    spool = Spool(tmp_path / "spool")
+    wrong = Pusher("http://central.example:8080", token, client, spool)
+    spool.append(1, make_batch(1, clock()))
+    res = wrong.flush(clock())
+    assert res.pushed == 0 and len(spool) == 1 and wrong.rejected_total == 0
+    assert "KVSCOPE_ALLOWED_HOSTS" in (res.error or "")
+    fixed = Pusher("http://testserver", token, client, spool)
+    assert fixed.flush(clock() + 60).pushed == 1 and len(spool) == 0
+    assert _count(engine, SampleRow) == 1
