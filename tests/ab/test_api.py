@@ -161,7 +161,7 @@ def test_pages_start_progress_result_cancel(
     done = client.get(url)
     assert "Verdict: B is better" in done.text
     assert "Plan (fixed before the first run)" in done.text and "TTFT p50 on evicted prefixes" in done.text
-    assert "restart #" in done.text
+    assert "restart #" in done.text and "foreign traffic" in done.text and "probe sizing" in done.text
     assert 'data-ab-figure="figdata-ttft-cdf"' in done.text and "keep B" in done.text
     assert 'hx-trigger="every 1s"' not in done.text
     assert client.get(f"{url}/progress").headers.get("HX-Refresh") == "true"
@@ -207,6 +207,10 @@ def test_cli_runs_an_experiment_to_the_verdict(
     # two runs per arm: a quick look, said before the runs and in the verdict, never a winner
     assert "quick look" in out.err and "primary metric: TTFT p50 on evicted prefixes" in out.err
     assert "inconclusive: too few runs" in out.out and "B is better" not in out.out
+    eid = client.get("/api/v1/experiments").json()["experiments"][0]["id"]
+    page = client.get(f"/experiments/{eid}").text
+    assert "2 runs per arm: a quick look" in page and "Verdict: inconclusive: too few runs" in page
+    assert "not called: too few runs" in page
     assert "run 2 B done" in out.out and "observed, not a verdict" in out.out
     rc = main(["ab", "--instance", str(setup["iid"]), "--b", "nope"])
     assert rc != 0 and "no profile named 'nope'" in capsys.readouterr().err
