@@ -22,6 +22,7 @@ Two kinds of output, both labelled ``kv_engine`` (which engine's families they c
    - ``kvscope:kv_engine_hit_rate{tier, definition}``: a hit rate the engine computes itself
      (usually over its own recent window); shown as reported, never averaged.
    - ``kvscope:kv_engine_info{kv_engine, engine, components, block_size}`` = 1: what was detected.
+   - ``kvscope:kv_engine_pinned_bytes``: pinned host memory as the engine reports it (TensorRT-LLM).
 
 Block counts are converted to tokens with the engine's block size where it is known; such series
 carry ``converted="blocks"`` and ``block_size="<n>"``. Where the block size is not known the
@@ -50,6 +51,7 @@ TIER_LOOKUP_BLOCKS = "kvscope:kv_tier_lookup_blocks_total"
 TIER_HIT_BLOCKS = "kvscope:kv_tier_hit_blocks_total"
 ENGINE_HIT_RATE = "kvscope:kv_engine_hit_rate"
 ENGINE_INFO = "kvscope:kv_engine_info"
+ENGINE_PINNED_BYTES = "kvscope:kv_engine_pinned_bytes"
 
 FAMILY_TYPES: dict[str, str] = {
     TIER_CAPACITY_TOKENS: "gauge",
@@ -66,6 +68,7 @@ FAMILY_TYPES: dict[str, str] = {
     TIER_HIT_BLOCKS: "counter",
     ENGINE_HIT_RATE: "gauge",
     ENGINE_INFO: "gauge",
+    ENGINE_PINNED_BYTES: "gauge",
 }
 
 # Tier names, as a person reads them (agent/kv_vocabulary.py names vLLM's tiers the same way)

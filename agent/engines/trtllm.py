@@ -30,6 +30,7 @@ from agent.engines.kv_series import (
     CPU,
     DISK,
     ENGINE_HIT_RATE,
+    ENGINE_PINNED_BYTES,
     GPU,
     TIER_CAPACITY_TOKENS,
     TIER_HIT_TOKENS,
@@ -158,6 +159,7 @@ def read(samples: Samples, block_size: int | None = None) -> Derived:
         d.add(TIER_USED_TOKENS, {"tier": GPU, **conv}, None if used_blocks is None else used_blocks * bs)
     d.add("vllm:kv_cache_usage_perc", {}, t("kv_cache_utilization"))
     d.add(TIER_USAGE_RATIO, {"tier": CPU}, t("kv_cache_host_utilization"))
+    d.add(ENGINE_PINNED_BYTES, {}, t("pinned_memory_usage_bytes"))
     # same meaning, the dashboard's names: TTFT, running and waiting requests
     canon = canonical(samples)
     copy_family(d, canon, "trtllm_time_to_first_token_seconds", "vllm:time_to_first_token_seconds", "histogram")

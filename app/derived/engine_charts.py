@@ -11,6 +11,7 @@ readers also write (labelled ``kv_engine``). This module wraps each chart:
   (dotted, "as reported");
 - transfer: tier-to-tier traffic beyond GPU <-> CPU (CPU -> disk, storage -> CPU, LMCache's
   remote backend ...), in GB/s, tokens/s or blocks/s, as the engine counts it;
+- pinned: the engine's own pinned-memory reading (TensorRT-LLM);
 - tiers: each tier's occupancy (used / capacity, or the engine's own ratio) and, where only bytes
   are known (LMCache), the bytes held.
 Block-converted series say so in their legend.
@@ -205,7 +206,19 @@ def _tiers(p: Panel, scope: Scope) -> None:
         _reveal(p)
 
 
+def _pinned(p: Panel, scope: Scope) -> None:
+    for i, ((engine,), series) in enumerate(
+        sorted(_groups(scope.fetch([ks.ENGINE_PINNED_BYTES])[ks.ENGINE_PINNED_BYTES], "kv_engine").items())
+    ):
+        vals = total(series, scope.grid, gauge_values)
+        if vals is not None:
+            shown = ENGINES[engine].title if engine in ENGINES else engine
+            p.traces.append(Trace(f"{shown} pinned memory (as reported)", scale(vals, 1 / GIB), "GiB", color=_color(i)))
+    _reveal(p)
+
+
 ADDITIONS: dict[str, Callable[[Panel, Scope], None]] = {
+    "pinned": _pinned,
     "tokens": _tokens,
     "hitrates": _hit_rates,
     "transfer": _transfer,

@@ -130,3 +130,20 @@ def test_a_plain_vllm_instance_keeps_its_titles(client: Any, token: str, clock: 
         assert client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"}).status_code == 200
     r = client.get("/api/v1/instances/1/charts/tokens", params={"range": "custom", "start": T0, "end": T0 + 95})
     assert r.status_code == 200 and "·" not in r.json()["title"]
+
+
+@pytest.mark.both_databases
+def test_a_trtllm_instance_shows_converted_blocks_and_its_pinned_memory(client: Any, token: str, clock: Any) -> None:
+    prom = FIXTURES / "trtllm" / "documented__trtllm-main-2026-collector__host-offload.prom"
+    for b in scrapes(prom, "http://trt:8000"):
+        clock.t = b["sent_at"] + 0.2
+        assert client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    pinned = chart(client, "pinned")
+    assert pinned["title"].endswith("· TensorRT-LLM")
+    assert all(v == pytest.approx(0.25) for v in traces(pinned)["TensorRT-LLM pinned memory (as reported)"])
+    tiers = traces(chart(client, "tiers"))
+    [gpu] = [v for name, v in tiers.items() if name.startswith("GPU tier resident") and "blocks of 32 tokens" in name]
+    assert all(v == pytest.approx(100 * 160 / 640) for v in gpu)
+    hits = traces(chart(client, "hitrates"))
+    [blocks] = [v for name, v in hits.items() if name.startswith("GPU+host tier") and "blocks of 32 tokens" in name]
+    assert all(v == pytest.approx(100 * 248 / (248 + 264)) for v in blocks)
