@@ -153,3 +153,27 @@ def test_cancel_stops_between_requests(sim: Any) -> None:
     rec = execute_run(url, parse_workload({**PROBE, "repetitions": 5}), run_key="c", cancelled=cancelled)
     assert rec["cancelled"] is True and rec["ok"] is False and rec["error"] == "cancelled"
     assert 0 < len(rec["requests"]) < 25
+
+
+def test_foreign_traffic_during_a_run_is_measured_and_flags_the_run(sim: Any) -> None:
+    """Another client (the demo's traffic generator) sends during the run: the run's record counts
+    the requests and prompt tokens it did not send, from the server's own counters."""
+    from app.ab.results import contamination
+    from kvscope.traffic import Mix, Traffic
+
+    url = sim(*OFFLOAD)
+    spec = parse_workload({"kind": "probe", "prefix_tokens": 600, "evict_prefixes": 2, "repetitions": 2})
+    other = Traffic(url, "Qwen/Qwen3-Reranker-0.6B", mix=Mix(documents=2, document_words=200), rate=20.0, workers=2)
+    other.start()
+    try:
+        rec = execute_run(url, spec, run_key="dirty")
+    finally:
+        other.stop()
+    assert rec["ok"], rec.get("error")
+    f = rec["foreign"]
+    assert f["sent"] == 10 and f["requests"] is not None and f["requests"] > 0
+    assert f["prompt_tokens"] is not None and f["prompt_tokens"] > 0
+    reason = contamination(rec, 0.05)
+    assert reason is not None and f"{f['requests']} requests" in reason
+    clean = execute_run(url, spec, run_key="clean")  # the generator stopped: nothing foreign
+    assert clean["foreign"]["requests"] == 0 and contamination(clean, 0.05) is None
