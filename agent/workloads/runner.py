@@ -145,7 +145,7 @@ def execute_run(
             record["error"] = f"cannot read /metrics before the run: {type(exc).__name__}: {exc}"[:300]
             return record
         ctx.pool_tokens = pool_tokens(before.cache_config)
-        ctx.tiers = tier_capacities(before.cache_config, before.offload_config)
+        ctx.tiers = tier_capacities(before.cache_config, before.offload_config, before.kv_connector)
         ctx.block_tokens = _int_or(before.cache_config.get("block_size"), 16)
         mml = info.get("max_model_len")
         ctx.max_model_len = mml if isinstance(mml, int) and mml > 0 else None

@@ -50,6 +50,7 @@ class Snapshot:
     hist_count: dict[str, float] = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)
     offload_config: dict[str, str] = field(default_factory=dict)  # vllm:kv_offload_config_info labels
+    kv_connector: bool = False  # vllm:num_requests_kv_fetch_by_stage: a KV connector loads asynchronously
     kv_cache_usage: float | None = None
 
 
@@ -75,6 +76,8 @@ def parse_snapshot(text: str) -> Snapshot:
             snap.cache_config = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
         elif name == "vllm:kv_offload_config_info" and not snap.offload_config:
             snap.offload_config = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
+        elif name == "vllm:num_requests_kv_fetch_by_stage":
+            snap.kv_connector = True
         elif name == "vllm:kv_cache_usage_perc":
             snap.kv_cache_usage = value
         else:
@@ -205,11 +208,14 @@ def foreign_traffic(counters: dict[str, Any] | None, sent: list[dict[str, Any]])
     return out
 
 
-def tier_capacities(cache_config: dict[str, str], offload_config: dict[str, str]) -> list[dict[str, Any]]:
+def tier_capacities(
+    cache_config: dict[str, str], offload_config: dict[str, str], kv_connector: bool = False
+) -> list[dict[str, Any]]:
     """The server's offload tiers and what each holds in tokens, as far as its metrics say:
     the native CPU tier from kv_offload_config_info (chunks x chunk tokens), else from
     cache_config_info's kv_offloading_size (GiB) at the GPU pool's bytes per token; secondary
-    tiers (fs: disk) are listed with no size (bounded by the disk, not by the probe)."""
+    tiers (fs: disk) are listed with no size (bounded by the disk, not by the probe), and so is a KV
+    connector seen only by its async-load gauge (ExampleConnector on disk, LMCache)."""
     tiers: list[dict[str, Any]] = []
     chunks, chunk_tokens = _num(offload_config.get("cpu_num_chunks")), _num(offload_config.get("offload_block_size"))
     if chunks is not None and chunk_tokens is not None and chunks > 0:
@@ -236,6 +242,8 @@ def tier_capacities(cache_config: dict[str, str], offload_config: dict[str, str]
         kind, _, root = spec.partition(":")
         if kind and kind != "None":
             tiers.append({"name": kind, "tokens": None, "source": f"kv_offload_config_info ({kind} at {root})"})
+    if kv_connector and not tiers:  # e.g. ExampleConnector (disk) or LMCache: its size is not in /metrics
+        tiers.append({"name": "external KV connector", "tokens": None, "source": "vllm:num_requests_kv_fetch_by_stage"})
     return tiers
 
 

@@ -18,9 +18,12 @@ PROBE = WorkloadSpec(kind="probe", prefix_tokens=1500)
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.prom")), ids=lambda p: p.name)
 def test_every_capture_gives_tiers_the_plan_can_be_sized_against(path: Path) -> None:
     snap = parse_snapshot(path.read_text())
-    tiers = tier_capacities(snap.cache_config, snap.offload_config)
+    tiers = tier_capacities(snap.cache_config, snap.offload_config, snap.kv_connector)
     offload = snap.cache_config.get("kv_offloading_size") not in (None, "None")
-    assert bool(tiers) == (offload or bool(snap.offload_config))
+    assert bool(tiers) == (offload or bool(snap.offload_config) or snap.kv_connector)
+    assert snap.kv_connector == ("example-connector" in path.name)  # the real ExampleConnector capture
+    if snap.kv_connector:
+        assert tiers[0]["name"] == "external KV connector" and tiers[0]["tokens"] is None
     pool = int(float(snap.cache_config["kv_cache_size_tokens"]))
     plan = plan_probe(PROBE, pool, tiers, block_tokens=int(snap.cache_config["block_size"]))
     assert plan["evict_prefixes"] * plan["evict_tokens"] > pool  # the probed prefix leaves the GPU pool
