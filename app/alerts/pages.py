@@ -16,6 +16,7 @@ from app import controller_csrf as csrf
 from app.alerts import expected
 from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
+from app.alerts.evaluate import alert_key
 from app.alerts.params import ParamError, coerce, effective
 from app.api.ids import DbId, OptionalDbIdQuery
 from app.context import AppContext
@@ -103,11 +104,17 @@ def router(ctx: AppContext) -> APIRouter:
         overrides = store.all_overrides(ctx.engine)
         chosen = instance if instance is not None else (instances[0]["id"] if instances else None)
         rows = []
+        report = ctx.extras.get("alerts.last_report")
+        results = getattr(report, "results", None) or {}
+        chosen_host = next((int(i["host_id"]) for i in instances if i["id"] == chosen), None)
         for spec in RULES:
             ov = overrides.get((chosen, spec.name), {}) if chosen is not None else {}
             eff = effective(spec.name, ctx.settings.alert_rules, ov)
             base = effective(spec.name, ctx.settings.alert_rules, None)
-            rows.append({"spec": spec, "effective": eff, "base": base, "override": ov})
+            target = chosen if spec.scope == "instance" else chosen_host
+            # what the rule said at the last evaluation (e.g. "learning: ..."), with its units
+            now_said = results.get(alert_key(spec.name, spec.scope, target)) if target is not None else None
+            rows.append({"spec": spec, "effective": eff, "base": base, "override": ov, "now": now_said})
         return _render(
             ctx,
             request,

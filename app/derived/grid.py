@@ -1,9 +1,10 @@
 """Evaluation instants of a chart: aligned to the step so refreshes line up.
 
 At most MAX_POINTS instants per trace whatever the range (the step follows the plot's width in
-pixels, which the page sends); the rate window on raw samples is Grafana's $__rate_interval:
-max(step + scrape interval, 4 x scrape interval), so every window holds several scrapes and
-consecutive windows overlap or touch (no traffic falls between two instants).
+pixels, which the page sends); the rate window on raw samples is Grafana's $__rate_interval,
+max(step + scrape interval, 4 x scrape interval), and at least MIN_RATE_WINDOW_S, so every window
+holds several scrapes and consecutive windows overlap or touch (no traffic falls between two
+instants).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from app.storage.rollups import TIER_RES
 MAX_POINTS = 600  # per trace, whatever the range and the screen
 DEFAULT_POINTS = MAX_POINTS  # when the page has not told its plot width yet
 MIN_POINTS = 20  # a very narrow plot still gets a readable line
+# Raw rates are never taken over less than this: a 1 s scrape makes $__rate_interval 4 s, and at a
+# few requests per second a 4 s window holds a handful of requests, so hit rates swung 0-100 %
+# from point to point and token areas were spikes; 30 s is what the overview sparklines use.
+MIN_RATE_WINDOW_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -63,5 +68,5 @@ def make_grid(start: float, end: float, tier: str, px: int | None = None, scrape
         step = math.ceil(step / res) * res  # whole buckets per step
     first = math.ceil(start / step) * step
     n = math.floor((end - first) / step + 1e-9) + 1 if end >= first else 0
-    window = rate_interval(step, scrape_gap) if tier == "raw" else step
+    window = max(rate_interval(step, scrape_gap), MIN_RATE_WINDOW_S) if tier == "raw" else step
     return Grid(start, end, step, tier, [first + i * step for i in range(n)], window)

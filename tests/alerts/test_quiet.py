@@ -4,6 +4,8 @@ rule does not judge a tier the instance does not run, values carry their units."
 
 from __future__ import annotations
 
+import re
+
 from app.alerts import expected, units
 from app.alerts.catalog import BY_NAME
 from app.alerts.params import effective
@@ -119,6 +121,12 @@ def test_a_drop_during_a_kvscope_rollout_is_expected_no_notification_no_banner(
     assert "alerts firing" not in rig.client.get("/").text  # no red banner
     page = rig.client.get("/alerts").text
     assert "(expected: kvscope" in page and f"kvscope rollout #{rid}" in page
+    rules = rig.client.get("/alerts/rules?instance=1").text
+    # each rule says what it concluded at the last evaluation, values with their units
+    assert "not judged</strong> at the last evaluation: expected: kvscope rollout" in rules
+    assert re.search(
+        r"holds</strong> at the last evaluation: TTFT p95 \d+ ms .*\(value [\d,]+ ms, baseline 300 ms\)", rules
+    )
 
 
 def test_expected_windows_cover_the_change_and_its_settling_time() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from app.derived.grid import MIN_RATE_WINDOW_S
 from tests.app import promql_oracle as o
 from tests.app.pages.recorded import fed_app, recorded_batches
 
@@ -88,8 +89,8 @@ def test_every_plotted_rate_and_ratio_matches_the_oracle(
     max_gap = max(b - a for a, b in itertools.pairwise(stamps))
     min_gap = min(b - a for a, b in itertools.pairwise(stamps))
     # Grafana's $__rate_interval: max(step + scrape interval, 4 x scrape interval)
-    assert w >= 4 * min_gap and w >= tokens["step"] + min_gap
-    assert w <= max(tokens["step"] + max_gap, 4 * max_gap)
+    assert w >= 4 * min_gap and w >= tokens["step"] + min_gap and w >= MIN_RATE_WINDOW_S
+    assert w <= max(tokens["step"] + max_gap, 4 * max_gap, MIN_RATE_WINDOW_S)
     tr = _traces(tokens)
     for name, src in (
         ("GPU prefix-cache hit", "local_cache_hit"),

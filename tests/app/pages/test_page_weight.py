@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.charts.figures import build_figure, compact, readable
-from app.derived.grid import MAX_POINTS, make_grid, rate_interval
+from app.derived.grid import MAX_POINTS, MIN_RATE_WINDOW_S, make_grid, rate_interval
 from app.derived.panels import Panel, Trace
 from app.pages.instance import merge_restarts, plot_px
 from app.pages.ranges import RANGES, default_range
@@ -34,7 +34,8 @@ def test_rate_window_is_grafanas_rate_interval() -> None:
     assert rate_interval(60.0, 5.0) == 65.0  # step + one scrape when the step is long
     assert rate_interval(10.0, None) == 10.0
     g = make_grid(T0 - 900, T0, "raw", 600, scrape_gap=5.0)
-    assert g.rate_window == 20.0 and g.step == 2.0
+    assert g.rate_window == MIN_RATE_WINDOW_S and g.step == 2.0  # never under 30 s on raw samples
+    assert make_grid(T0 - 86400, T0, "raw", 600, scrape_gap=15.0).rate_window == 145.0 + 15.0  # step + scrape
 
 
 @pytest.mark.parametrize("span", [300.0, 900.0, 3600.0, 6 * 3600.0, 86400.0, 30 * 86400.0])
