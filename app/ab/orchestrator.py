@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from agent.workloads.spec import WorkloadSpec, parse_workload
+from app.ab import restore
 from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
 from app.ab.results import contamination, summarise_run
 from app.ab.verdict import DEFAULT_MAX_FOREIGN_SHARE, compute_verdict, experiment_plan, focus_tags
@@ -442,88 +443,9 @@ class Orchestrator:
         )
 
     def _restoring(self, exp: dict[str, Any], now: float) -> None:
-        eid, iid = int(exp["id"]), int(exp["instance_id"])
-        outcome = str(exp["outcome"] or "failed")
-        base = str(exp["message"] or "") if outcome == "failed" else ""
-        prev_id = exp["previous_version_id"]
-        # A rollout we started (a switch cut short, or the restore itself) must end first.
-        rid = exp["rollout_id"]
-        if rid is not None:
-            r = self.port.rollout(int(rid))
-            if r is not None and r.get("finished_at") is None:
-                if now - float(exp["step_started_at"] or now) > self.limits.switch_timeout_s:
-                    self._finish(exp, now, outcome, _join(base, f"rollout #{rid} did not end; check the instance"))
-                else:
-                    st.update_experiment(
-                        self.engine,
-                        eid,
-                        now,
-                        expect_step=exp["step"],
-                        message=_join(base, f"waiting for rollout #{rid} ({r.get('state')})"),
-                    )
-                return
-            if exp["step"] == "restoring":  # our restore rollout is over
-                ok = r is not None and r.get("state") == "healthy"
-                self._finish(
-                    exp,
-                    now,
-                    outcome,
-                    _join(
-                        base,
-                        (
-                            f"back on the previous profile (rollout #{rid})"
-                            if ok
-                            else "could not restore the previous profile: "
-                            f"rollout #{rid} {r.get('state') if r else 'vanished'}"
-                        ),
-                    ),
-                )
-                return
-        if prev_id is None:
-            self._finish(exp, now, outcome, _join(base, "no previous profile was recorded: the instance stays as is"))
-            return
-        current = self.port.current(iid)
-        if current is not None and int(current["id"]) == int(prev_id) and self.port.active(iid) is None:
-            self._finish(exp, now, outcome, _join(base, f"instance on its previous profile ({current['name']})"))
-            return
-        if self.port.active(iid) is not None:
-            st.update_experiment(self.engine, eid, now, message=_join(base, "waiting for a rollout in progress"))
-            return
-        name = self._version_name(exp, int(prev_id))
-        if name is None:
-            self._finish(exp, now, outcome, _join(base, "the previous profile no longer exists; instance left as is"))
-            return
-        try:
-            rid = self.port.request(iid, name, now, requested_by=f"A/B #{eid} (restore)", override_hybrid=False)
-        except SwitchBusy:
-            return
-        except SwitchRefused as exc:
-            self._finish(exp, now, outcome, _join(base, f"could not restore the previous profile: {exc}"))
-            return
-        st.update_experiment(
-            self.engine,
-            eid,
-            now,
-            step="restoring",
-            rollout_id=rid,
-            step_started_at=now,
-            message=_join(base, f"restoring {name} (rollout #{rid})"),
-        )
+        restore.restoring(self, exp, now)
 
     # ------------------------------------------------------------------ helpers
-    def _version_name(self, exp: dict[str, Any], version_id: int) -> str | None:
-        current = self.port.current(int(exp["instance_id"]))
-        if current is not None and int(current["id"]) == version_id:
-            return str(current["name"])
-        for arm, vid in (("A", exp["version_a_id"]), ("B", exp["version_b_id"])):
-            if vid is not None and int(vid) == version_id:
-                return self._arm_profile(exp, arm)
-        getter = getattr(self.port, "version", None)
-        if getter is not None:
-            v = getter(version_id)
-            return str(v["name"]) if v else None
-        return None
-
     def _fail(self, exp: dict[str, Any], now: float, message: str) -> None:
         """End the runs and go back to the previous profile (state restoring, outcome failed)."""
         eid = int(exp["id"])
@@ -542,34 +464,7 @@ class Orchestrator:
         )
 
     def _finish(self, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
-        eid = int(exp["id"])
-        extra: dict[str, Any] = {}
-        if outcome != "completed" and not exp.get("verdict"):
-            done = [r for r in st.list_runs(self.engine, eid) if r["state"] == "done"]
-            if {r["arm"] for r in done} == {"A", "B"}:  # what the finished runs say, labelled partial
-                v = self.verdict(exp)
-                v["partial"] = True
-                v["summary"] = (
-                    f"Partial result ({outcome} after {len(done)} of {2 * int(exp['runs_per_arm'])} "
-                    f"runs): {v['summary']}"
-                )
-                extra["verdict"] = v
-        st.update_experiment(
-            self.engine,
-            eid,
-            now,
-            state=outcome,
-            outcome=outcome,
-            step="",
-            message=message,
-            rollout_id=None,
-            event=f"A/B experiment #{eid} {outcome}: {message}",
-            **extra,
-        )
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
+        restore.finish(self, exp, now, outcome, message)
 
 
 def host_pinned_bytes(engine: Engine, host_id: int, start: float, end: float) -> float | None:
