@@ -91,14 +91,33 @@ def db_backend(request: Any) -> str:
     return str(getattr(request, "param", "sqlite"))
 
 
+@pytest.fixture(scope="session")
+def fed_databases(tmp_path_factory: Any) -> Any:
+    """The session's fed databases (tests/fed_databases.py): each built once, copied per test."""
+    from tests.fed_databases import FedDatabases
+
+    return FedDatabases(tmp_path_factory.mktemp("fed-databases"))
+
+
+def _fed(request: Any) -> Any:
+    """The Feed of the test's `fed_database` marker, or None."""
+    mark = request.node.get_closest_marker("fed_database")
+    return mark.args[0] if mark else None
+
+
 @pytest.fixture
 def db_url(db_backend: str, tmp_path: Path, request: Any) -> Iterator[str]:
-    """The URL of a fresh, migrated database of the backend under test."""
+    """The URL of a fresh, migrated database of the backend under test; with
+    @pytest.mark.fed_database(FEED), a copy of that feed's database built once per session."""
+    feed = _fed(request)
     if db_backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'data' / 'kvscope.db'}"
+        path = tmp_path / "data" / "kvscope.db"
+        if feed is not None:
+            request.getfixturevalue("fed_databases").copy_sqlite(feed, path)
+        yield f"sqlite:///{path}"
         return
     cluster = request.getfixturevalue("pg_cluster")
-    name = cluster.new_database()
+    name = request.getfixturevalue("fed_databases").new_postgres(cluster, feed) if feed else cluster.new_database()
     try:
         yield cluster.url(name)
     finally:
@@ -110,6 +129,8 @@ def settings(tmp_path: Path, db_backend: str, request: Any) -> Any:
     from app.settings import load_settings
 
     url = request.getfixturevalue("db_url") if db_backend != "sqlite" else None
+    if url is None and _fed(request) is not None:
+        request.getfixturevalue("db_url")  # the fed SQLite file copied into data_dir
     return load_settings(
         None, data_dir=str(tmp_path / "data"), run_scheduler=False, database_url=url, allowed_hosts=TEST_HOSTS
     )

@@ -175,12 +175,13 @@ class PgCluster:
         finally:
             eng.dispose()
 
-    def new_database(self, prefix: str = "t") -> str:
-        """A fresh, migrated database; returns its name."""
+    def new_database(self, prefix: str = "t", template: str = TEMPLATE_DB) -> str:
+        """A fresh database copied from `template` (by default the migrated, empty one); returns its
+        name. tests/fed_databases.py passes a fed database as the template."""
         name = f"{prefix}_{os.getpid()}_{next(self._ids)}"
         for attempt in range(10):
             try:
-                self.admin(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+                self.admin(f"CREATE DATABASE {name} TEMPLATE {template}")
                 return name
             except Exception as exc:  # the template is briefly busy right after another copy
                 if "being accessed by other users" not in str(exc) or attempt == 9:

@@ -16,7 +16,8 @@ from app.rates import increase
 from app.storage.models import SampleRow
 from app.storage.rollup_models import Rollup1h, Rollup1m
 from app.storage.rollups import DEFAULT_PX, HOUR_MS, MINUTE_MS, fold_hours, fold_minutes, pick_tier
-from tests.app.pages.recorded import push_all, recorded_batches
+from tests.app.pages.recorded import recorded_batches
+from tests.fed_databases import Feed
 
 
 def _counter_with_resets(n: int, seed: int) -> list[tuple[int, float]]:
@@ -81,11 +82,17 @@ def test_minute_buckets_hold_min_max_mean_last() -> None:
     assert again == []
 
 
-def test_job_rolls_up_and_applies_retention(app: Any, client: Any, token: str, clock: Any) -> None:
+T0 = 1_800_000_000.0  # the clock fixture's start
+# 1,000 recorded batches through the ingest API, fed once per session and copied per test
+THREE_HOURS = Feed("rollups-3h", lambda: recorded_batches(T0 - 3 * 3600, 1000, interval=10.0, reset_at=450))
+
+
+@pytest.mark.fed_database(THREE_HOURS)
+def test_job_rolls_up_and_applies_retention(app: Any, client: Any, clock: Any) -> None:
     from app.jobs import run_job_now
 
-    batches = recorded_batches(clock() - 3 * 3600, 1000, interval=10.0, reset_at=450)
-    push_all(client, token, batches, clock)
+    batches = THREE_HOURS.batches()
+    clock.t = batches[-1]["sent_at"] + 0.2  # where pushing them left the app's clock
     engine = app.state.ctx.engine
     ctx = app.state.ctx
     last = batches[-1]["sent_at"]

@@ -13,6 +13,7 @@ from app.storage.models import SampleRow, Series
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupLate
 from app.storage.rollups import Bucket, fold_hours, fold_minutes
 from tests.app.pages.recorded import push_all, recorded_batches
+from tests.fed_databases import Feed
 
 
 def _truth(engine: Any) -> tuple[dict[tuple[int, int], Bucket], dict[tuple[int, int], Bucket]]:
@@ -64,18 +65,39 @@ def _same(a: dict[tuple[int, int], Bucket], b: dict[tuple[int, int], Bucket]) ->
     return True
 
 
+T0 = 1_800_000_000.0  # the clock fixture's start
+
+
+def _replayed() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(all, on time, late) batches of an agent that lost its link for ~40 min (across an hour
+    boundary, and across the restart) and every 7th scrape of the first hour: those arrive later,
+    replayed from its spool."""
+    batches = recorded_batches(T0 - 3 * 3600, 700, interval=15.0, reset_at=300)
+    late = [b for i, b in enumerate(batches) if 260 <= i < 420 or (i < 240 and i % 7 == 3)]
+    late_seqs = {b["seq"] for b in late}
+    return batches, [b for b in batches if b["seq"] not in late_seqs], late
+
+
+def _with_a_hole() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(all, on time, late) batches where 20 scrapes ~2.6 h old when replayed arrive late."""
+    batches = recorded_batches(T0 - 3 * 3600, 500, interval=20.0)
+    late = [b for i, b in enumerate(batches) if 30 <= i < 50]
+    return batches, [b for i, b in enumerate(batches) if not 30 <= i < 50], late
+
+
+# the on-time batches through the ingest API, fed once per session and copied per test
+REPLAYED_ON_TIME = Feed("late-replayed", lambda: _replayed()[1])
+HOLE_ON_TIME = Feed("late-hole", lambda: _with_a_hole()[1])
+
+
+@pytest.mark.fed_database(REPLAYED_ON_TIME)
 def test_late_replayed_samples_are_rolled_into_both_tiers(app: Any, client: Any, token: str, clock: Any) -> None:
     from app.jobs import run_job_now
 
     ctx = app.state.ctx
     engine = ctx.engine
-    batches = recorded_batches(clock() - 3 * 3600, 700, interval=15.0, reset_at=300)
-    # an agent that lost its link for ~40 min (across an hour boundary, and across the restart)
-    # and every 7th scrape of the first hour: those arrive later, replayed from its spool
-    late = [b for i, b in enumerate(batches) if 260 <= i < 420 or (i < 240 and i % 7 == 3)]
-    late_seqs = {b["seq"] for b in late}
-    on_time = [b for b in batches if b["seq"] not in late_seqs]
-    push_all(client, token, on_time, clock)
+    batches, on_time, late = _replayed()
+    clock.t = on_time[-1]["sent_at"] + 0.2  # where pushing the on-time batches left the app's clock
     last = batches[-1]["sent_at"]
     run_job_now(ctx, "rollups", now=last + 300)
     with engine.connect() as conn:
@@ -103,6 +125,7 @@ def test_late_replayed_samples_are_rolled_into_both_tiers(app: Any, client: Any,
     assert _same(_stored(engine, Rollup1h), truth_h)
 
 
+@pytest.mark.fed_database(HOLE_ON_TIME)
 def test_late_samples_older_than_raw_retention_are_dropped_cleanly(
     app: Any, client: Any, token: str, clock: Any
 ) -> None:
@@ -110,9 +133,8 @@ def test_late_samples_older_than_raw_retention_are_dropped_cleanly(
 
     ctx = app.state.ctx
     engine = ctx.engine
-    batches = recorded_batches(clock() - 3 * 3600, 500, interval=20.0)
-    late = [b for i, b in enumerate(batches) if 30 <= i < 50]  # ~2.6 h old when replayed
-    push_all(client, token, [b for i, b in enumerate(batches) if not 30 <= i < 50], clock)
+    batches, on_time, late = _with_a_hole()
+    clock.t = on_time[-1]["sent_at"] + 0.2  # where pushing the on-time batches left the app's clock
     last = batches[-1]["sent_at"]
     run_job_now(ctx, "rollups", now=last + 300)
     minutes_before = _stored(engine, Rollup1m)

@@ -256,9 +256,12 @@ def push_all(client: Any, token: str, batches: list[dict[str, Any]], clock: Any 
 
 
 @contextmanager
-def fed_app(data_dir: Path, batches: list[dict[str, Any]], t0: float) -> Iterator[tuple[Any, Any, Any]]:
-    """A real app on its own SQLite file with `batches` pushed through the ingest API: for
-    module-scoped fixtures, so a test module pays for the pushing once. Yields (app, client, clock)."""
+def fed_app(
+    data_dir: Path, batches: list[dict[str, Any]], t0: float, database_url: str | None = None
+) -> Iterator[tuple[Any, Any, Any]]:
+    """A real app on its own SQLite file (or on database_url) with `batches` pushed through the
+    ingest API: for module-scoped fixtures, so a test module pays for the pushing once, and for the
+    session's fed databases (tests/fed_databases.py). Yields (app, client, clock)."""
     from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -267,7 +270,7 @@ def fed_app(data_dir: Path, batches: list[dict[str, Any]], t0: float) -> Iterato
     from app.storage.tokens import create_token
     from tests.conftest import FakeClock
 
-    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
+    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False, database_url=database_url)
     engine = open_database(settings.effective_database_url)
     clock = FakeClock(t0)
     token = create_token(engine, "fed", clock(), host="rig1")

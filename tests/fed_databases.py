@@ -1,0 +1,148 @@
+"""Fed databases built once per test session and copied for each test that asks for one.
+
+The slowest tests used to push hundreds of recorded batches through the ingest API one at a time,
+per test and per backend. A `Feed` names what goes into a database and how (POSTed through the
+real ingest API with the app's clock following the batches, or written by the real IngestWriter);
+the first test that asks for a feed pays for it once, later ones get a copy:
+
+- SQLite: the fed file is checkpointed (WAL folded in) and copied with shutil.copy;
+- PostgreSQL: the rows of that same fed SQLite file are copied (bulk, through the app's own table
+  definitions) into a migrated PostgreSQL database once; that database is then the template each
+  test's database is made from (`CREATE DATABASE t TEMPLATE fed`). So a feed goes through the
+  ingest API once per session, not once per test and backend; ingest itself on PostgreSQL is tested
+  batch by batch in tests/app/test_ingest.py and tests/app/api.
+
+A test asks with `@pytest.mark.fed_database(FEED)`: tests/conftest.py's `db_url` then yields a
+copy of the fed database instead of an empty migrated one, and the usual `settings`, `engine`,
+`app`, `client`, `token` fixtures run on it. The copy is the database the test would have built
+itself, so its assertions are unchanged (an app opened on it is an app restarted on that data).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Batches = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a fed database holds: `name` is the cache key (one fed database per name and backend),
+    `batches` builds the wire batches, `via` is how they go in: "api" (POST /api/v1/ingest, one at
+    a time, the app's FakeClock following each batch) or "writer" (parse_batch + IngestWriter)."""
+
+    name: str
+    batches: Callable[[], Batches] = field(compare=False)
+    via: str = "api"
+
+    def __post_init__(self) -> None:
+        if self.via not in ("api", "writer"):
+            raise ValueError(f"Feed {self.name}: via must be 'api' or 'writer', not {self.via!r}")
+
+
+def feed_database(feed: Feed, data_dir: Path, database_url: str | None) -> None:
+    """Put `feed`'s batches into the (migrated on open) database at database_url, or at the SQLite
+    file of data_dir when None, the way the feed says."""
+    from app.storage.engine import open_database
+
+    batches = feed.batches()
+    if feed.via == "api":
+        from tests.app.pages.recorded import fed_app
+
+        with fed_app(data_dir, batches, batches[0]["sent_at"], database_url=database_url):
+            return
+    from app.ingest import parse_batch
+    from app.settings import load_settings
+    from app.storage.ingest_store import IngestWriter
+
+    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False, database_url=database_url)
+    engine = open_database(settings.effective_database_url)
+    try:
+        writer = IngestWriter(engine)
+        for b in batches:
+            raw = json.dumps(b).encode()
+            writer.write(parse_batch(raw, b["sent_at"], max_future_skew_s=300, max_past_age_s=1e9), b["sent_at"])
+    finally:
+        engine.dispose()
+
+
+class FedDatabases:
+    """The session's fed databases: built on first use, copied for every test."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self._sqlite: dict[str, Path] = {}
+        self._pg: dict[str, str] = {}
+
+    def copy_sqlite(self, feed: Feed, dest: Path) -> None:
+        """Write a copy of feed's fed SQLite file to dest (built first if this is the first ask)."""
+        master = self._sqlite.get(feed.name)
+        if master is None:
+            data_dir = self.base / f"sqlite-{feed.name}"
+            feed_database(feed, data_dir, None)
+            master = data_dir / "kvscope.db"
+            with sqlite3.connect(master) as conn:  # fold the WAL into the file: the copy is whole
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._sqlite[feed.name] = master
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(master, dest)
+
+    def new_postgres(self, cluster: Any, feed: Feed) -> str:
+        """A new database on cluster that is a copy of feed's fed database; returns its name."""
+        template = self._pg.get(feed.name)
+        if template is None:
+            master = self.base / "pg-source" / f"{feed.name}.db"
+            self.copy_sqlite(feed, master)
+            template = cluster.new_database(prefix="fed_" + re.sub(r"\W", "_", feed.name))
+            copy_rows(f"sqlite:///{master}", cluster.url(template))
+            self._pg[feed.name] = template
+        return str(cluster.new_database(template=template))
+
+
+def copy_rows(src_url: str, dst_url: str) -> None:
+    """Copy every row of the app's tables from the database at src_url into the migrated, empty
+    database at dst_url, parents before children, then move dst's id sequences past the copied ids.
+    A table the app's models do not describe must be empty in src (never silently dropped)."""
+    from sqlalchemy import Integer, func, inspect, select, text
+
+    import app.storage.ab_models
+    import app.storage.alert_models
+    import app.storage.controller_models
+    import app.storage.rollup_models
+    import app.storage.sizing_models  # noqa: F401  (the models register their tables on Base)
+    from app.storage.engine import make_engine
+    from app.storage.models import Base
+
+    src, dst = make_engine(src_url), make_engine(dst_url)
+    try:
+        tables = Base.metadata.sorted_tables
+        known = {t.name for t in tables} | {"alembic_version"}
+        with src.connect() as s:
+            for name in set(inspect(src).get_table_names()) - known:
+                n = s.execute(text(f'SELECT count(*) FROM "{name}"')).scalar_one()
+                if n:
+                    raise RuntimeError(f"table {name} has {n} rows but no model: add it to copy_rows")
+        with src.connect() as s, dst.begin() as d:
+            for table in tables:
+                rows = [dict(r) for r in s.execute(select(table)).mappings()]
+                for i in range(0, len(rows), 5000):
+                    d.execute(table.insert(), rows[i : i + 5000])
+            for table in tables:
+                pk = list(table.primary_key.columns)
+                if len(pk) == 1 and isinstance(pk[0].type, Integer):
+                    top = d.execute(select(func.max(pk[0]))).scalar_one()
+                    if top is not None:
+                        d.execute(
+                            text("SELECT setval(pg_get_serial_sequence(:t, :c), :v)"),
+                            {"t": table.name, "c": pk[0].name, "v": int(top)},
+                        )
+    finally:
+        src.dispose()
+        dst.dispose()
