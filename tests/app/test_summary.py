@@ -20,19 +20,22 @@ from agent.normalise import KEEP_PREFIXES, normalise
 from app.ingest import parse_batch
 from app.storage.ingest_store import IngestWriter
 from tests.app.pages.recorded import recorded_batches
+from tests.fed_databases import Feed
 
 T0 = 1_800_000_000.0
 N = 120
 
 
+# 120 recorded batches written by the real ingest writer, once per session; each test gets a copy
+FED = Feed("summary", lambda: recorded_batches(T0 - 2000, N, interval=5.0), via="writer")
+fed_database = pytest.mark.fed_database(FED)
+
+
 @pytest.fixture
-def fed(engine: Any, client: Any, clock: Any) -> list[dict[str, Any]]:
-    batches = recorded_batches(T0 - 2000, N, interval=5.0)
-    writer = IngestWriter(engine)
-    for b in batches:
-        writer.write(
-            parse_batch(json.dumps(b).encode(), b["sent_at"], max_future_skew_s=300, max_past_age_s=1e9), b["sent_at"]
-        )
+def fed(engine: Any, client: Any, clock: Any, request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """The batches in the test's database (tests marked fed_database(FED))."""
+    assert request.node.get_closest_marker("fed_database"), "mark the test @fed_database"
+    batches = FED.batches()
     clock.t = batches[-1]["sent_at"] + 3
     return batches
 
@@ -52,6 +55,7 @@ def _delta(batches: list[dict[str, Any]], start: float, end: float, name: str, s
     return _counter(upto[-1], name, source) - (_counter(before[-1], name, source) if before else 0.0)
 
 
+@fed_database
 def test_summary_over_a_window_equals_vllm_counter_deltas(client: Any, fed: list[dict[str, Any]]) -> None:
     ts = [b["scrapes"][0]["ts"] for b in fed]
     start, end = ts[30] + 1.3, ts[90] + 2.1  # both edges between scrapes
@@ -86,6 +90,7 @@ def test_summary_over_a_window_equals_vllm_counter_deltas(client: Any, fed: list
     assert f"{d(by, 'external_kv_transfer'):,.0f} tokens" in w["verdict"]
 
 
+@fed_database
 def test_summary_named_range_ends_now(client: Any, fed: list[dict[str, Any]], clock: Any) -> None:
     body = client.get("/api/v1/instances/1/summary", params={"range": "15m"}).json()
     assert body["range"] == "15m" and body["end"] == pytest.approx(clock.t)
@@ -96,6 +101,7 @@ def test_summary_named_range_ends_now(client: Any, fed: list[dict[str, Any]], cl
     assert all(v is not None for v in body["tokens"].values())
 
 
+@fed_database
 @pytest.mark.parametrize(
     ("params", "status", "says"),
     [
@@ -115,11 +121,13 @@ def test_summary_refuses_bad_ranges_with_a_message(
     assert "Traceback" not in r.text
 
 
+@fed_database
 def test_summary_of_an_unknown_instance_is_a_404_with_a_message(client: Any, fed: list[dict[str, Any]]) -> None:
     r = client.get("/api/v1/instances/99/summary", params={"range": "15m"})
     assert r.status_code == 404 and "no instance 99" in r.text
 
 
+@fed_database
 def test_the_instance_page_opens_with_the_api_verdict_and_its_numbers(client: Any, fed: list[dict[str, Any]]) -> None:
     ts = [b["scrapes"][0]["ts"] for b in fed]
     params = {"range": "custom", "start": ts[10] + 0.5, "end": ts[100] + 0.5}
