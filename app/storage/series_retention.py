@@ -36,18 +36,14 @@ def delete_idle_series(engine: Engine, series_ids: Sequence[int], raw_cut_ms: in
     for start in range(0, len(series_ids), CHUNK):
         chunk = list(series_ids[start : start + CHUNK])
         with engine.begin() as conn:
-            with_samples = {
-                int(sid)
-                for (sid,) in conn.execute(select(SampleRow.series_id).where(SampleRow.series_id.in_(chunk)).distinct())
-            }
-            idle = [sid for sid in chunk if sid not in with_samples]
-            if not idle:
-                continue
+            # NOT EXISTS: one primary-key seek per series (a DISTINCT over samples read them all)
+            has_sample = select(SampleRow.series_id).where(SampleRow.series_id == s.c.id).exists()
             q = (
                 select(s.c.id)
                 .select_from(s.join(h, h.c.id == s.c.host_id).outerjoin(i, i.c.id == s.c.instance_id))
                 .where(
-                    s.c.id.in_(idle),
+                    s.c.id.in_(chunk),
+                    ~has_sample,
                     or_(
                         (s.c.instance_id.is_not(None)) & (i.c.last_scrape >= cut_s),
                         (s.c.instance_id.is_(None)) & (h.c.last_push >= cut_s),
