@@ -5,6 +5,7 @@ there). Lengths match the columns of app/storage/models.py."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -103,6 +104,7 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
         _check_samples(batch.host_samples, "host_samples")
     for i, ev in enumerate(batch.events):
         _check_ts(ev.ts, now, f"events.{i}.ts", max_future_skew_s, max_past_age_s)
+        _check_json_numbers(ev.data, f"events.{i}.data")
         if len(ev.message) > MAX_EVENT_MESSAGE:
             raise BadBatch(f"events.{i}.message is over {MAX_EVENT_MESSAGE} characters")
         if ev.instance is not None and len(ev.instance) > 1024:
@@ -113,8 +115,23 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
         if len(u.state) > MAX_STATE:
             raise BadBatch(f"rollout_updates.{i}.state must be at most {MAX_STATE} characters")
         _check_ts(u.ts, now, f"rollout_updates.{i}.ts", max_future_skew_s, max_past_age_s)
+        _check_json_numbers(u.data, f"rollout_updates.{i}.data")
     if total > MAX_SAMPLES:
         raise BadBatch(f"{total} samples in one batch; at most {MAX_SAMPLES}: push more often")
+
+
+def _check_json_numbers(data: Any, where: str) -> None:
+    """Free-form data (stored in JSON columns) holds finite numbers only: the JSON parser lets
+    NaN/Infinity into untyped fields, which PostgreSQL refuses as invalid JSON (a 500)."""
+    stack = [data]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise BadBatch(f"{where} holds {v!r}: only finite numbers")
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
 
 
 def _check_scrape_fields(scrape: Scrape, where: str) -> None:

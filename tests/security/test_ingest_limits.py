@@ -294,6 +294,21 @@ def test_nan_and_infinite_sample_values_are_422(client: Any, token: str, engine:
     assert _count(engine, SampleRow) == 0
 
 
+@pytest.mark.parametrize("where", ["events", "rollout_updates"])
+def test_nan_inside_free_form_event_or_rollout_data_is_422_not_500(
+    client: Any, token: str, engine: Any, clock: Any, where: str
+) -> None:
+    """Untyped `data` took NaN/Infinity, which PostgreSQL refuses as JSON (500)."""
+    b = make_batch(1, clock())
+    if where == "events":
+        b["events"] = [{"ts": clock(), "kind": "note", "message": "m", "data": {"x": [1.5]}}]
+    else:
+        b["rollout_updates"] = [{"rollout_id": 1, "ts": clock(), "state": "preflight", "data": {"x": [1.5]}}]
+    r = _post(client, token, json.dumps(b).replace("[1.5]", "[NaN]").encode())
+    assert r.status_code == 422 and "finite" in r.json()["error"]
+    assert _count(engine, Event) == 0
+
+
 def test_a_json_body_nested_5000_deep_is_422_not_500_on_ingest_and_commands(client: Any, token: str) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     for deep in (b'{"a":' * 5000 + b"1" + b"}" * 5000, b"[" * 5000 + b"]" * 5000):
