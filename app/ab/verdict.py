@@ -365,7 +365,8 @@ def summary_text(v: dict[str, Any], profile_a: str, profile_b: str) -> str:
         parts.append(f"Prompt tokens reloaded from the offload tier: A {ea * 100:.0f}%, B {eb * 100:.0f}%.")
     conf = v["per_metric_confidence"]
     parts.append(
-        f"(Intervals: bootstrap, {conf * 100:.2f}% per metric so the {len(v['headline'])} headline "
-        f"metrics hold together at {v['family_confidence'] * 100:.0f}%.)"
+        f"(Intervals: hierarchical bootstrap widened for few runs (Student's t), {conf * 100:.2f}% per "
+        f"metric so the {len(v['headline'])} headline metrics hold together at {v['family_confidence'] * 100:.0f}%; "
+        f"runs used: A {v['runs_used']['A']}, B {v['runs_used']['B']}.)"
     )
     return " ".join(parts)
