@@ -12,10 +12,6 @@ TTFTs compared are the sim's modeled ones (x-kvscope-sim-ttft-ms): nothing asser
 
 from __future__ import annotations
 
-import shutil
-import socket
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,121 +19,19 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.controller import Controller, load_config
-from agent.loop import Agent, AgentConfig
-from agent.preflight import GIB
-from tests.conftest import api_token
-from tests.ports import free_port
+from tests.e2e_rig import e2e_rig
 
 pytestmark = pytest.mark.slow
-BOX = Path(__file__).resolve().parent.parent / "controller" / "fixtures" / "hosts" / "box32g-cgv2"
-KVSCOPE = str(Path(sys.executable).parent / "kvscope")
 LAPTOP_POOL = {"kv_cache_memory_bytes": 268435456, "max_model_len": 2048}
-
-
-class Rig:
-    def __init__(self, app: Any, client: Any, agent: Agent, url: str) -> None:
-        self.app, self.client, self.agent, self.url = app, client, agent, url
-
-    def step(self) -> None:
-        now = time.time()
-        self.agent.tick(now)
-        self.agent.flush(now)
-
-    def instance_id(self) -> int:
-        for _ in range(100):
-            self.step()
-            insts = [i for i in self.client.get("/api/v1/instances").json()["instances"] if i["url"] == self.url]
-            if insts and insts[0].get("cache_config"):
-                return int(insts[0]["id"])
-            time.sleep(0.1)
-        raise AssertionError("the sim never showed up in the app")
-
-    def apply(self, profile: str) -> dict[str, Any]:
-        r = self.client.post("/api/v1/rollouts", json={"instance": self.instance_id(), "profile": profile})
-        assert r.status_code == 201, r.text
-        rid = r.json()["id"]
-        for _ in range(1200):  # a bound on real processes, not a timing assertion
-            self.step()
-            got = dict(self.client.get(f"/api/v1/rollouts/{rid}").json())
-            if got["terminal"]:
-                return got
-            time.sleep(0.1)
-        raise AssertionError(f"rollout {rid} did not finish")
-
-    def experiment(self, body: dict[str, Any], max_steps: int = 3000) -> dict[str, Any]:
-        from app.ab_api import tick_job
-
-        r = self.client.post("/api/v1/experiments", json={"instance": self.instance_id(), **body})
-        assert r.status_code == 201, r.text
-        eid = r.json()["id"]
-        ctx = self.app.state.ctx
-        for _ in range(max_steps):
-            tick_job(ctx, time.time())
-            self.step()
-            exp = dict(self.client.get(f"/api/v1/experiments/{eid}").json())
-            if exp["finished"]:
-                return exp
-            time.sleep(0.1)
-        raise AssertionError(f"experiment {eid} did not finish: {exp['state']} {exp['message']}")
 
 
 @pytest.fixture
 def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
-    from app.storage.tokens import create_token
-
-    settings.probe_request_timeout_s = 4.0
-    settings.rollout_health_deadline_s = 60.0
     settings.probe_evict_count = 4
     settings.probe_prefix_words = 1400
     settings.ab_bootstrap_resamples = 500
-    app = create_app(settings, engine=engine, clock=time.time, start_jobs=False)
-    token = create_token(engine, "e2e", time.time(), host=socket.gethostname())  # the agents' default host name
-    shm = Path("/dev/shm") / f"kvscope-ab-e2e-{tmp_path.name}"
-    made: list[Agent] = []
-    client_cm = TestClient(app)
-    client = client_cm.__enter__()
-    client.headers["Authorization"] = "Bearer " + api_token(engine)
-
-    def make(sim_args: list[str], initial_args: list[str]) -> Rig:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [KVSCOPE, "sim", "--port", str(port), "--sim-shm-dir", str(shm), "--sim-time-scale", "5", *sim_args]
-        cfg = tmp_path / f"launch-{port}.toml"
-        cfg.write_text(
-            f'state_dir = "{tmp_path / "ctl"}"\n[[instance]]\nurl = "{url}"\ncommand = {cmd!r}\n'
-            f"initial_args = {initial_args!r}\nhealth_deadline_s = 60\n"
-            f'proc_root = "{BOX / "proc"}"\ncgroup_root = "{BOX / "sys" / "fs" / "cgroup"}"\n'
-            '[instance.env]\nVLLM_SERVER_DEV_MODE = "1"\n'.replace("'", '"')
-        )
-        insts, _ = load_config(cfg)
-        ctl = Controller(insts, shm_free=lambda _p: 16 * GIB)
-        ctl.start_instances()
-        ctl.start_worker()
-        agent = Agent(
-            AgentConfig(vllm_urls=[url], server="http://testserver", token=token, state_dir=tmp_path / f"agent-{port}"),
-            client=httpx.Client(),
-            sink=ctl,
-            push_client=client,
-        )
-        made.append(agent)
-        health = insts[0].launcher.wait_healthy(url, 60)  # type: ignore[attr-defined]
-        assert health.ok, health.reason
-        return Rig(app, client, agent, url)
-
-    try:
-        yield make, client
-    finally:
-        ab = app.state.ctx.extras.get("ab")
-        if ab is not None:
-            ab.executor.shutdown()
-        for agent in made:
-            agent.close()  # closes the sink: stops the supervised sims
-        client_cm.__exit__(None, None, None)
-        shutil.rmtree(shm, ignore_errors=True)
+    with e2e_rig(tmp_path, settings, engine, time_scale=5, env={"VLLM_SERVER_DEV_MODE": "1"}, settle_steps=0) as made:
+        yield made
 
 
 def _profile(client: Any, name: str, spec: dict[str, Any]) -> None:

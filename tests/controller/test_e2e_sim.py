@@ -10,10 +10,6 @@ touches, small.
 
 from __future__ import annotations
 
-import shutil
-import socket
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,109 +17,15 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.controller import Controller, load_config
-from agent.loop import Agent, AgentConfig
-from agent.preflight import GIB
-from tests.conftest import api_token
-from tests.ports import free_port
+from tests.e2e_rig import e2e_rig
 
 pytestmark = pytest.mark.slow
-FIX = Path(__file__).parent / "fixtures"
-BOX = FIX / "hosts" / "box32g-cgv2"
-KVSCOPE = str(Path(sys.executable).parent / "kvscope")
-
-
-class Rig:
-    def __init__(self, client: Any, agent: Agent, ctl: Controller, url: str) -> None:
-        self.client, self.agent, self.ctl, self.url = client, agent, ctl, url
-
-    def step(self) -> dict[str, Any]:
-        now = time.time()
-        self.agent.tick(now)
-        self.agent.flush(now)
-        return {}
-
-    def instance_id(self) -> int:
-        for _ in range(100):
-            self.step()
-            insts = [i for i in self.client.get("/api/v1/instances").json()["instances"] if i["url"] == self.url]
-            if insts and insts[0].get("cache_config"):
-                return int(insts[0]["id"])
-            time.sleep(0.1)
-        raise AssertionError("the sim never showed up in the app")
-
-    def apply(
-        self, profile: str, *, override: bool = False, probe: dict[str, Any] | None = None, timeout_s: float = 120.0
-    ) -> dict[str, Any]:
-        iid = self.instance_id()
-        body: dict[str, Any] = {"instance": iid, "profile": profile, "override_hybrid": override, "requested_by": "e2e"}
-        if probe:
-            body["probe"] = probe
-        r = self.client.post("/api/v1/rollouts", json=body)
-        assert r.status_code == 201, r.text
-        rid = r.json()["id"]
-        t_end = time.monotonic() + timeout_s  # bound on a real process, not a timing assertion
-        while time.monotonic() < t_end:
-            self.step()
-            got = self.client.get(f"/api/v1/rollouts/{rid}").json()
-            if got["terminal"]:
-                for _ in range(3):  # a few more pushes so the app sees the new server's config
-                    self.step()
-                    time.sleep(0.2)
-                return dict(self.client.get(f"/api/v1/rollouts/{rid}").json())
-            time.sleep(0.1)
-        raise AssertionError(f"rollout {rid} did not finish: {got}")
 
 
 @pytest.fixture
 def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
-    from app.storage.tokens import create_token
-
-    settings.probe_request_timeout_s = 4.0
-    settings.rollout_health_deadline_s = 60.0
-    app = create_app(settings, engine=engine, clock=time.time, start_jobs=False)
-    token = create_token(engine, "e2e", time.time(), host=socket.gethostname())  # the agents' default host name
-    shm = Path("/dev/shm") / f"kvscope-e2e-{tmp_path.name}"
-    made: list[tuple[Agent, Controller]] = []
-    client_cm = TestClient(app)
-    client = client_cm.__enter__()
-    client.headers["Authorization"] = "Bearer " + api_token(engine)
-
-    def make(sim_args: list[str], initial_args: list[str] | None = None) -> Rig:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [KVSCOPE, "sim", "--port", str(port), "--sim-shm-dir", str(shm), "--sim-time-scale", "20", *sim_args]
-        cfg = tmp_path / f"launch-{port}.toml"
-        cfg.write_text(
-            f'state_dir = "{tmp_path / "ctl"}"\n[[instance]]\nurl = "{url}"\ncommand = {cmd!r}\n'
-            f"initial_args = {initial_args or []!r}\nhealth_deadline_s = 60\n"
-            f'proc_root = "{BOX / "proc"}"\ncgroup_root = "{BOX / "sys" / "fs" / "cgroup"}"\n'.replace("'", '"')
-        )
-        insts, _ = load_config(cfg)
-        ctl = Controller(insts, shm_free=lambda _p: 16 * GIB)
-        ctl.start_instances()
-        ctl.start_worker()
-        agent = Agent(
-            AgentConfig(vllm_urls=[url], server="http://testserver", token=token, state_dir=tmp_path / f"agent-{port}"),
-            client=httpx.Client(),
-            sink=ctl,
-            push_client=client,
-        )
-        made.append((agent, ctl))
-        health = insts[0].launcher.wait_healthy(url, 60)  # type: ignore[attr-defined]
-        assert health.ok, health.reason
-        return Rig(client, agent, ctl, url)
-
-    try:
-        yield make, client
-    finally:
-        for agent, _ctl in made:
-            agent.close()  # closes the sink: stops the supervised sims
-        client_cm.__exit__(None, None, None)
-        shutil.rmtree(shm, ignore_errors=True)
+    with e2e_rig(tmp_path, settings, engine, time_scale=20) as made:
+        yield made
 
 
 def _profile(client: Any, name: str, spec: dict[str, Any]) -> None:
