@@ -29,6 +29,7 @@ MAX_EVENT_MESSAGE = 10_000
 MAX_SEQ = 2**63 - 1  # ingest_batches.seq is BIGINT
 MAX_INT32 = 2**31 - 1  # INTEGER columns (PostgreSQL: 4 bytes): ids, max_model_len
 MAX_UNIX_TS = float(2**32)  # year 2106
+# NUL and other control characters (PostgreSQL text cannot hold NUL: a 500 there)
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 _ADAPTER: TypeAdapter[PushBatch] = TypeAdapter(PushBatch)
@@ -78,14 +79,14 @@ def _describe(exc: ValidationError) -> str:
 
 
 def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_past_age_s: float) -> None:
-    if not batch.agent_id or len(batch.agent_id) > 255:
-        raise BadBatch("agent_id must be 1-255 characters")
+    if not batch.agent_id or len(batch.agent_id) > 255 or _CONTROL.search(batch.agent_id):
+        raise BadBatch("agent_id must be 1-255 printable characters")
     if not batch.host or len(batch.host) > 255 or _CONTROL.search(batch.host):
         raise BadBatch("host must be 1-255 printable characters")
     if not 0 <= batch.seq <= MAX_SEQ:
         raise BadBatch(f"seq must be 0 to {MAX_SEQ} (a 64-bit signed integer)")
-    if len(batch.agent_version) > MAX_VERSION:
-        raise BadBatch(f"agent_version must be at most {MAX_VERSION} characters")
+    if len(batch.agent_version) > MAX_VERSION or _CONTROL.search(batch.agent_version):
+        raise BadBatch(f"agent_version must be at most {MAX_VERSION} printable characters")
     if not 0 <= batch.sent_at <= MAX_UNIX_TS:  # not stored (the sample times are checked below)
         raise BadBatch(f"sent_at={batch.sent_at!r} is not a Unix time in seconds (0 to {MAX_UNIX_TS:.0f})")
     total = len(batch.host_samples)
@@ -105,15 +106,17 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
     for i, ev in enumerate(batch.events):
         _check_ts(ev.ts, now, f"events.{i}.ts", max_future_skew_s, max_past_age_s)
         _check_json_numbers(ev.data, f"events.{i}.data")
-        if len(ev.message) > MAX_EVENT_MESSAGE:
-            raise BadBatch(f"events.{i}.message is over {MAX_EVENT_MESSAGE} characters")
-        if ev.instance is not None and len(ev.instance) > 1024:
-            raise BadBatch(f"events.{i}.instance must be at most 1024 characters")
+        if len(ev.message) > MAX_EVENT_MESSAGE or "\x00" in ev.message:
+            raise BadBatch(f"events.{i}.message must be at most {MAX_EVENT_MESSAGE} characters, without NUL")
+        if ev.instance is not None and (len(ev.instance) > 1024 or _CONTROL.search(ev.instance)):
+            raise BadBatch(f"events.{i}.instance must be at most 1024 printable characters")
     for i, u in enumerate(batch.rollout_updates):
         if not 1 <= u.rollout_id <= MAX_INT32:
             raise BadBatch(f"rollout_updates.{i}.rollout_id must be 1 to {MAX_INT32}")
-        if len(u.state) > MAX_STATE:
-            raise BadBatch(f"rollout_updates.{i}.state must be at most {MAX_STATE} characters")
+        if len(u.state) > MAX_STATE or _CONTROL.search(u.state):
+            raise BadBatch(f"rollout_updates.{i}.state must be at most {MAX_STATE} printable characters")
+        if "\x00" in u.message:
+            raise BadBatch(f"rollout_updates.{i}.message has a NUL character")
         _check_ts(u.ts, now, f"rollout_updates.{i}.ts", max_future_skew_s, max_past_age_s)
         _check_json_numbers(u.data, f"rollout_updates.{i}.data")
     if total > MAX_SAMPLES:
@@ -138,8 +141,10 @@ def _check_scrape_fields(scrape: Scrape, where: str) -> None:
     """Fields stored in columns of the instances table: lengths and ranges that fit them."""
     for attr, cap in (("model", MAX_MODEL), ("model_root", MAX_MODEL_ROOT), ("version", MAX_VERSION)):
         v = getattr(scrape, attr)
-        if v is not None and len(v) > cap:
-            raise BadBatch(f"{where}.{attr} must be at most {cap} characters")
+        if v is not None and (len(v) > cap or _CONTROL.search(v)):
+            raise BadBatch(f"{where}.{attr} must be at most {cap} printable characters")
+    if scrape.error is not None and "\x00" in scrape.error:
+        raise BadBatch(f"{where}.error has a NUL character")
     if scrape.max_model_len is not None and not 0 <= scrape.max_model_len <= MAX_INT32:
         raise BadBatch(f"{where}.max_model_len must be 0 to {MAX_INT32}")
 

@@ -215,6 +215,25 @@ def test_strings_and_numbers_that_do_not_fit_their_columns_are_422(
     assert _count(engine, Instance) == 0
 
 
+@pytest.mark.parametrize("field", ["agent_id", "agent_version", "model", "version", "event", "rollout"])
+def test_a_nul_character_in_any_stored_string_is_422_not_500(
+    client: Any, token: str, engine: Any, clock: Any, field: str
+) -> None:
+    """PostgreSQL text cannot hold NUL: these fields went to the database unchecked (500)."""
+    b = make_batch(1, clock())
+    if field in ("agent_id", "agent_version"):
+        b[field] = "a\x00b"
+    elif field == "event":
+        b["events"] = [{"ts": clock(), "kind": "note", "message": "a\x00b"}]
+    elif field == "rollout":
+        b["rollout_updates"] = [{"rollout_id": 1, "ts": clock(), "state": "preflight", "message": "a\x00b"}]
+    else:
+        b["scrapes"][0][field] = "a\x00b"
+    r = _post(client, token, b)
+    assert r.status_code == 422, r.text
+    assert _count(engine, Instance) == 0
+
+
 # ---------------------------------------------------------------- values and numbers
 
 
