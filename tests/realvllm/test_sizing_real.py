@@ -14,6 +14,7 @@ shorter than a block), which is what makes the unbounded prediction exact for it
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
@@ -24,9 +25,11 @@ import pytest
 
 from agent.fetch import StdlibFetcher
 from agent.kvevents.collector import KvEventsCollector
+from agent.kvevents.decode import decode_message
 from agent.kvevents.reuse import hits_at
 from agent.protocol import ReuseWindow
 
+from .captures import FIXTURES, PREFIX, UPDATE
 from .conftest import ServerPool
 from .readings import AgentView, delta, send
 from .server import Server, free_port
@@ -86,6 +89,7 @@ def total(windows: list[ReuseWindow], name: str) -> float:
 def test_unbounded_tier_prediction_matches_the_disk_tier_reloads(server: Server, agent: AgentView) -> None:
     collector = KvEventsCollector([server.url], StdlibFetcher(), discover_every_s=1.0)
     windows: list[ReuseWindow] = []
+    recorded: list[tuple[float, list[bytes]]] = []
     try:
         deadline = time.monotonic() + 30
         while collector.instances[0].subscriber is None:
@@ -94,6 +98,7 @@ def test_unbounded_tier_prediction_matches_the_disk_tier_reloads(server: Server,
             time.sleep(0.5)
         sub = collector.instances[0].subscriber
         assert sub.ready.wait(10) and sub.error is None, sub.error
+        sub.tap = lambda frames: recorded.append((time.time(), frames))
         time.sleep(1.0)  # SUB joins late: the first batch would be lost on a fresh connect
 
         docs = [tokens(500 + i, n * BLOCK) for i, n in enumerate(DOC_BLOCKS)]
@@ -138,3 +143,17 @@ def test_unbounded_tier_prediction_matches_the_disk_tier_reloads(server: Server,
     assert measured > 0, "the workload never reloaded from the disk tier: nothing to compare"
     assert abs(predicted_unbounded - measured) <= 0.05 * prompt, (predicted_unbounded, measured, prompt)
     assert predicted_unbounded == measured  # exact here: the tier is unbounded and keyed per document
+    assert all(decode_message(frames).seq >= 0 for _, frames in recorded)
+    if UPDATE:  # keep the stream as a fixture (tests/sizing runs on every file of the folder)
+        keep_stream(recorded, [{"doc": d, "prompt_tokens": DOC_BLOCKS[d] * BLOCK + TAIL} for d in order], d_counters)
+
+
+def keep_stream(recorded: list[tuple[float, list[bytes]]], requests: list[dict[str, int]], counters: dict) -> None:
+    base = FIXTURES / "kv-events" / f"{PREFIX}tiny__example-connector"
+    lines = [
+        json.dumps({"recv_ts": ts, "frames_b64": [base64.b64encode(f).decode() for f in frames]})
+        for ts, frames in recorded
+    ]
+    Path(f"{base}.events.jsonl").write_text("\n".join(lines) + "\n")
+    Path(f"{base}.requests.json").write_text(json.dumps(requests) + "\n")
+    Path(f"{base}.counters.json").write_text(json.dumps(counters, indent=1, sort_keys=True) + "\n")
