@@ -30,7 +30,7 @@ MAX_SEQ = 2**63 - 1  # ingest_batches.seq is BIGINT
 MAX_INT32 = 2**31 - 1  # INTEGER columns (PostgreSQL: 4 bytes): ids, max_model_len
 MAX_UNIX_TS = float(2**32)  # year 2106
 # NUL and other control characters (PostgreSQL text cannot hold NUL: a 500 there)
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL_CHARS = _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 _ADAPTER: TypeAdapter[PushBatch] = TypeAdapter(PushBatch)
 

@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.guard import agent_host_check
 from app.auth.roles import AGENT, requires
 from app.context import AppContext
+from app.ingest import CONTROL_CHARS as _CONTROL
 from app.storage.series_store import list_hosts
 
 log = logging.getLogger("kvscope.commands")
@@ -124,9 +125,9 @@ def _parse(body: bytes) -> tuple[str, str, set[int]] | str:
     if not isinstance(data, dict):
         return "must be a JSON object"
     agent_id, host, known = data.get("agent_id"), data.get("host"), data.get("known", [])
-    if not isinstance(agent_id, str) or not agent_id or len(agent_id) > 255:
+    if not isinstance(agent_id, str) or not agent_id or len(agent_id) > 255 or _CONTROL.search(agent_id):
         return "agent_id must be the agent's id (a string, as in its pushes)"
-    if not isinstance(host, str) or not host or len(host) > 255:
+    if not isinstance(host, str) or not host or len(host) > 255 or _CONTROL.search(host):
         return "host must be the host name (a string, as in the agent's pushes)"
     if not isinstance(known, list) or len(known) > MAX_KNOWN:
         return f"known must be a list of at most {MAX_KNOWN} command ids"

@@ -234,6 +234,13 @@ def test_a_nul_character_in_any_stored_string_is_422_not_500(
     assert _count(engine, Instance) == 0
 
 
+def test_the_command_poll_refuses_control_characters_in_agent_id_and_host(client: Any, token: str) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    for body in ({"agent_id": "a\x00b", "host": "rig1"}, {"agent_id": "a", "host": "rig1\x00"}):
+        r = client.post("/api/v1/commands", content=json.dumps(body), headers=headers)
+        assert r.status_code == 422, r.text
+
+
 # ---------------------------------------------------------------- values and numbers
 
 
