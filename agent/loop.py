@@ -25,6 +25,7 @@ from agent.commands import CommandSink
 from agent.commands_poll import DEFAULT_WAIT_S, CommandPoller
 from agent.fetch import Fetcher, HttpxFetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
+from agent.instance_gpus import InstanceGpus
 from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
@@ -98,6 +99,7 @@ class Agent:
 
     def __post_init__(self) -> None:
         cfg = self.config
+        self._gpus = InstanceGpus()  # which GPUs each instance uses (its page shows only those)
         self.state_dir = cfg.state_dir.expanduser()
         self.agent_id = load_agent_id(self.state_dir)
         self.host_name = cfg.host_name or socket.gethostname()
@@ -170,6 +172,10 @@ class Agent:
             events.extend(evs)
         host = self.host.read_all(now)
         events.extend(host.events)
+        try:
+            self._gpus.annotate(scrapes, host.samples, now)
+        except Exception:  # the mapping must never cost the readings
+            log.exception("mapping instances to their GPUs failed")
         batches, nbytes = self.spool.take_dropped()
         if batches:
             events.append(

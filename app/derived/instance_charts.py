@@ -322,6 +322,7 @@ def gpu(scope: Scope) -> Panel:
         ],
         host=True,
     )
+    mine = instance_gpus(scope)
     for name, label, row, k, style in (
         ("kvscope:gpu_memory_used_bytes", "used", 0, 1 / GIB, "line"),
         ("kvscope:gpu_memory_total_bytes", "total", 0, 1 / GIB, "dash"),
@@ -331,11 +332,20 @@ def gpu(scope: Scope) -> Panel:
     ):
         for s in sorted(got[name], key=lambda s: s.labels.get("gpu", "")):
             idx = s.labels.get("gpu", "?")
+            if mine and idx not in mine:
+                continue  # another instance's GPU on the same host
             unit = p.rows[row].split("(")[-1].rstrip(")")
             color = palette.gpu_color(int(idx)) if idx.isdigit() else palette.GREY
             p.traces.append(
                 Trace(f"GPU{idx} {label}", scale(gauge_values(s, g), k), unit, row=row, style=style, color=color)
             )
+    if mine:
+        p.notes.append(
+            f"GPU{'s' if len(mine) > 1 else ''} {', '.join(sorted(mine))} of this host: the ones this instance's "
+            "processes use (the agent matched them by the port it listens on)."
+        )
+    else:
+        p.notes.append("Every GPU of the host: the agent could not tell which ones this instance uses.")
     if not p.has_data() and count is None:
         p.empty = (
             _no_data_reason(scope, "GPU readings")
@@ -343,6 +353,18 @@ def gpu(scope: Scope) -> Panel:
             else "no GPU readings from this host's agent (no NVML / nvidia-smi)"
         )
     return _finish(p, scope, "GPU readings")
+
+
+INSTANCE_GPU = "kvscope:instance_gpu"  # agent/instance_gpus.py: 1 per GPU the instance's processes use
+
+
+def instance_gpus(scope: Scope) -> set[str]:
+    """GPU indices the agent saw this instance use during the range (empty: unknown)."""
+    return {
+        str(s.labels.get("gpu"))
+        for s in scope.fetch([INSTANCE_GPU])[INSTANCE_GPU]
+        if s.labels.get("gpu") is not None and any(v for v in gauge_values(s, scope.grid, "max"))
+    }
 
 
 CHARTS: dict[str, Callable[[Scope], Panel]] = {

@@ -139,3 +139,22 @@ def test_python_none_never_reaches_the_screen() -> None:
         "cache config changed: kv_offloading_size 2.0 -> not set"
     )
     assert readable("ratio nan") == "ratio n/a" and readable("Nonesuch") == "Nonesuch"
+
+
+def test_the_gpu_panel_shows_only_the_gpus_the_agent_matched_to_the_instance(tmp_path: Any) -> None:
+    batches = recorded_batches(T0 - 600, 60, interval=5.0, simulated=True)
+    for b in batches:  # a second GPU on the host, used by another instance
+        b["host_samples"] += [
+            {**s, "labels": {**s["labels"], "gpu": "1"}} for s in b["host_samples"] if s["labels"].get("gpu") == "0"
+        ]
+    with fed_app(tmp_path / "both", batches, T0) as (_app, c, _clock):
+        both = c.get("/api/v1/instances/1/charts/gpu?range=15m").json()
+        assert {t["name"].split()[0] for t in both["figure"]["data"]} == {"GPU0", "GPU1"}
+        assert any("Every GPU of the host" in n for n in both["notes"])
+    for b in batches:
+        b["scrapes"][0]["samples"].append({"name": "kvscope:instance_gpu", "labels": {"gpu": "1"}, "value": 1.0})
+        b["scrapes"][0]["types"]["kvscope:instance_gpu"] = "gauge"
+    with fed_app(tmp_path / "mine", batches, T0) as (_app, c, _clock):
+        mine = c.get("/api/v1/instances/1/charts/gpu?range=15m").json()
+        assert {t["name"].split()[0] for t in mine["figure"]["data"]} == {"GPU1"}
+        assert any("GPU 1 of this host" in n for n in mine["notes"])
