@@ -166,3 +166,27 @@ def test_failure_after_some_runs_keeps_a_partial_verdict(setup: dict[str, Any], 
     assert not any(m["significant"] for m in v["headline"])
     cur = rs.instance_profiles(ctx.engine, iid)["current"]
     assert cur is not None and cur["name"] == "no-offload"
+
+
+def test_a_run_with_foreign_traffic_is_flagged_and_left_out_of_the_verdict(setup: dict[str, Any], clock: Any) -> None:
+    ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
+
+    class Busy(ModelExecutor):  # someone else sent 40 requests during the second run
+        def start(self, key: Any, url: str, spec: Any, run_key: str, cancelled: Any) -> None:
+            super().start(key, url, spec, run_key, cancelled)
+            if key[1] == 1:
+                ours = len(self.done[key]["requests"])
+                self.done[key]["foreign"] = {"sent": ours, "requests": 40, "request_share": 40 / (40 + ours)}
+
+    orch = Orchestrator(ctx.engine, RolloutsPort(ctx), Busy(ctx, iid), Limits(n_boot=300))
+    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=3)
+    assert st.get_experiment(ctx.engine, eid)["options"]["plan"]["max_foreign_share"] == 0.05  # type: ignore[index]
+    exp = drive(orch, ctx, host_id, clock, eid)
+    assert exp["state"] == "completed"
+    runs = st.list_runs(ctx.engine, eid)
+    assert runs[1]["state"] == "done" and runs[1]["message"].startswith("left out of the verdict: foreign traffic")
+    assert "40 requests" in runs[1]["summary"]["contaminated"]
+    v = exp["verdict"]
+    assert v["excluded"] == [{"idx": 1, "arm": "B", "reason": runs[1]["summary"]["contaminated"]}]
+    assert v["runs_used"] == {"A": 3, "B": 2} and v["call"] == "inconclusive: too few runs"
+    assert "(1 left out as contaminated)" in v["summary"]
