@@ -164,7 +164,8 @@ def experiment_plan(
         "max_foreign_share": max_foreign_share,
         "test": (
             "B - A for each headline metric, hierarchical bootstrap (runs with replacement, then requests "
-            "within each run), widened by sqrt(n/(n-1)) for n runs; a difference is called only when its "
+            "within each run), widened by sqrt(n/(n-1)) x t(df)/z for n runs (Student's t, df = runs - 2); "
+            "a difference is called only when its "
             f"{level * 100:.2f}% interval excludes zero (Bonferroni: the {len(head)} headline metrics hold "
             f"together at {FAMILY_LEVEL * 100:.0f}%), never from an interval of zero width; at least "
             f"{min_runs} completed runs per arm, else inconclusive"
@@ -270,8 +271,8 @@ def _caveats(records: list[dict[str, Any]]) -> list[str]:
     if any(r.get("timing_source") == "sim-model" for r in records):
         out.append(
             "simulated server (kvscope sim): TTFTs are its modeled times (x-kvscope-sim-ttft-ms), "
-            "not the client's wall clock; the model is deterministic, so TTFT intervals show no "
-            "run-to-run noise"
+            "not the client's wall clock; their run-to-run spread is the sim's seeded noise "
+            "(--sim-jitter; without it every run is identical and no interval has a width to call)"
         )
     elif any((r.get("server") or {}).get("simulated") for r in records):
         out.append("simulated server (kvscope sim): the timings come from its cost model")
@@ -282,6 +283,8 @@ def _probe_caveats(sums: dict[str, list[dict[str, Any]]]) -> list[str]:
     """A probe whose reload requests were served from the GPU pool measured nothing about offload."""
     out = []
     for arm, runs in sums.items():
+        if (_mean([s.get("share_external_kv_transfer") for s in runs]) or 0) > 0:
+            continue  # tokens came back from a tier: the probed prefix was evicted, and reloaded
         reload = _mean([s.get("ttft_reload_p50_ms") for s in runs])
         hit = _mean([s.get("ttft_hit_p50_ms") for s in runs])
         if reload is not None and hit is not None and reload <= 1.25 * hit:

@@ -52,6 +52,9 @@ def test_the_demo_headline_ab_says_b_is_better_on_evicted_prefixes_as_the_model_
     assert "GPU pool (7,280 tokens) and no offload tier" in plans["A"]
     assert "CPU tier 14,560 tokens" in plans["B"] and "the CPU tier keeps it" in plans["B"]
     assert v["primary"]["label"] == "TTFT p50 on evicted prefixes" and v["runs_used"] == {"A": 3, "B": 3}
+    # whole requests: B's reloads (~254 ms) are close to its GPU hits (~230 ms), yet B reloaded from
+    # its tier, so the probe did evict: no "probably did not evict" caveat
+    assert not any("about as fast as GPU hits" in c for c in v["caveats"])
 
 
 def test_the_demo_default_probe_also_says_b_is_better() -> None:
