@@ -200,3 +200,4 @@ def test_a_disk_connector_is_an_offload_tier_named_by_what_it_is(engine: Any, cl
     assert "disk reload" in names and not any("CPU" in n for n in names)
     page = client.get("/instances/1", params=params).text
     assert "tokens reloaded from disk" in page and "offload disk" in page
+    assert "tokens reloaded (disk)" in page and "CPU/offload" not in page
