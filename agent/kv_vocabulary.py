@@ -45,6 +45,7 @@ STORE_BYTES = "vllm:kv_offload_store_bytes_total"
 STORE_TIME = "vllm:kv_offload_store_time_total"
 TIERING_PREFIX = "vllm:kv_offload_tiering_"
 LMCACHE_PREFIX = "lmcache:"
+LMCACHE_HITS = "lmcache:num_hit_tokens_total"  # present where an LMCache engine runs in vLLM
 
 
 # --- token sources ---------------------------------------------------------------------------

@@ -227,6 +227,7 @@ def offload_size_bytes(instance: dict[str, Any]) -> float | None:
 
 
 TIERING_HITS = "vllm:kv_offload_tiering_block_hits_total"
+TIER_FAMILIES = [kv.CACHED_BY_SOURCE, TIERING_HITS, kv.LMCACHE_HITS]  # what tiers_from reads
 
 
 def tiers_from(
@@ -237,7 +238,10 @@ def tiers_from(
     cached tokens in it, TieringOffloadingSpec tiers present."""
     moved = sorted({str(lab.get("source", "")) for lab, inc in got.get(kv.CACHED_BY_SOURCE, []) if inc > 0})
     tiering = sorted({str(lab.get("tier", "")) for lab, _inc in got.get(TIERING_HITS, [])})
-    return kv.offload_tiers(cache_config, cached_sources=moved, tiering_tiers=tiering, connector=connector)
+    lmcache = bool(got.get(kv.LMCACHE_HITS))
+    return kv.offload_tiers(
+        cache_config, cached_sources=moved, tiering_tiers=tiering, lmcache=lmcache, connector=connector
+    )
 
 
 def applied_connector(engine: Engine, instance_id: int) -> str | None:
@@ -265,7 +269,7 @@ def offload_tiers(scope: Scope) -> list[str]:
     if memo is not None:
         return memo
     g = scope.grid
-    got = scope.range_increases([kv.CACHED_BY_SOURCE, TIERING_HITS], g.start, g.end)
+    got = scope.range_increases(TIER_FAMILIES, g.start, g.end)
     tiers = tiers_from(scope.instance.get("cache_config"), got, scope_connector(scope))
     try:
         scope._tiers = tiers

@@ -11,11 +11,9 @@ from typing import Any
 
 from agent import kv_vocabulary as kv
 from app.derived import worth as w
-from app.derived.panels import TIERING_HITS, Scope, offload_size_bytes, scope_connector, tiers_from
+from app.derived.panels import TIER_FAMILIES, Scope, offload_size_bytes, scope_connector, tiers_from
 
-NAMES = sorted(
-    {*w.NAMES, kv.CACHED_BY_SOURCE, TIERING_HITS, *(n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams)}
-)
+NAMES = sorted({*w.NAMES, *TIER_FAMILIES, *(n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams)})
 
 
 @dataclass

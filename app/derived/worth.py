@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent import kv_vocabulary as kv
-from app.derived.panels import TIERING_HITS, Scope, offload_size_bytes, scope_connector, tiers_from
+from app.derived.panels import TIER_FAMILIES, Scope, offload_size_bytes, scope_connector, tiers_from
 
 PREFILL_SUM = "vllm:request_prefill_time_seconds_sum"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
@@ -134,7 +134,7 @@ def worth_from(got: Mapping[str, Sequence[Increase]], tiers: Sequence[str], conf
 def compute_worth(scope: Scope) -> Worth:
     """The worth figures over the scope's range (the same code as the summary's worth)."""
     g = scope.grid
-    got = scope.range_increases([*NAMES, kv.CACHED_BY_SOURCE, TIERING_HITS], g.start, g.end)
+    got = scope.range_increases([*NAMES, *TIER_FAMILIES], g.start, g.end)
     tiers = tiers_from(scope.instance.get("cache_config"), got, scope_connector(scope))
     return worth_from(got, tiers, offload_size_bytes(scope.instance) is not None)
 

@@ -194,3 +194,16 @@ def test_prefill_speed_is_estimated_where_vllm_lacks_the_prefill_histogram_and_s
     none = _worth(**base)
     assert none.prefill_tokens_per_s is None and none.saved_seconds is None and none.tone == "neutral"
     assert "cannot be estimated" in none.verdict
+
+
+def test_an_lmcache_engine_is_an_offload_tier_named_lmcache() -> None:
+    series = {
+        "vllm:prompt_tokens_by_source_total": [
+            _raw("vllm:prompt_tokens_by_source_total", 0, 300, {"source": "external_kv_transfer"}),
+            _raw("vllm:prompt_tokens_by_source_total", 0, 600, {"source": "local_compute"}),
+        ],
+        "lmcache:num_hit_tokens_total": [_raw("lmcache:num_hit_tokens_total", 0, 300)],
+        "vllm:request_prefill_time_seconds_sum": [_raw("vllm:request_prefill_time_seconds_sum", 0, 0.1)],
+    }
+    w = compute_worth(_Scope(series, offload="None"))  # type: ignore[arg-type]
+    assert w.tier == "LMCache" and w.offload_configured and "LMCache reloads" in w.verdict
