@@ -61,6 +61,12 @@ def token_file(args: argparse.Namespace) -> Path:
     return Path(_settings(args).data_dir) / TOKEN_FILE
 
 
+def demo_token_file() -> Path:
+    from app.settings import default_data_dir
+
+    return default_data_dir() / "demo" / TOKEN_FILE
+
+
 def find_token(args: argparse.Namespace, env: dict[str, str] | None = None) -> tuple[str | None, str]:
     """(token, where it came from). The token file is read only when neither --token nor the
     environment gives one; an unreadable or oversized file is an error, a missing one is not."""
@@ -71,6 +77,10 @@ def find_token(args: argparse.Namespace, env: dict[str, str] | None = None) -> t
     if env.get(ENV_TOKEN):
         return env[ENV_TOKEN].strip(), f"${ENV_TOKEN}"
     path = token_file(args)
+    if not path.exists() and not getattr(args, "data_dir", None) and not env.get("KVSCOPE_DATA_DIR"):
+        demo = demo_token_file()  # `kvscope demo` keeps its data (and token) in a folder of its own
+        if demo.exists():
+            path = demo
     try:
         with path.open("r", encoding="utf-8") as f:
             text = f.read(MAX_TOKEN_CHARS + 1)

@@ -168,3 +168,18 @@ def test_the_token_comes_from_the_flag_then_the_environment_then_the_data_dir(tm
     (data / "api-token").write_text("two tokens\n")
     with pytest.raises(UserError, match="does not hold one API token"):
         find_token(ns, env={})
+
+
+def test_without_a_data_dir_the_demos_token_is_found(tmp_path: Path, monkeypatch: Any) -> None:
+    """`kvscope demo` keeps its data in <default data dir>/demo; a CLI run with no --data-dir and
+    no token file of the default data dir uses the demo's."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.delenv("KVSCOPE_DATA_DIR", raising=False)
+    ns = argparse.Namespace(token=None, config=None, data_dir=None, url=None)
+    assert find_token(ns, env={})[0] is None
+    demo = tmp_path / "kvscope" / "demo"
+    demo.mkdir(parents=True)
+    (demo / "api-token").write_text("demo-token\n")
+    assert find_token(ns, env={}) == ("demo-token", str(demo / "api-token"))
+    (tmp_path / "kvscope" / "api-token").write_text("up-token\n")  # the default data dir's own wins
+    assert find_token(ns, env={})[0] == "up-token"
