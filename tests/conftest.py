@@ -107,13 +107,16 @@ def _fed(request: Any) -> Any:
 
 @pytest.fixture
 def db_url(db_backend: str, tmp_path: Path, request: Any) -> Iterator[str]:
-    """The URL of a fresh, migrated database of the backend under test; with
-    @pytest.mark.fed_database(FEED), a copy of that feed's database built once per session."""
+    """The URL of a fresh, migrated database of the backend under test (a copy of one migrated
+    once per session); with @pytest.mark.fed_database(FEED), a copy of that feed's database."""
     feed = _fed(request)
     if db_backend == "sqlite":
         path = tmp_path / "data" / "kvscope.db"
+        made = request.getfixturevalue("fed_databases")
         if feed is not None:
-            request.getfixturevalue("fed_databases").copy_sqlite(feed, path)
+            made.copy_sqlite(feed, path)
+        else:
+            made.copy_migrated_sqlite(path)  # migrated once per session
         yield f"sqlite:///{path}"
         return
     cluster = request.getfixturevalue("pg_cluster")
@@ -128,9 +131,9 @@ def db_url(db_backend: str, tmp_path: Path, request: Any) -> Iterator[str]:
 def settings(tmp_path: Path, db_backend: str, request: Any) -> Any:
     from app.settings import load_settings
 
-    url = request.getfixturevalue("db_url") if db_backend != "sqlite" else None
-    if url is None and _fed(request) is not None:
-        request.getfixturevalue("db_url")  # the fed SQLite file copied into data_dir
+    url = request.getfixturevalue("db_url")
+    if db_backend == "sqlite":
+        url = None  # the SQLite file db_url put in data_dir, found there as by a user's install
     return load_settings(
         None, data_dir=str(tmp_path / "data"), run_scheduler=False, database_url=url, allowed_hosts=TEST_HOSTS
     )
@@ -217,6 +220,18 @@ def make_batch(
 @pytest.fixture
 def batch_factory() -> Any:
     return make_batch
+
+
+# Tiers: `-m "not slow"` is the everyday tier (minutes); the whole suite (what CI runs) adds the
+# slow tests. A test that starts an outside program the everyday tier does without (a real vLLM,
+# Chromium, network namespaces) is slow by that marker alone.
+SLOW_MARKERS = ("realvllm", "browser", "netns")
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        if not item.get_closest_marker("slow") and any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_report_header(config: Any) -> str:

@@ -1,4 +1,5 @@
-"""Fed databases built once per test session and copied for each test that asks for one.
+"""Databases built once per test session and copied for each test: the migrated empty SQLite
+file every test starts from, and fed databases for the tests that ask for one.
 
 The slowest tests used to push hundreds of recorded batches through the ingest API one at a time,
 per test and per backend. A `Feed` names what goes into a database and how (POSTed through the
@@ -80,6 +81,21 @@ class FedDatabases:
         self.base = base
         self._sqlite: dict[str, Path] = {}
         self._pg: dict[str, str] = {}
+        self._migrated: Path | None = None
+
+    def copy_migrated_sqlite(self, dest: Path) -> None:
+        """Write a copy of an empty SQLite file migrated to all heads to dest: the migration runs
+        once per session, not once per test (the app's start-up upgrade then finds it at head)."""
+        if self._migrated is None:
+            from app.storage.engine import open_database
+
+            master = self.base / "sqlite-migrated" / "kvscope.db"
+            master.parent.mkdir(parents=True)
+            open_database(f"sqlite:///{master}").dispose()
+            _checkpoint(master)
+            self._migrated = master
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self._migrated, dest)
 
     def copy_sqlite(self, feed: Feed, dest: Path) -> None:
         """Write a copy of feed's fed SQLite file to dest (built first if this is the first ask)."""
@@ -88,8 +104,7 @@ class FedDatabases:
             data_dir = self.base / f"sqlite-{feed.name}"
             feed_database(feed, data_dir, None)
             master = data_dir / "kvscope.db"
-            with sqlite3.connect(master) as conn:  # fold the WAL into the file: the copy is whole
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            _checkpoint(master)
             self._sqlite[feed.name] = master
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(master, dest)
@@ -104,6 +119,15 @@ class FedDatabases:
             copy_rows(f"sqlite:///{master}", cluster.url(template))
             self._pg[feed.name] = template
         return str(cluster.new_database(template=template))
+
+
+def _checkpoint(path: Path) -> None:
+    """Fold the WAL into the database file, so a copy of the file alone is the whole database."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
 
 
 def copy_rows(src_url: str, dst_url: str) -> None:
