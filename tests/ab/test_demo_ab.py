@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from agent.workloads.spec import WorkloadSpec
 from app.ab.results import contamination
 from app.ab.verdict import INCONCLUSIVE, compute_verdict, experiment_plan
@@ -64,6 +66,7 @@ def test_the_demo_default_probe_also_says_b_is_better() -> None:
     assert p50["hi"] < 0 and p50["b"] < 0.5 * p50["a"]
 
 
+@pytest.mark.slow  # 20 seeded A/A experiments
 def test_a_vs_a_on_the_demo_server_says_no_significant_difference_in_at_least_19_of_20_seeds() -> None:
     clean = 0
     for seed in range(20):

@@ -21,6 +21,8 @@ from .receiver import Receiver, receiver
 from .rig import Rig
 from .traffic import COLD, HEALTHY, UNIQUE
 
+# each test backfills a day of history through the ingest API, then plays the live part
+pytestmark = pytest.mark.slow
 SCRAPE = 5.0
 EVAL = 15.0
 FOR = 120.0

@@ -46,6 +46,7 @@ def _same_figure(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a["figure"]["layout"].get("shapes") == b["figure"]["layout"].get("shapes")
 
 
+@pytest.mark.slow  # replays hundreds of batches, reading charts between pushes
 @pytest.mark.both_databases
 @pytest.mark.parametrize("range_name,span", [("15m", 900.0), ("1h", 3600.0)])
 def test_named_ranges_reuse_final_values_and_match_a_full_computation(
@@ -87,6 +88,7 @@ def _worth_and_panels(engine: Any, live: LiveValues | None, now: float) -> tuple
     return compute_worth(sc), panels
 
 
+@pytest.mark.slow  # replays hundreds of batches, reading charts between pushes
 @pytest.mark.both_databases
 def test_worth_and_sparkline_grids_match_with_the_memo(
     client: Any, app: Any, token: str, engine: Any, clock: Any

@@ -87,6 +87,7 @@ T0 = 1_800_000_000.0  # the clock fixture's start
 THREE_HOURS = Feed("rollups-3h", lambda: recorded_batches(T0 - 3 * 3600, 1000, interval=10.0, reset_at=450))
 
 
+@pytest.mark.slow  # rolls up and expires 3 h of recorded scrapes
 @pytest.mark.fed_database(THREE_HOURS)
 def test_job_rolls_up_and_applies_retention(app: Any, client: Any, clock: Any) -> None:
     from app.jobs import run_job_now

@@ -90,6 +90,7 @@ REPLAYED_ON_TIME = Feed("late-replayed", lambda: _replayed()[1])
 HOLE_ON_TIME = Feed("late-hole", lambda: _with_a_hole()[1])
 
 
+@pytest.mark.slow  # re-rolls hours of recorded scrapes
 @pytest.mark.fed_database(REPLAYED_ON_TIME)
 def test_late_replayed_samples_are_rolled_into_both_tiers(app: Any, client: Any, token: str, clock: Any) -> None:
     from app.jobs import run_job_now
@@ -125,6 +126,7 @@ def test_late_replayed_samples_are_rolled_into_both_tiers(app: Any, client: Any,
     assert _same(_stored(engine, Rollup1h), truth_h)
 
 
+@pytest.mark.slow  # re-rolls hours of recorded scrapes
 @pytest.mark.fed_database(HOLE_ON_TIME)
 def test_late_samples_older_than_raw_retention_are_dropped_cleanly(
     app: Any, client: Any, token: str, clock: Any
