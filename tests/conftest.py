@@ -224,8 +224,8 @@ def batch_factory() -> Any:
 
 # Tiers: `-m "not slow"` is the everyday tier (minutes); the whole suite (what CI runs) adds the
 # slow tests. A test that starts an outside program the everyday tier does without (a real vLLM,
-# Chromium, network namespaces) is slow by that marker alone.
-SLOW_MARKERS = ("realvllm", "browser", "netns")
+# Chromium, network namespaces, a Prometheus server) is slow by that marker alone.
+SLOW_MARKERS = ("realvllm", "browser", "netns", "prometheus")
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
