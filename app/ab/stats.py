@@ -85,8 +85,11 @@ class Interval:
     @property
     def significant(self) -> bool:
         """The CI excludes zero, and it could be estimated at all. A CI that touches or spans zero,
-        or one of zero width (one sample, or no variation), is no significant difference."""
-        return self.estimable and (self.lo > 0 or self.hi < 0)
+        or one of zero width (one sample, or no variation), is no significant difference; so is one
+        whose relative interval (from the same resamples, skewed differently) spans zero: a call is
+        never shown next to a change "by 243% [-33, 906]"."""
+        rel_ok = self.rel_lo is None or self.rel_hi is None or self.rel_lo > 0 or self.rel_hi < 0
+        return self.estimable and (self.lo > 0 or self.hi < 0) and rel_ok
 
 
 def _clean(runs: Sequence[Sequence[float]]) -> list[list[float]]:

@@ -130,3 +130,18 @@ def test_one_run_per_arm_or_no_variation_is_never_significant() -> None:
     assert one.hi < 0 and not one.estimable and not one.significant  # a huge gap, from one run each
     flat = bootstrap_diffs([[5.0]] * 3, [[9.0]] * 3, [mean], seed=0, n_boot=200)
     assert flat is not None and flat[0].lo == flat[0].hi == 4.0 and not flat[0].significant
+
+
+def test_a_difference_whose_relative_interval_spans_zero_is_not_called() -> None:
+    from app.ab.stats import Interval
+
+    seen_on_a_real_server = Interval(  # ITL 4.3 -> 14.6 ms: B - A in [+0.2, +30] ms, but -33% .. +906%
+        a=4.3, b=14.6, diff=10.3, lo=0.2, hi=30.0, rel=2.43, rel_lo=-0.33, rel_hi=9.06,
+        level=0.9875, n_a=30, n_b=30, runs_a=3, runs_b=3,
+    )  # fmt: skip
+    assert seen_on_a_real_server.estimable and not seen_on_a_real_server.significant
+    clear = Interval(
+        a=4.3, b=14.6, diff=10.3, lo=5.0, hi=15.0, rel=2.43, rel_lo=1.1, rel_hi=3.5,
+        level=0.9875, n_a=30, n_b=30, runs_a=3, runs_b=3,
+    )  # fmt: skip
+    assert clear.significant
