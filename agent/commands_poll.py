@@ -2,7 +2,7 @@
 
 Commands ride on push replies, so without this a rollout created just after a push waits for
 the next one (0..interval). When a CommandSink is configured, a daemon thread keeps one request
-open on the app's POST /api/v1/commands?wait=S (app/api/commands.py) and submits what comes back
+open on the app's POST /api/v1/commands?wait=S (app/ingest/commands.py) and submits what comes back
 to the sink; the sink ignores an id it has seen, so a command delivered both ways runs once.
 
 - 200: commands submitted, their ids remembered and sent back as `known` (the app then holds

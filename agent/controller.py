@@ -11,7 +11,7 @@ names the instances this agent may restart and how (see docs/controller.md):
     command = ["kvscope", "sim", "--profile", "rtx4070-qwen3-4b", "--port", "8001"]
     initial_args = []                    # flags at first start; the rollback target until a rollout succeeds
 
-A rollout command (kind "rollout", payload built by app/rollouts.py) runs, on one worker thread:
+A rollout command (kind "rollout", payload built by app/controller/rollouts.py) runs, on one worker thread:
 preflight -> restarting -> waiting_health -> probing -> healthy; a failed start, health or probe
 -> rolling_back (last-known-good argv) -> rolled_back, else failed; a refusing preflight ->
 refused (nothing restarted). The agent decides the rollback itself, so a lost app mid-restart

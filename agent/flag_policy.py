@@ -20,7 +20,7 @@ The JSON the fields render (`--kv-transfer-config`, `--kv-events-config`) is che
 by the agent too (CONNECTORS): a forged command cannot name a connector module path, an
 offloading spec module or an unknown connector.
 
-This module is imported by the agent (no app dependencies) and by app/profiles.py: one
+This module is imported by the agent (no app dependencies) and by app/controller/profiles.py: one
 definition for both. The agent is the final authority: its launcher config may widen the list
 (`allow_flags = [...]`) for its own servers, and its preflight refuses anything else.
 """

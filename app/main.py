@@ -14,31 +14,40 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
-from app import jobs
-from app.api import commands as commands_api
-from app.api import ingest as ingest_api
-from app.api import read as read_api
-from app.api.docs import install_docs
+from app.ab.api import install as install_ab
+from app.alerts.api import install as install_alerts
 from app.auth import guard
 from app.auth.install import install as install_auth
 from app.auth.secret import effective_secret
-from app.context import AppContext, Clock
-from app.selfmetrics import SelfMetrics
+from app.context import AppContext, Clock, Part
+from app.controller.api import install as install_controller
+from app.dashboard import install as install_dashboard
+from app.export.exporter import install as install_exporter
+from app.export.prometheus_source import install as install_prometheus_source
+from app.ingest.api import install as install_ingest
 from app.settings import Settings
+from app.sizing import install as install_sizing
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
+from app.web import jobs
+from app.web.docs import install_docs
+from app.web.selfmetrics import SelfMetrics
+from app.web.templating import make_templates
 
 log = logging.getLogger("kvscope.app")
 
-# Optional parts: each module exposes install(app, ctx). Missing ones are skipped until built.
-OPTIONAL_PARTS = (
-    "app.pages",  # dashboard pages, static assets, rollup job
-    "app.controller_api",  # profiles, rollouts
-    "app.alerts_api",
-    "app.ab_api",
-    "app.exporter",  # derived per-instance series on /metrics (scale-out)
-    "app.prometheus_source",  # /api/v1/prometheus/...: charts read from a Prometheus (scale-out)
-    "app.sizing",  # cache sizing from KV events: /instances/{id}/sizing
+# The parts this app mounts, in this order. A part is `install(app, ctx)` (app.context.Part): it
+# adds its routers to the app and its jobs, push hooks, command providers and template globals to
+# the context. An import error here is an error: no part is optional.
+PARTS: tuple[Part, ...] = (
+    install_ingest,  # POST /api/v1/ingest (agents' pushes), /api/v1/commands (long-poll)
+    install_dashboard,  # pages, fragments, JSON reads, static assets, the rollup job
+    install_controller,  # profiles, rollouts
+    install_alerts,  # rules, evaluation and delivery jobs, pages, API
+    install_ab,  # A/B experiments
+    install_exporter,  # derived per-instance series on /metrics (scale-out)
+    install_prometheus_source,  # /api/v1/prometheus/...: charts read from a Prometheus (scale-out)
+    install_sizing,  # cache sizing from KV events: /instances/{id}/sizing
 )
 
 
@@ -53,6 +62,7 @@ def create_app(
         metrics=SelfMetrics(),
         clock=clock,
         secret=effective_secret(settings),
+        templates=make_templates(),
     )
     # Every route runs the role check first (app/auth): a route states its role with @requires,
     # else reading needs a viewer and changing needs an operator.
@@ -68,20 +78,9 @@ def create_app(
     app.state.start_jobs = settings.run_scheduler if start_jobs is None else start_jobs
     _install_errors(app)
     _install_timing(app, ctx)
-    app.include_router(ingest_api.router(ctx))
-    app.include_router(commands_api.router(ctx))  # long-poll: the same commands, sooner
-    app.include_router(read_api.router(ctx))
     install_docs(app)
-    import importlib
-
-    for name in OPTIONAL_PARTS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        mod.install(app, ctx)
+    for part in PARTS:
+        part(app, ctx)
     install_auth(app, ctx)  # login pages, admin API, Host allow-list and security headers (outermost)
     jobs.install(app, ctx)  # last: starts whatever jobs the parts registered
     return app

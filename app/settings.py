@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     )
     prometheus_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Prometheus query.")
 
-    # --- controller (issue 7; app/rollouts.py, docs/controller.md): rollout deadlines and the probe
+    # --- controller (issue 7; app/controller/rollouts.py, docs/controller.md): rollout deadlines and the probe
     rollout_health_deadline_s: float = Field(
         300.0, gt=0, description="A restarted server must answer /health and /v1/models within this."
     )

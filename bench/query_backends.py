@@ -76,7 +76,7 @@ def make_batches(days: float, interval: float, per_batch: int, end: float) -> li
 
 
 def seed_store(url: str, batches: list[bytes], now: float) -> tuple[Any, float, float]:
-    from app.ingest import parse_batch
+    from app.ingest.parse import parse_batch
     from app.storage.engine import open_database
     from app.storage.ingest_store import IngestWriter
     from app.storage.rollups import run_rollups
@@ -132,7 +132,7 @@ def main() -> int:
     from app.derived.instance_charts import CHARTS
     from app.derived.panels import make_scope
     from app.derived.worth import compute_worth
-    from app.prometheus_source import PrometheusSource, instance_target, prometheus_scope
+    from app.export.prometheus_source import PrometheusSource, instance_target, prometheus_scope
     from app.storage.series_store import list_instances
 
     work = Path(tempfile.mkdtemp(prefix="kvscope-qb-"))

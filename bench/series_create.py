@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import Engine, Table, and_, insert, select
 
 from agent.protocol import PushBatch, Sample, Scrape
-from app.ingest import parse_batch
+from app.ingest.parse import parse_batch
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter, SeriesCapExceeded, labels_key
 from app.storage.models import Host, Instance, Series

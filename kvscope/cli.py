@@ -8,23 +8,30 @@ in the app's stack (fastapi, sqlalchemy, plotly ...): heavy imports happen insid
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from kvscope import __version__
+from agent import cli as agent_cli
+from app import cli as app_cli
+from app.ab import cli as ab_cli
+from app.auth import cli as auth_cli
+from app.controller import cli as controller_cli
+from kvscope import __version__, demo, up
 from kvscope.errors import UserError
+from simulator import cli as simulator_cli
 
-# Modules that register sub-commands, in the order `kvscope --help` lists them.
-COMMAND_MODULES = (
-    "app.cli",  # serve
-    "app.auth.cli",  # user, token
-    "agent.cli",  # agent
-    "simulator.cli",  # sim
-    "kvscope.demo",  # demo
-    "kvscope.up",  # up
-    "app.controller_cli",  # profile, apply
-    "app.ab_cli",  # ab
+# The modules that register sub-commands, in the order `kvscope --help` lists them. Each imports
+# only the standard library at module level; an import error here is an error.
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    app_cli,  # serve
+    auth_cli,  # user, token
+    agent_cli,  # agent
+    simulator_cli,  # sim
+    demo,  # demo
+    up,  # up
+    controller_cli,  # profile, apply
+    ab_cli,  # ab
 )
 
 
@@ -35,14 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            # A part not built yet (or not installed): skip it, but never hide a real import bug.
-            if exc.name in (name, name.rsplit(".", 1)[0]):
-                continue
-            raise
+    for mod in COMMAND_MODULES:
         mod.register(sub)
     return parser
 

@@ -99,7 +99,7 @@ def kv_events_flags(port: int) -> list[str]:
 
 def initial_argv(key: str, offload_gib: float) -> list[str]:
     """The flags a demo server starts with: its initial profile, rendered as the controller would."""
-    from app.profiles import parse_profile
+    from app.controller.profiles import parse_profile
 
     srv = next(s for s in SERVERS if s.key == key)
     return parse_profile(srv.initial_profile, demo_profiles(offload_gib)[srv.initial_profile]).to_argv()
@@ -204,7 +204,7 @@ def _wait_http(url: str, deadline: float, stop: threading.Event) -> bool:
 
 
 def _seed_profiles(engine: Any, offload_gib: float, now: float) -> None:
-    from app.profiles import parse_profile
+    from app.controller.profiles import parse_profile
     from app.storage import rollouts_store as rs
 
     for name, spec in demo_profiles(offload_gib).items():

@@ -81,7 +81,7 @@ class Rig:
 
     def experiment(self, body: dict[str, Any], max_steps: int = 3000) -> dict[str, Any]:
         """Start an A/B experiment over the API and run the app's tick job until it finishes."""
-        from app.ab_api import tick_job
+        from app.ab.api import tick_job
 
         r = self.client.post("/api/v1/experiments", json={"instance": self.instance_id(), **body})
         assert r.status_code == 201, r.text
@@ -163,7 +163,9 @@ def e2e_rig(
         try:
             yield make, client
         finally:
-            ab = app.state.ctx.extras.get("ab")
+            from app.ab.orchestrator import Orchestrator
+
+            ab = app.state.ctx.peek_state(Orchestrator)
             if ab is not None:
                 ab.executor.shutdown()
             for agent in made:

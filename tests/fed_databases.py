@@ -59,7 +59,7 @@ def feed_database(feed: Feed, data_dir: Path, database_url: str | None) -> None:
 
         with fed_app(data_dir, batches, batches[0]["sent_at"], database_url=database_url):
             return
-    from app.ingest import parse_batch
+    from app.ingest.parse import parse_batch
     from app.settings import load_settings
     from app.storage.ingest_store import IngestWriter
 

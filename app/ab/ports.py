@@ -60,7 +60,7 @@ class RunExecutor(Protocol):
 
 
 class RolloutsPort:
-    """The controller's own app-side functions (app.rollouts, app.storage.rollouts_store)."""
+    """The controller's own app-side functions (app.controller.rollouts, app.storage.rollouts_store)."""
 
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
@@ -78,7 +78,7 @@ class RolloutsPort:
     def request(
         self, instance_id: int, profile_name: str, now: float, *, requested_by: str, override_hybrid: bool
     ) -> int:
-        from app.rollouts import RolloutError, request_rollout
+        from app.controller.rollouts import RolloutError, request_rollout
 
         try:
             return request_rollout(

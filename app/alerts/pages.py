@@ -1,6 +1,6 @@
 """Alert pages: list + history (/alerts), one alert (/alerts/{id}), rules and per-instance
 overrides (/alerts/rules); form actions acknowledge, silence, expire silence, send test, save
-overrides. Forms carry the signed CSRF token of app.controller_csrf (and must come from the same
+overrides. Forms carry the signed CSRF token of app.web.csrf (and must come from the same
 origin); they redirect back with a message."""
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from app import controller_csrf as csrf
 from app.alerts import expected
 from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
 from app.alerts.evaluate import alert_key
 from app.alerts.params import ParamError, coerce, effective
-from app.api.ids import DbId, OptionalDbIdQuery
+from app.alerts.views import alert_json, alerts_state, create_silence, delivery_config
 from app.context import AppContext
 from app.storage import alerts_store as store
 from app.storage.series_store import get_instance, list_instances
+from app.web import csrf
+from app.web.ids import DbId, OptionalDbIdQuery
 
 
 def _back(path: str, msg: str | None = None) -> RedirectResponse:
@@ -35,21 +36,20 @@ def _render(ctx: AppContext, request: Request, name: str, data: dict[str, Any]) 
     data.setdefault("now", ctx.now())
     data.setdefault("msg", request.query_params.get("msg"))
     data["csrf"] = token
-    resp: HTMLResponse = ctx.extras["templates"].TemplateResponse(request, name, data)
+    resp: HTMLResponse = ctx.templates.TemplateResponse(request, name, data)
     if new_cookie:
         csrf.set_cookie(resp, new_cookie)
     return resp
 
 
 async def _checked_form(ctx: AppContext, request: Request) -> Any:
-    """The posted form, after the same-origin and signed-token checks (app.controller_csrf)."""
+    """The posted form, after the same-origin and signed-token checks (app.web.csrf)."""
     form = await request.form()
     csrf.check(request, form.get(csrf.FIELD), ctx.secret)
     return form
 
 
 def _list_context(ctx: AppContext) -> dict[str, Any]:
-    from app.alerts_api import alert_json
 
     now = ctx.now()
     silences = store.active_silences(ctx.engine, now)
@@ -104,7 +104,7 @@ def router(ctx: AppContext) -> APIRouter:
         overrides = store.all_overrides(ctx.engine)
         chosen = instance if instance is not None else (instances[0]["id"] if instances else None)
         rows = []
-        report = ctx.extras.get("alerts.last_report")
+        report = alerts_state(ctx).last_report
         results = getattr(report, "results", None) or {}
         chosen_host = next((int(i["host_id"]) for i in instances if i["id"] == chosen), None)
         for spec in RULES:
@@ -158,7 +158,6 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.get("/alerts/{alert_id}", response_class=HTMLResponse)
     async def alert_page(alert_id: DbId, request: Request) -> HTMLResponse:
-        from app.alerts_api import alert_json
 
         row = store.get_alert(ctx.engine, alert_id)
         if row is None:
@@ -186,7 +185,6 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.post("/alerts/silences")
     async def silence(request: Request) -> Response:
-        from app.alerts_api import create_silence
 
         form = await _checked_form(ctx, request)
         sid = create_silence(
@@ -210,7 +208,6 @@ def router(ctx: AppContext) -> APIRouter:
 
     @r.post("/alerts/channels/{name}/test")
     async def test_channel(name: str, request: Request) -> Response:
-        from app.alerts_api import delivery_config
 
         await _checked_form(ctx, request)
         channel = next((c for c in ctx.settings.alert_channels if c.name == name), None)

@@ -1,7 +1,7 @@
 """Window arithmetic over raw points, for the rules. Pure functions.
 
 Counters are cumulative; a decrease is a reset (restart) and the increase across it is the new
-value (app.rates.increase). A window (start, end] is anchored on the last point at or before
+value (app.derived.rates.increase). A window (start, end] is anchored on the last point at or before
 `start` (if it is recent enough), so an increase over 5 minutes covers 5 minutes of counting,
 not 5 minutes minus one scrape gap.
 """
@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.rates import increase, reset_times
+from app.derived.rates import increase, reset_times
 
 Point = tuple[float, float]
 

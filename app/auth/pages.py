@@ -8,13 +8,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from app import controller_csrf as csrf
 from app.auth import sessions
 from app.auth.limiter import LoginLimiter
 from app.auth.passwords import verify_password
 from app.auth.roles import PUBLIC, VIEWER, principal_of, requires
 from app.context import AppContext
 from app.storage.users_store import consume_login_link, record_login, user_by_id, user_by_name
+from app.web import csrf
 
 MAX_NEXT_CHARS = 2000
 

@@ -1,6 +1,6 @@
 """Rates, gauges, ratios and histogram quantiles on a grid, from any storage tier.
 
-Raw tier: PromQL-style rate over a window (app.rates.rate_series: reset-corrected increase
+Raw tier: PromQL-style rate over a window (app.derived.rates.rate_series: reset-corrected increase
 between the first and last sample in (t - window, t], divided by the time between them).
 Rollup tiers: the sum of the buckets' reset-corrected increases that end in (t - step, t],
 divided by the time those buckets cover. Gauges: last value (raw) or bucket mean (rollups).
@@ -16,7 +16,7 @@ from itertools import accumulate
 
 from app.derived.grid import Grid
 from app.derived.live import LiveRawSeries, derived_memo, grid_values, memo_head, memo_store
-from app.rates import gauge_series, increase, rate_series
+from app.derived.rates import gauge_series, increase, rate_series
 from app.storage.rollups import Bucket, TieredSeries
 
 Values = list[float | None]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from app.context import AppContext
-from app.jobs import register_job
 from app.sizing import routes, service
+from app.web.jobs import register_job
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:

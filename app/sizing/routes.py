@@ -16,16 +16,16 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from app import controller_csrf as csrf
-from app import rollouts
-from app.api.ids import DbId
-from app.api.json_body import read_json
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
-from app.pages.ranges import RANGES, resolve
+from app.controller import rollouts
+from app.dashboard.ranges import RANGES, resolve
 from app.sizing.chart import curve_svg
 from app.sizing.curve import Figure, model_bytes_per_token
 from app.sizing.service import SizingError, profile_for_size, report
+from app.web import csrf
+from app.web.ids import DbId
+from app.web.json_body import read_json
 
 MAX_LAYERS = 1024
 MAX_HEADS = 1024

@@ -17,8 +17,8 @@ from typing import Any
 
 from agent.protocol import PushBatch
 from app.context import AppContext
-from app.profiles import ProfileError, parse_profile
-from app.rates import increase
+from app.controller.profiles import ProfileError, parse_profile
+from app.derived.rates import increase
 from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, series_points

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
-from app.paths import migrations_dir
+from app.web.paths import migrations_dir
 from kvscope.errors import UserError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000

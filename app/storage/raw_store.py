@@ -86,7 +86,7 @@ def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: flo
     """Reset-corrected increase of each counter over [start, end], counted from the last sample
     before start (as PromQL's increase over adjacent windows and the rollup buckets do: traffic
     between that sample and the first one inside belongs to the window). A decrease is a restart:
-    the new value is all increase, as app.rates.increase computes it. Series with no point in
+    the new value is all increase, as app.derived.rates.increase computes it. Series with no point in
     [start, end] are absent; one point and nothing before it gives 0."""
     if not ids:
         return {}

@@ -17,16 +17,16 @@ from collections.abc import Sequence
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 
 from app.storage.models import SampleRow
-from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupLate
-from app.storage.rollups import (
+from app.storage.rollup_buckets import (
     HOUR_MS,
     MINUTE_MS,
     Bucket,
-    _bucket_row,
-    _watermark,
+    bucket_row,
     fold_hours,
     fold_minutes,
+    watermark,
 )
+from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupLate
 
 MAX_SERIES_PER_RUN = 500  # the rest waits for the next run (a transaction per series)
 
@@ -38,7 +38,7 @@ def mark_late(conn: Connection, rows: Sequence[tuple[int, int, float]]) -> int:
     if not rows:
         return 0
     oldest = min(r[1] for r in rows)
-    wm = _watermark(conn, "1m")
+    wm = watermark(conn, "1m")
     if wm is None or oldest >= wm:
         return 0
     late: dict[int, int] = {}
@@ -89,7 +89,7 @@ def reroll_late(engine: Engine, now_ms: int, raw_retention_ms: int, counters: se
 
 
 def _reroll_series(conn: Connection, sid: int, from_ms: int, complete_from: int, counter: bool) -> tuple[int, int]:
-    wm_m = _watermark(conn, "1m")
+    wm_m = watermark(conn, "1m")
     if wm_m is None:
         return 0, 0
     start = max(from_ms - from_ms % MINUTE_MS, complete_from)
@@ -109,12 +109,12 @@ def _reroll_series(conn: Connection, sid: int, from_ms: int, complete_from: int,
         delete(Rollup1m).where(Rollup1m.series_id == sid, Rollup1m.bucket_ms >= start, Rollup1m.bucket_ms < wm_m)
     )
     if buckets:
-        conn.execute(insert(Rollup1m), [_bucket_row(sid, ms, b) for ms, b in buckets])
+        conn.execute(insert(Rollup1m), [bucket_row(sid, ms, b) for ms, b in buckets])
     if samples and new_carry is not None:
         conn.execute(delete(RollupCarry).where(RollupCarry.series_id == sid))
         conn.execute(insert(RollupCarry).values(series_id=sid, ts_ms=new_carry[0], value=new_carry[1]))
     hours = 0
-    wm_h = _watermark(conn, "1h")
+    wm_h = watermark(conn, "1h")
     h_start = start - start % HOUR_MS
     if wm_h is not None and h_start < wm_h:
         t = Rollup1m.__table__
@@ -131,7 +131,7 @@ def _reroll_series(conn: Connection, sid: int, from_ms: int, complete_from: int,
             delete(Rollup1h).where(Rollup1h.series_id == sid, Rollup1h.bucket_ms >= h_start, Rollup1h.bucket_ms < wm_h)
         )
         if folded:
-            conn.execute(insert(Rollup1h), [_bucket_row(sid, ms, b) for ms, b in folded])
+            conn.execute(insert(Rollup1h), [bucket_row(sid, ms, b) for ms, b in folded])
         hours = len(folded)
     return len(buckets), hours
 

@@ -6,24 +6,22 @@ The folding is pure (fold_minutes / fold_hours) so tests check it without a data
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.storage.models import SampleRow, Series
+from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, Bucket, bucket_row, fold_hours, fold_minutes, watermark
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
 from app.storage.series_retention import delete_idle_series
 from app.storage.series_store import series_of
 
-MINUTE_MS = 60_000
-HOUR_MS = 3_600_000
 GRACE_MS = 120_000  # a minute is rolled up once it is this far in the past (late pushes)
 CHUNK_MS = 15 * MINUTE_MS  # raw samples read per transaction (catching up after a pause)
 RETENTION_CHUNK = 500  # series per retention delete transaction
@@ -31,22 +29,6 @@ TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}
 DEFAULT_PX = 1600
 # A tier is used when it still gives at least this many points per pixel column.
 MIN_POINTS_PER_PX = 1 / 3
-
-
-class Bucket(NamedTuple):
-    """One aggregate. ts = bucket start (s); inc is None for gauges. A tuple: cheap to build."""
-
-    ts: float
-    n: int
-    vmin: float
-    vmax: float
-    vsum: float
-    vlast: float
-    inc: float | None
-
-    @property
-    def mean(self) -> float:
-        return self.vsum / self.n if self.n else math.nan
 
 
 @dataclass(frozen=True)
@@ -64,79 +46,6 @@ class TieredSeries:
 
 
 # ------------------------------------------------------------------ pure folding
-def fold_minutes(
-    samples: Sequence[tuple[int, float]], carry: tuple[int, float] | None, counter: bool, res_ms: int = MINUTE_MS
-) -> tuple[list[tuple[int, Bucket]], tuple[int, float] | None]:
-    """Fold ascending raw (ts_ms, value) samples of one series into buckets of res_ms.
-
-    `carry` is the last sample before these (from the previous run); a counter's increase in a
-    bucket starts from it, with a decrease counted as a reset (the increase is the new value).
-    Returns [(bucket_ms, Bucket)] and the new carry."""
-    out: list[tuple[int, Bucket]] = []
-    cur_b: int | None = None
-    n = 0
-    vmin = vmax = vsum = vlast = 0.0
-    inc = 0.0
-    prev = carry[1] if carry is not None else None
-    last_ts = carry[0] if carry is not None else None
-    for ts, v in samples:
-        if last_ts is not None and ts <= last_ts:
-            continue  # already folded
-        b = ts - ts % res_ms
-        if b != cur_b:
-            if cur_b is not None:
-                out.append((cur_b, Bucket(cur_b / 1000, n, vmin, vmax, vsum, vlast, inc if counter else None)))
-            cur_b, n, vmin, vmax, vsum, inc = b, 0, v, v, 0.0, 0.0
-        n += 1
-        if v < vmin:  # = min(vmin, v) and max(vmax, v), without two calls per sample
-            vmin = v
-        if v > vmax:
-            vmax = v
-        vsum += v
-        vlast = v
-        if prev is not None:
-            inc += v - prev if v >= prev else v
-        prev = v
-        last_ts = ts
-    if cur_b is not None:
-        out.append((cur_b, Bucket(cur_b / 1000, n, vmin, vmax, vsum, vlast, inc if counter else None)))
-    new_carry = (last_ts, prev) if last_ts is not None and prev is not None else carry
-    return out, new_carry
-
-
-def fold_hours(minutes: Sequence[tuple[int, Bucket]]) -> list[tuple[int, Bucket]]:
-    """Fold ascending 1-minute buckets of one series into hours (increases add up)."""
-    out: list[tuple[int, Bucket]] = []
-    acc: list[Bucket] = []
-    cur: int | None = None
-
-    def flush() -> None:
-        if cur is None or not acc:
-            return
-        incs = [b.inc for b in acc]
-        out.append(
-            (
-                cur,
-                Bucket(
-                    cur / 1000,
-                    sum(b.n for b in acc),
-                    min(b.vmin for b in acc),
-                    max(b.vmax for b in acc),
-                    sum(b.vsum for b in acc),
-                    acc[-1].vlast,
-                    None if any(i is None for i in incs) else sum(i for i in incs if i is not None),
-                ),
-            )
-        )
-
-    for ms, b in minutes:
-        h = ms - ms % HOUR_MS
-        if h != cur:
-            flush()
-            cur, acc = h, []
-        acc.append(b)
-    flush()
-    return out
 
 
 # ------------------------------------------------------------------ the job
@@ -148,12 +57,7 @@ def _upsert(engine_dialect: str, table: Any) -> Any:
     return table.insert()
 
 
-def _watermark(conn: Connection, tier: str) -> int | None:
-    row = conn.execute(select(RollupWatermark.done_ms).where(RollupWatermark.tier == tier)).first()
-    return int(row[0]) if row else None
-
-
-def _set_watermark(conn: Connection, tier: str, done_ms: int, existed: bool) -> None:
+def _setwatermark(conn: Connection, tier: str, done_ms: int, existed: bool) -> None:
     if existed:
         conn.execute(update(RollupWatermark).where(RollupWatermark.tier == tier).values(done_ms=done_ms))
     else:
@@ -188,7 +92,7 @@ def run_rollups(
     target = (now_ms - GRACE_MS) - (now_ms - GRACE_MS) % MINUTE_MS
     for _ in range(max_chunks):
         with engine.begin() as conn:
-            wm = _watermark(conn, "1m")
+            wm = watermark(conn, "1m")
             start = wm
             if start is None:
                 first = conn.execute(select(SampleRow.ts_ms).order_by(SampleRow.ts_ms).limit(1)).first()
@@ -199,7 +103,7 @@ def run_rollups(
                 break
             end = min(target, start + CHUNK_MS)
             rep.minutes_written += _roll_minutes(conn, dialect, start, end)
-            _set_watermark(conn, "1m", end, wm is not None)
+            _setwatermark(conn, "1m", end, wm is not None)
     # late samples (before the watermark when they arrived): re-roll their series' buckets
     from app.storage.rollup_late import reroll_late
 
@@ -209,11 +113,11 @@ def run_rollups(
     # hours: whole hours below the 1-minute watermark
     for _ in range(max_chunks):
         with engine.begin() as conn:
-            m_wm = _watermark(conn, "1m")
+            m_wm = watermark(conn, "1m")
             if m_wm is None:
                 break
             h_target = m_wm - m_wm % HOUR_MS
-            wm = _watermark(conn, "1h")
+            wm = watermark(conn, "1h")
             start = wm
             if start is None:
                 first = conn.execute(select(Rollup1m.bucket_ms).order_by(Rollup1m.bucket_ms).limit(1)).first()
@@ -224,9 +128,9 @@ def run_rollups(
                 break
             end = min(h_target, start + 24 * HOUR_MS)
             rep.hours_written += _roll_hours(conn, dialect, start, end)
-            _set_watermark(conn, "1h", end, wm is not None)
+            _setwatermark(conn, "1h", end, wm is not None)
     with engine.connect() as conn:
-        m_wm = _watermark(conn, "1m") or 0
+        m_wm = watermark(conn, "1m") or 0
         ids = _all_series(conn)
     # never drop raw samples that are not rolled up yet
     raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
@@ -285,7 +189,7 @@ def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
         )
         for sid, samples in _group_by_series(conn.execute(q).all()):
             buckets, carry = fold_minutes(samples, carries.get(sid), kinds.get(sid) == "counter")
-            rows.extend(_bucket_row(sid, ms, b) for ms, b in buckets)
+            rows.extend(bucket_row(sid, ms, b) for ms, b in buckets)
             if carry is not None:
                 new_carry[sid] = carry
     if rows:
@@ -315,11 +219,11 @@ def _roll_hours(conn: Connection, dialect: str, start: int, end: int) -> int:
     for sid, ms, n, vmin, vmax, vsum, vlast, inc in found:
         if sid != cur_sid:
             if cur_sid is not None:
-                rows.extend(_bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
+                rows.extend(bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
             cur_sid, acc = int(sid), []
         acc.append((int(ms), Bucket(ms / 1000, int(n), vmin, vmax, vsum, vlast, inc)))
     if cur_sid is not None:
-        rows.extend(_bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
+        rows.extend(bucket_row(cur_sid, h, b) for h, b in fold_hours(acc))
     if rows:
         conn.execute(_upsert(dialect, Rollup1h.__table__), rows)
     return len(rows)
@@ -336,19 +240,6 @@ def _group_by_series(result: Iterable[Any]) -> Iterable[tuple[int, list[tuple[in
         acc.append((int(ts), float(v)))
     if cur is not None:
         yield cur, acc
-
-
-def _bucket_row(sid: int, ms: int, b: Bucket) -> dict[str, Any]:
-    return {
-        "series_id": sid,
-        "bucket_ms": ms,
-        "n": b.n,
-        "vmin": b.vmin,
-        "vmax": b.vmax,
-        "vsum": b.vsum,
-        "vlast": b.vlast,
-        "inc": b.inc,
-    }
 
 
 # ------------------------------------------------------------------ the tiered query
@@ -426,8 +317,8 @@ def _rollup_buckets(
     """Buckets of `tier` over [lo, hi]: stored rollups up to the tier's watermark, and the tail
     past it (not rolled up yet: the job lags by the grace period and its interval) folded on the
     fly from the finer data, so a range ending now is complete up to the last whole bucket."""
-    wm_m = _watermark(conn, "1m")
-    wm_h = _watermark(conn, "1h")
+    wm_m = watermark(conn, "1m")
+    wm_h = watermark(conn, "1h")
     stored_until = (wm_m if tier == "1m" else wm_h) or lo
     stored_until = max(lo, stored_until)
     out: dict[int, list[Bucket]] = {sid: [] for sid in ids}

@@ -1,6 +1,6 @@
 """Recent raw points of a few metric names across every instance and host at once.
 
-The exporter (app/exporter.py) computes per-instance derived series for the app's /metrics from
+The exporter (app/export/exporter.py) computes per-instance derived series for the app's /metrics from
 the last minute or so of samples; one query for the series, one for their points, whatever the
 number of instances.
 """

@@ -11,7 +11,7 @@ import pytest
 from agent.workloads.spec import WorkloadSpec
 from app.ab.orchestrator import Orchestrator
 from app.ab.ports import RunKey
-from app.profiles import parse_profile
+from app.controller.profiles import parse_profile
 from app.storage import ab_store as st
 from app.storage import rollouts_store as rs
 from tests.ab.modeled import modeled_probe_record

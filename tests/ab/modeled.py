@@ -45,7 +45,7 @@ def _engine(argv: list[str], noise_key: str = "") -> Any:
 def demo_dense_argv(profile: str, offload_gib: float = 2.0) -> list[str]:
     """The demo's dense server on one of the demo's profiles: the sim command's own flags (profile,
     served name, the demo's jitter) plus the profile rendered as the controller renders it."""
-    from app.profiles import parse_profile
+    from app.controller.profiles import parse_profile
     from kvscope.demo import SERVERS, demo_profiles, sim_flags
 
     srv = next(s for s in SERVERS if s.key == "dense")

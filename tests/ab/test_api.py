@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app import ab_cli
+from app.ab import cli as ab_cli
 from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort
 from app.storage import rollouts_store as rs
@@ -26,7 +26,7 @@ JSON = {"Content-Type": "application/json"}
 def model_orch(setup: dict[str, Any]) -> Orchestrator:
     ctx = setup["ctx"]
     orch = Orchestrator(ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, setup["iid"]), Limits(n_boot=300))
-    ctx.extras["ab"] = orch  # what the API's cancel and the tick job use
+    ctx.set_state(orch)  # what the API's cancel and the tick job use
     return orch
 
 

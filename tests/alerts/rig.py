@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.jobs import run_job_now
+from app.web.jobs import run_job_now
 
 from .traffic import Mix, Server, batch, scrape
 

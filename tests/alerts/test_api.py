@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.jobs import run_job_now
+from app.web.jobs import run_job_now
 from kvscope.errors import UserError
 from tests.conftest import api_token
 

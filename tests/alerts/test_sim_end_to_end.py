@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.jobs import run_job_now
+from app.web.jobs import run_job_now
 from tests.conftest import api_token
 from tests.ports import free_port
 
@@ -199,9 +199,10 @@ def _held_since(r: Run, start: float, end: float) -> float | None:
     from app.alerts.catalog import BY_NAME
     from app.alerts.evaluate import Target
     from app.alerts.params import effective
+    from app.alerts.views import evaluator
     from app.storage.series_store import list_instances
 
-    ev = r.ctx.extras["alerts.evaluator"]
+    ev = evaluator(r.ctx)
     (inst,) = list_instances(r.ctx.engine)
     spec = BY_NAME[RULE]
     params = effective(RULE, r.ctx.settings.alert_rules)

@@ -163,7 +163,7 @@ def test_rates_across_the_restart_are_never_negative(client: Any, recorded: list
 def test_rollup_tier_rates_match_the_oracle(client: Any, recorded: list[dict[str, Any]], app: Any) -> None:
     """After the rollup job, the 1-minute tier's rates equal the increase of the recorded samples
     that fell in the covered minutes, divided by the time those minutes span."""
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     ctx = app.state.ctx
     run_job_now(ctx, "rollups", now=recorded[-1]["sent_at"] + 600)

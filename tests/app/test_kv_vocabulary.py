@@ -27,8 +27,8 @@ from app.derived.instance_charts import hit_rates as hit_rate_chart
 from app.derived.overview import sparklines
 from app.derived.panels import make_scope
 from app.derived.summary import compute_summary
-from app.exporter import derive
-from app.ingest import parse_batch
+from app.export.exporter import derive
+from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.rollups import TieredSeries
 from app.storage.series_store import list_instances

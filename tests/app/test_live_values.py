@@ -53,7 +53,8 @@ def test_named_ranges_reuse_final_values_and_match_a_full_computation(
     client: Any, app: Any, token: str, clock: Any, range_name: str, span: float
 ) -> None:
     batches = recorded_batches(T0, 320, interval=2.0, reset_at=170)
-    live: LiveValues = app.state.ctx.extras["live_values"]
+    live = app.state.ctx.peek_state(LiveValues)
+    assert isinstance(live, LiveValues)
     held: list[dict[str, Any]] = []
     i = 0
     refreshes = 0
@@ -145,7 +146,7 @@ def test_rate_series_equals_rate_at_at_every_instant() -> None:
     """The walking rate_series (steps summed per window) gives rate_at's value at every instant."""
     import random
 
-    from app.rates import rate_at, rate_series
+    from app.derived.rates import rate_at, rate_series
 
     rng = random.Random(3)
     for _ in range(50):

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from app.dashboard.ranges import RANGES
 from app.derived.grid import MAX_POINTS, make_grid
-from app.pages.ranges import RANGES
-from app.rates import increase
+from app.derived.rates import increase
 from app.storage.models import SampleRow
 from app.storage.rollup_models import Rollup1h, Rollup1m
 from app.storage.rollups import DEFAULT_PX, HOUR_MS, MINUTE_MS, fold_hours, fold_minutes, pick_tier
@@ -90,7 +90,7 @@ THREE_HOURS = Feed("rollups-3h", lambda: recorded_batches(T0 - 3 * 3600, 1000, i
 @pytest.mark.slow  # rolls up and expires 3 h of recorded scrapes
 @pytest.mark.fed_database(THREE_HOURS)
 def test_job_rolls_up_and_applies_retention(app: Any, client: Any, clock: Any) -> None:
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     batches = THREE_HOURS.batches()
     clock.t = batches[-1]["sent_at"] + 0.2  # where pushing them left the app's clock

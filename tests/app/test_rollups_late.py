@@ -18,7 +18,7 @@ from tests.fed_databases import Feed
 
 def _truth(engine: Any) -> tuple[dict[tuple[int, int], Bucket], dict[tuple[int, int], Bucket]]:
     """Every series' raw samples folded from scratch, up to the job's watermarks."""
-    from app.storage.rollups import _watermark
+    from app.storage.rollup_buckets import watermark as _watermark
 
     m_out: dict[tuple[int, int], Bucket] = {}
     h_out: dict[tuple[int, int], Bucket] = {}
@@ -93,7 +93,7 @@ HOLE_ON_TIME = Feed("late-hole", lambda: _with_a_hole()[1])
 @pytest.mark.slow  # re-rolls hours of recorded scrapes
 @pytest.mark.fed_database(REPLAYED_ON_TIME)
 def test_late_replayed_samples_are_rolled_into_both_tiers(app: Any, client: Any, token: str, clock: Any) -> None:
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     ctx = app.state.ctx
     engine = ctx.engine
@@ -131,7 +131,7 @@ def test_late_replayed_samples_are_rolled_into_both_tiers(app: Any, client: Any,
 def test_late_samples_older_than_raw_retention_are_dropped_cleanly(
     app: Any, client: Any, token: str, clock: Any
 ) -> None:
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     ctx = app.state.ctx
     engine = ctx.engine

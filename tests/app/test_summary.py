@@ -17,7 +17,7 @@ import pytest
 
 from agent.exposition import parse
 from agent.normalise import KEEP_PREFIXES, normalise
-from app.ingest import parse_batch
+from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from tests.app.pages.recorded import recorded_batches
 from tests.fed_databases import Feed

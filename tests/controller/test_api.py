@@ -146,7 +146,7 @@ def test_pages_and_csrf(client: Any, token: str, clock: Any) -> None:
 
 
 def test_expiry_job(app: Any, client: Any, token: str, clock: Any) -> None:
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     _push(client, token, 1, clock())
     iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
@@ -193,7 +193,7 @@ def test_preview_uses_the_hosts_last_readings(client: Any, token: str, clock: An
 
 
 def test_only_the_agent_that_scrapes_an_instance_gets_its_rollout(client: Any, token: str, clock: Any) -> None:
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     _push(client, token, 1, clock())  # agent-1 scrapes http://127.0.0.1:8000 on host rig1
     other = make_batch(2, clock(), agent_id="agent-2", instance="http://127.0.0.1:9000")

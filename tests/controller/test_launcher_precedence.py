@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.controller import load_config
-from app.rollouts import build_payload
+from app.controller.rollouts import build_payload
 
 APP_DEFAULTS: dict[str, Any] = {
     "health_deadline_s": 900.0,
@@ -52,7 +52,7 @@ def test_without_launcher_settings_the_apps_defaults_apply_and_garbage_is_ignore
 
 
 def test_the_app_sends_its_defaults_apart_from_explicit_settings(app: Any) -> None:
-    from app.profiles import parse_profile
+    from app.controller.profiles import parse_profile
 
     ctx = app.state.ctx
     payload = build_payload(

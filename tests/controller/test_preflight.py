@@ -152,7 +152,7 @@ def test_flags_from_help() -> None:
 
 
 def test_pinned_bytes_from_argv() -> None:
-    from app.profiles import parse_profile
+    from app.controller.profiles import parse_profile
 
     for spec in ({"offload_size_gib": 8}, {"offload_size_gib": 0.5, "eviction_policy": "lru"}, {}):
         p = parse_profile("x", spec)

@@ -15,7 +15,7 @@ import pytest
 from agent.preflight import GIB, OffloadPlan
 from agent.preflight_policy import check_disk_tier
 from agent.protocol import Command
-from app.profiles import ProfileError, parse_profile
+from app.controller.profiles import ProfileError, parse_profile
 from simulator.config import StartupError, config_from_argv
 from tests.conftest import make_batch
 from tests.controller.test_controller import FakeLauncher, _ctl

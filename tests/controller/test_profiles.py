@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.profiles import GIB, ProfileError, argv_diff, flag_map, parse_profile
+from app.controller.profiles import GIB, ProfileError, argv_diff, flag_map, parse_profile
 
 
 def test_empty_profile_renders_nothing() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 def main() -> int:
     url, batches_file, go_file, out_file = sys.argv[1:5]
-    from app.ingest import parse_batch
+    from app.ingest.parse import parse_batch
     from app.storage.engine import make_engine
     from app.storage.ingest_store import IngestWriter
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.exporter import METRIC_NAMES, METRICS, derive
+from app.export.exporter import METRIC_NAMES, METRICS, derive
 from app.storage.window_store import WindowSeries
 from tests.conftest import api_token
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.ingest import parse_batch
+from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.models import Base, Host, IngestBatch, Instance, SampleRow, Series
 from app.storage.series_store import list_instances, series_points

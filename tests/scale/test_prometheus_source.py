@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.prometheus_source import (
+from app.export.prometheus_source import (
     PrometheusError,
     PrometheusSource,
     assemble,

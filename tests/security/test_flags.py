@@ -12,7 +12,7 @@ import pytest
 from agent import flag_policy
 from agent.controller import load_config
 from agent.preflight_policy import check_flag_policy
-from app.profiles import parse_profile
+from app.controller.profiles import parse_profile
 from tests.controller.test_controller import FakeLauncher, _cmd, _ctl
 
 # Each bypass of the old deny-list found in issue 14: (extra_args, the flag the refusal must name).

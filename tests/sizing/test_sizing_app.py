@@ -253,8 +253,8 @@ def test_measured_counters_and_the_prediction_at_the_current_size_sit_side_by_si
 
 
 def test_windows_older_than_the_retention_are_pruned_by_the_job(client, token, batch_factory, clock):
-    from app.jobs import run_job_now
     from app.sizing.service import PRUNE_JOB, RETENTION_S
+    from app.web.jobs import run_job_now
 
     now = clock()
     push(client, token, batch_factory, 1, now, reuse=[real_window(now - 30, now)])

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.pages.chart_cache import ResultCache, quantise
+from app.dashboard.chart_cache import ResultCache, quantise
 
 
 class Tick:

@@ -198,7 +198,7 @@ def test_assets_are_served_locally(client: Any) -> None:
 
 
 def test_rollup_job_is_registered_and_charts_read_the_rollups(fed_module: Any) -> None:
-    from app.jobs import run_job_now
+    from app.web.jobs import run_job_now
 
     app, client, clock, _ = fed_module
     before = client.get("/api/v1/instances/1/charts/tokens?range=24h").json()

@@ -17,7 +17,7 @@ import pytest
 
 from app.derived.evaluate import range_increase
 from app.derived.panels import make_scope
-from app.ingest import parse_batch
+from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.raw_store import counter_increases, series_meta
 from app.storage.rollups import run_rollups, tiered_points

@@ -67,11 +67,7 @@ def render_page(
 ) -> Response:
     """Render a page that has forms: the template gets `csrf` (and `now`, `active_nav`), and the
     CSRF cookie is set when the browser had none. Shared by the controller and A/B pages."""
-    templates = ctx.extras.get("templates")
-    if templates is None:  # the dashboard part is not installed: build the environment here
-        from app.pages.templating import make_templates
-
-        templates = ctx.extras["templates"] = make_templates()
+    templates = ctx.templates
     if template_globals:
         templates.env.globals.update(template_globals)
     token, new_cookie = issue(request, ctx.secret)

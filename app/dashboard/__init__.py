@@ -2,8 +2,8 @@
 
 install(app, ctx) mounts /static (plotly.js there is the cartesian partial bundle of npm's
 plotly.js-cartesian-dist-min 4.1.1, MIT, see static/vendor/plotly.LICENSE: 1.5 MB, not the full
-build's 4.8 MB), creates the Jinja2 environment (ctx.extras["templates"], which the controller,
-alerts and A/B parts extend), registers the page routes and the rollup job.
+build's 4.8 MB), registers the JSON read API, the page routes and the rollup job. The Jinja2 environment is
+ctx.templates (built once in create_app; the other parts add their globals to it).
 """
 
 from __future__ import annotations
@@ -16,22 +16,23 @@ from fastapi.staticfiles import StaticFiles
 
 from app.context import AppContext
 from app.derived.live import LiveValues
-from app.pages.templating import make_templates
-from app.paths import static_dir
+from app.web.paths import static_dir
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    ctx.extras["templates"] = make_templates()
+    from app.dashboard import api
+
+    app.include_router(api.router(ctx))  # JSON reads: instances, series, events, /healthz, /metrics
     live = live_values(ctx)
     ctx.push_hooks.append(lambda batch, host_id, now: live.note_push(host_id, oldest_sample_ts(batch), now))
 
     app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
 
-    from app.pages import instance, overview
+    from app.dashboard import instance, overview
 
     app.include_router(overview.router(ctx))
     app.include_router(instance.router(ctx))
-    from app.jobs import register_job
+    from app.web.jobs import register_job
 
     register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
     _freeze_once()
@@ -39,8 +40,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
 def live_values(ctx: AppContext) -> LiveValues:
     """The process's memo of final chart values (app.derived.live), shared by every page."""
-    live: LiveValues = ctx.extras.setdefault("live_values", LiveValues())
-    return live
+    return ctx.state(LiveValues, LiveValues)
 
 
 def oldest_sample_ts(batch: Any) -> float | None:

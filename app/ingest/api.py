@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.auth.guard import agent_host_check
 from app.auth.roles import AGENT, requires
 from app.context import AppContext
-from app.ingest import BadBatch, parse_batch
+from app.ingest.parse import BadBatch, parse_batch
 from app.storage.ingest_store import SeriesCapExceeded, SeriesLimits, WriteResult
 
 log = logging.getLogger("kvscope.ingest")
@@ -107,3 +107,11 @@ def router(ctx: AppContext) -> APIRouter:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    """The ingest part: the agents' push and the command long-poll (the same commands, sooner)."""
+    from app.ingest import commands
+
+    app.include_router(router(ctx))
+    app.include_router(commands.router(ctx))

@@ -19,7 +19,7 @@ from agent import preflight as pf
 from agent.preflight_policy import check_flag_policy
 from agent.probe import probe_settings_error
 from app.context import AppContext
-from app.profiles import Profile, ProfileError, argv_diff, parse_profile
+from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, series_points
 
@@ -135,14 +135,11 @@ def request_rollout(
         raise RolloutError(str(exc), 409) from None
 
 
-AGENT_URLS = "controller_agent_urls"
-
-
 def command_provider(ctx: AppContext) -> Any:
     def provide(host_id: int, agent_id: str, now: float) -> list[dict[str, Any]]:
         # Only the agent that scrapes an instance gets its rollouts (several agents may share a host
         # name); unknown until that agent's first push since the app started: no filter then.
-        urls = ctx.extras.get(AGENT_URLS, {}).get(agent_id)
+        urls = ctx.agent_urls.get(agent_id)
         return [
             {"id": c["id"], "kind": "rollout", "instance": c["instance"], "payload": c["payload"]}
             for c in rs.claim_for_host(ctx.engine, host_id, agent_id, now, urls=urls)
@@ -155,7 +152,7 @@ def push_hook(ctx: AppContext) -> Any:
     def hook(batch: Any, host_id: int, now: float) -> None:
         scraped = {str(s.instance) for s in getattr(batch, "scrapes", None) or []}
         if scraped:
-            known: dict[str, set[str]] = ctx.extras.setdefault(AGENT_URLS, {})
+            known = ctx.agent_urls
             known[str(batch.agent_id)] = scraped
         for u in getattr(batch, "rollout_updates", None) or []:
             ok = rs.apply_update(

@@ -11,7 +11,7 @@ TITLES = {400: "Bad request", 404: "Not found", 422: "Bad request"}
 
 
 def html_error(request: Request, status: int, message: str) -> HTMLResponse:
-    templates = request.app.state.ctx.extras["templates"]
+    templates = request.app.state.ctx.templates
     return templates.TemplateResponse(  # type: ignore[no-any-return]
         request,
         "dashboard/error.html",

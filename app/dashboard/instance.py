@@ -7,23 +7,23 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.api.ids import DbId
 from app.charts.figures import build_figure, compact
 from app.context import AppContext
+from app.dashboard import live_values
+from app.dashboard.chart_cache import quantise, shared_cache
+from app.dashboard.overview import figure_json
+from app.dashboard.ranges import RANGES, TimeRange, default_range, resolve
+from app.dashboard.workers import run_page_work
 from app.derived.grid import MAX_POINTS
 from app.derived.instance_charts import CHARTS
 from app.derived.overview import describe_offload, state_of
 from app.derived.panels import Scope, make_scope
 from app.derived.summary import compute_summary
 from app.derived.worth import compute_worth
-from app.pages import live_values
-from app.pages.chart_cache import quantise, shared_cache
-from app.pages.errors import html_error
-from app.pages.overview import figure_json
-from app.pages.ranges import RANGES, TimeRange, default_range, resolve
-from app.pages.workers import run_page_work
 from app.storage.events import list_events
 from app.storage.series_store import get_instance
+from app.web.errors import html_error
+from app.web.ids import DbId
 
 CHART_ORDER = list(CHARTS)
 SUMMARY_PX = 100  # the summary reads increases, not a chart: a coarse grid keeps its scope cheap
@@ -210,7 +210,7 @@ def router(ctx: AppContext) -> APIRouter:
             data = await run_page_work(ctx, lambda: page_context(iid, range, s, e))
         except HTTPException as exc:
             return html_error(request, exc.status_code, str(exc.detail))
-        return ctx.extras["templates"].TemplateResponse(request, "dashboard/instance.html", data)  # type: ignore[no-any-return]
+        return ctx.templates.TemplateResponse(request, "dashboard/instance.html", data)
 
     @r.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse, include_in_schema=False)
     async def chart_fragment(
@@ -238,7 +238,7 @@ def router(ctx: AppContext) -> APIRouter:
             return {"c": c, "inst": inst, "range": tr}
 
         data = await run_page_work(ctx, build)
-        return ctx.extras["templates"].TemplateResponse(request, "dashboard/_chart.html", data)  # type: ignore[no-any-return]
+        return ctx.templates.TemplateResponse(request, "dashboard/_chart.html", data)
 
     @r.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse, include_in_schema=False)
     async def worth_fragment(
@@ -258,7 +258,7 @@ def router(ctx: AppContext) -> APIRouter:
             return {"worth": worth, "inst": inst, "range": tr}
 
         data = await run_page_work(ctx, build)
-        return ctx.extras["templates"].TemplateResponse(request, "dashboard/_worth.html", data)  # type: ignore[no-any-return]
+        return ctx.templates.TemplateResponse(request, "dashboard/_worth.html", data)
 
     @r.get("/instances/{instance_id}/fragments/summary", response_class=HTMLResponse, include_in_schema=False)
     async def summary_fragment(
@@ -280,7 +280,7 @@ def router(ctx: AppContext) -> APIRouter:
             return {"summary": summary, "inst": inst, "range": tr}
 
         data = await run_page_work(ctx, build)
-        return ctx.extras["templates"].TemplateResponse(request, "dashboard/_summary.html", data)  # type: ignore[no-any-return]
+        return ctx.templates.TemplateResponse(request, "dashboard/_summary.html", data)
 
     @r.get("/api/v1/instances/{instance_id}/summary")
     async def summary_json(

@@ -3,7 +3,7 @@
 For users who already run Prometheus and Grafana: the figures the dashboard derives (hit rates,
 prompt tokens by source, KV transfer rates, pinned host memory, memory headroom) are exported
 with stable names, computed at scrape time from the last `exporter_window_s` seconds of stored
-samples (the same counter arithmetic as the charts: app.rates, resets never give negative
+samples (the same counter arithmetic as the charts: app.derived.rates, resets never give negative
 rates). A figure with no data in the window (no traffic, no offload, agent silent) is left out
 rather than exported as 0 or NaN. Names are a contract: docs/scale.md lists them and
 docs/grafana-dashboard.json uses them; add new ones, never rename.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent import kv_vocabulary as kv
-from app.api.read import instance_state
-from app.rates import rate_at
+from app.dashboard.api import instance_state
+from app.derived.rates import rate_at
 from app.storage.series_store import list_instances
 from app.storage.window_store import WindowSeries, recent_points
 
@@ -302,4 +302,4 @@ def install(app: Any, ctx: Any) -> None:
     collector = DerivedCollector(ctx.engine, ctx.now, s.exporter_window_s, s.stale_after_s, s.exporter_cache_s)
     if s.exporter_enabled:
         ctx.metrics.registry.register(collector)
-    ctx.extras["exporter"] = collector
+    ctx.set_state(collector)

@@ -9,32 +9,22 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import FastAPI
 
-from app.context import AppContext
+from app.context import AppContext, Job, JobFunc
 
 log = logging.getLogger("kvscope.jobs")
 
-JobFunc = Callable[[AppContext, float], None]
-
-
-@dataclass(frozen=True)
-class Job:
-    name: str
-    func: JobFunc
-    interval_s: float
-
 
 def register_job(ctx: AppContext, name: str, func: JobFunc, interval_s: float) -> None:
-    jobs: list[Job] = ctx.extras.setdefault("jobs", [])
+    jobs = ctx.jobs
     jobs.append(Job(name, func, interval_s))
 
 
 def run_job_now(ctx: AppContext, name: str, now: float | None = None) -> None:
     """Run one registered job once (tests, CLI)."""
-    for job in ctx.extras.get("jobs", []):
+    for job in ctx.jobs:
         if job.name == name:
             job.func(ctx, ctx.now() if now is None else now)
             return
@@ -47,11 +37,11 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     @asynccontextmanager
     async def lifespan(a: FastAPI) -> AsyncIterator[None]:
         scheduler = None
-        if getattr(a.state, "start_jobs", False) and ctx.extras.get("jobs"):
+        if getattr(a.state, "start_jobs", False) and ctx.jobs:
             from apscheduler.schedulers.background import BackgroundScheduler
 
             scheduler = BackgroundScheduler(daemon=True)
-            for job in ctx.extras["jobs"]:
+            for job in ctx.jobs:
                 scheduler.add_job(
                     _guarded(ctx, job),
                     "interval",

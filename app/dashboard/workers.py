@@ -9,6 +9,7 @@ and pushes, the long-poll and /healthz keep the rest of the pool.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio.to_thread
@@ -20,7 +21,13 @@ T = TypeVar("T")
 
 
 async def run_page_work(ctx: AppContext, fn: Callable[[], T]) -> T:
-    limiter = ctx.extras.get("page_limiter")
-    if limiter is None:  # created on first use, inside the event loop
-        limiter = ctx.extras.setdefault("page_limiter", CapacityLimiter(ctx.settings.page_threads))
-    return await anyio.to_thread.run_sync(fn, limiter=limiter)
+    # created on first use, inside the event loop
+    pages = ctx.state(PageThreads, lambda: PageThreads(CapacityLimiter(ctx.settings.page_threads)))
+    return await anyio.to_thread.run_sync(fn, limiter=pages.limiter)
+
+
+@dataclass(frozen=True)
+class PageThreads:
+    """The dashboard's limit on threads doing page work at once (AppContext.state)."""
+
+    limiter: CapacityLimiter

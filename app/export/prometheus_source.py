@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from app.api.ids import DbId
 from app.storage.rollups import TieredSeries
+from app.web.ids import DbId
 
 MAX_POINTS_PER_QUERY = 10_000  # Prometheus refuses more than 11,000 per series
 MAX_RAW_POINTS = 11_000  # raw samples per series read as they are
@@ -286,9 +286,9 @@ def install(app: Any, ctx: Any) -> None:
             raise HTTPException(404, "no Prometheus configured: set KVSCOPE_PROMETHEUS_URL (prometheus_url)")
 
         def build() -> dict[str, Any]:
+            from app.dashboard.instance import _instance, chart_data
+            from app.dashboard.ranges import resolve
             from app.derived.overview import state_of
-            from app.pages.instance import _instance, chart_data
-            from app.pages.ranges import resolve
 
             inst = _instance(ctx, instance_id)
             tr = resolve(ctx.now(), range, start, end)

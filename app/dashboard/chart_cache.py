@@ -85,5 +85,5 @@ class ResultCache:
 
 def shared_cache(ctx: AppContext) -> ResultCache:
     """The process's fragment cache (one per app, `chart_cache_s` seconds per result)."""
-    cache: ResultCache = ctx.extras.setdefault("chart_cache", ResultCache(ctx.settings.chart_cache_s))
+    cache = ctx.state(ResultCache, lambda: ResultCache(ctx.settings.chart_cache_s))
     return cache

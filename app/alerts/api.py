@@ -10,23 +10,29 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from app import controller_csrf as csrf
 from app.alerts.catalog import BY_NAME
-from app.alerts.delivery import DeliveryConfig, run_deliveries
+from app.alerts.delivery import run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
-from app.alerts.silencing import is_silenced
-from app.api.ids import DbId, OptionalDbIdQuery
-from app.api.json_body import read_json
+from app.alerts.views import (
+    AlertsState,
+    alert_json,
+    alert_value,
+    alerts_state,
+    banner,
+    create_silence,
+    delivery_config,
+    evaluator,
+)
 from app.context import AppContext
-from app.jobs import register_job
 from app.storage import alerts_store as store
+from app.web import csrf
+from app.web.ids import DbId, OptionalDbIdQuery
+from app.web.jobs import register_job
+from app.web.json_body import read_json
 
 STATE_FILTERS = {
     "open": ("pending", "firing"),
@@ -35,87 +41,6 @@ STATE_FILTERS = {
     "resolved": ("resolved",),
     "all": None,
 }
-MAX_SILENCE_MIN = 60 * 24 * 30
-
-
-def evaluator(ctx: AppContext) -> Evaluator:
-    ev: Evaluator = ctx.extras["alerts.evaluator"]
-    return ev
-
-
-def delivery_config(ctx: AppContext) -> DeliveryConfig:
-    s = ctx.settings
-    return DeliveryConfig(
-        retry_base_s=s.alert_retry_base_s,
-        retry_max_s=s.alert_retry_max_s,
-        max_attempts=s.alert_max_attempts,
-        resend_s=s.alert_resend_s,
-        base_url=s.alert_public_url,
-        run_budget_s=max(5.0, s.alert_delivery_interval_s * 6),
-    )
-
-
-def alert_json(row: dict[str, Any], silences: list[dict[str, Any]], now: float) -> dict[str, Any]:
-    spec = BY_NAME.get(str(row["rule"]))
-    return {
-        "id": row["id"],
-        "rule": row["rule"],
-        "title": spec.title if spec else row["rule"],
-        "severity": row["severity"],
-        "state": row["state"],
-        "since": row["since"],
-        "opened_at": row["opened_at"],
-        "fired_at": row["fired_at"],
-        "resolved_at": row["resolved_at"],
-        "instance": row["instance_id"],
-        "instance_url": row.get("instance_url"),
-        "host": row.get("host"),
-        "host_id": row["host_id"],
-        "model": row.get("model"),
-        "simulated": bool(row.get("simulated") or False),
-        "value": row["value"],
-        "baseline": row["baseline"],
-        "message": row["message"],
-        "hints": row["hints"] or [],
-        "value_text": spec.format(row["value"], "value") if spec else "",
-        "baseline_text": spec.format(row["baseline"], "baseline") if spec else "",
-        "acked": row["acked_at"] is not None,
-        "acked_at": row["acked_at"],
-        "silenced": row["state"] != "resolved"
-        and is_silenced(silences, str(row["rule"]), row["instance_id"], row["host_id"], now),
-        # opened while kvscope itself was changing the instance (a rollout, an A/B experiment)
-        "expected": str((row.get("labels") or {}).get("expected") or "") or None,
-    }
-
-
-def alert_value(rule: str, value: object, which: str = "value") -> str:
-    """A rule's value (or baseline) with its unit, for the pages."""
-    spec = BY_NAME.get(str(rule))
-    if spec is None:
-        return "" if value is None else str(value)
-    return spec.format(value, which)
-
-
-def banner(ctx: AppContext) -> dict[str, Any]:
-    """What the banner on every page shows: firing alerts, minus acknowledged and silenced ones."""
-    now = ctx.now()
-    try:
-        firing = store.list_alerts(ctx.engine, states=["firing"], limit=50)
-        silences = store.active_silences(ctx.engine, now)
-    except Exception:  # the banner must never break a page
-        return {"count": 0, "alerts": [], "quiet": 0}
-    loud = [
-        a
-        for a in firing
-        if a["acked_at"] is None
-        and not (a.get("labels") or {}).get("expected")
-        and not is_silenced(silences, a["rule"], a["instance_id"], a["host_id"], now)
-    ]
-    return {
-        "count": len(loud),
-        "alerts": [alert_json(a, silences, now) for a in loud[:5]],
-        "quiet": len(firing) - len(loud),
-    }
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
@@ -132,27 +57,20 @@ def install(app: FastAPI, ctx: AppContext) -> None:
             history_s=s.alert_history_days * 86400,
         ),
     )
-    ctx.extras["alerts.evaluator"] = ev
-    ctx.extras["alerts.last_report"] = None
-    ctx.extras["alerts.last_delivery_report"] = None
+    ctx.set_state(AlertsState(evaluator=ev))
 
     def eval_job(c: AppContext, now: float) -> None:
-        c.extras["alerts.last_report"] = evaluator(c).run(now)
+        alerts_state(c).last_report = evaluator(c).run(now)
 
     def delivery_job(c: AppContext, now: float) -> None:
-        c.extras["alerts.last_delivery_report"] = run_deliveries(
+        alerts_state(c).last_delivery_report = run_deliveries(
             c.engine, c.settings.alert_channels, now, delivery_config(c)
         )
 
     register_job(ctx, "alerts", eval_job, s.alert_eval_interval_s)
     register_job(ctx, "alerts_delivery", delivery_job, s.alert_delivery_interval_s)
 
-    templates = ctx.extras.get("templates")
-    if templates is None:
-        from app.pages.templating import make_templates
-
-        templates = make_templates()
-        ctx.extras["templates"] = templates
+    templates = ctx.templates
     templates.env.globals["alerts_banner"] = lambda: banner(ctx)
     templates.env.globals["alert_value"] = alert_value
 
@@ -241,45 +159,3 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse({"id": sid}, status_code=201)
 
     return r
-
-
-def create_silence(
-    ctx: AppContext, *, minutes: Any, rule: Any = None, instance: Any = None, host: Any = None, reason: Any = None
-) -> int:
-    """Validate and store a silence; HTTPException(400) with a message on bad input."""
-    try:
-        mins = float(minutes)
-    except (TypeError, ValueError):
-        raise HTTPException(400, "minutes must be a number (duration of the silence)") from None
-    if not math.isfinite(mins) or mins <= 0 or mins > MAX_SILENCE_MIN:
-        raise HTTPException(400, f"minutes must be > 0 and at most {MAX_SILENCE_MIN} (30 days)")
-    rule_v = str(rule).strip() if rule not in (None, "") else None
-    if rule_v is not None and rule_v not in BY_NAME:
-        raise HTTPException(400, f"unknown rule {rule_v!r}")
-
-    def _id(v: Any, what: str) -> int | None:
-        if v in (None, ""):
-            return None
-        try:
-            return int(v)
-        except (TypeError, ValueError):
-            raise HTTPException(400, f"{what} must be an id (integer)") from None
-
-    from app.storage.series_store import get_instance, list_hosts
-
-    inst = _id(instance, "instance")
-    if inst is not None and get_instance(ctx.engine, inst) is None:
-        raise HTTPException(404, f"no instance {inst}")
-    host_v = _id(host, "host")
-    if host_v is not None and host_v not in {h["id"] for h in list_hosts(ctx.engine)}:
-        raise HTTPException(404, f"no host {host_v}")
-    now = ctx.now()
-    return store.add_silence(
-        ctx.engine,
-        now=now,
-        until=now + mins * 60,
-        rule=rule_v,
-        instance_id=inst,
-        host_id=host_v,
-        reason=str(reason or "")[:1000],
-    )

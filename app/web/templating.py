@@ -8,7 +8,7 @@ from typing import Any
 from fastapi.templating import Jinja2Templates
 
 from app.charts.figures import readable
-from app.paths import templates_dir
+from app.web.paths import templates_dir
 
 
 def fmt_bytes(v: Any) -> str:

@@ -10,8 +10,8 @@ from fastapi.responses import HTMLResponse
 
 from app.charts.figures import sparkline
 from app.context import AppContext
-from app.pages.chart_cache import quantise, shared_cache
-from app.pages.workers import run_page_work
+from app.dashboard.chart_cache import quantise, shared_cache
+from app.dashboard.workers import run_page_work
 
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
 
@@ -22,8 +22,8 @@ def figure_json(fig: dict[str, Any]) -> str:
 
 
 def _context(ctx: AppContext) -> dict[str, Any]:
+    from app.dashboard import live_values
     from app.derived.overview import overview
-    from app.pages import live_values
 
     now = ctx.now()
     hosts = overview(
@@ -47,7 +47,7 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/", response_class=HTMLResponse)
     async def overview_page(request: Request) -> HTMLResponse:
         data = await run_page_work(ctx, lambda: _context(ctx))
-        return ctx.extras["templates"].TemplateResponse(request, "dashboard/overview.html", data)  # type: ignore[no-any-return]
+        return ctx.templates.TemplateResponse(request, "dashboard/overview.html", data)
 
     @r.get("/fragments/overview", response_class=HTMLResponse)
     async def overview_fragment(request: Request) -> HTMLResponse:
@@ -56,6 +56,6 @@ def router(ctx: AppContext) -> APIRouter:
         quantum = max(ctx.settings.chart_cache_s, LIVE_REFRESH_S) if ctx.settings.chart_cache_s > 0 else 0.0
         key = ("overview", quantise(ctx.now(), quantum))
         data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx), quantum))
-        return ctx.extras["templates"].TemplateResponse(request, "dashboard/_instances.html", data)  # type: ignore[no-any-return]
+        return ctx.templates.TemplateResponse(request, "dashboard/_instances.html", data)
 
     return r

@@ -9,12 +9,12 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.api.ids import MAX_DB_ID, OptionalDbIdQuery
 from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
-from app.rates import gauge_series, rate_series, reset_times
+from app.derived.rates import gauge_series, rate_series, reset_times
 from app.storage.events import list_events
 from app.storage.series_store import get_instance, list_instances, series_points
+from app.web.ids import MAX_DB_ID, OptionalDbIdQuery
 
 MAX_POINTS = 11_000
 DEFAULT_RANGE_S = 3600.0

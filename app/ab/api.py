@@ -16,20 +16,20 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from app import controller_csrf as csrf
 from app.ab import service
 from app.ab.agent_executor import AgentExecutor
 from app.ab.charts import experiment_figures
 from app.ab.orchestrator import Limits, Orchestrator
 from app.ab.ports import RolloutsPort, ThreadExecutor
 from app.ab.verdict import describe
-from app.api.ids import DbId, OptionalDbIdQuery
-from app.api.json_body import read_json
 from app.auth.roles import requester
 from app.context import AppContext
-from app.jobs import register_job
 from app.storage import ab_store as st
 from app.storage.series_store import get_instance, list_instances
+from app.web import csrf
+from app.web.ids import DbId, OptionalDbIdQuery
+from app.web.jobs import register_job
+from app.web.json_body import read_json
 
 TICK_JOB = "ab_tick"
 WORKLOAD_FIELDS = {
@@ -67,10 +67,10 @@ def build_orchestrator(ctx: AppContext) -> Orchestrator:
 
 
 def orchestrator(ctx: AppContext) -> Orchestrator:
-    orch = ctx.extras.get("ab")
+    orch = ctx.peek_state(Orchestrator)
     if orch is None:
-        orch = ctx.extras["ab"] = build_orchestrator(ctx)
-    assert isinstance(orch, Orchestrator)
+        orch = build_orchestrator(ctx)
+        ctx.set_state(orch)
     return orch
 
 
@@ -98,7 +98,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
                 executor.shutdown()
 
     app.router.lifespan_context = lifespan
-    templates = ctx.extras.get("templates")
+    templates = ctx.templates
     if templates is not None:
         templates.env.globals["ab_describe"] = describe
         templates.env.globals["ab_arm_tier"] = lambda version_id, name=None: arm_tier(ctx, version_id, name)
@@ -109,7 +109,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
     """The KV tier of an arm's profile version, in words (e.g. 'disk tier /var/kv (ExampleConnector)');
     before the experiment pins a version, the profile's current one."""
-    from app.rollouts import version_profile
+    from app.controller.rollouts import version_profile
     from app.storage.rollouts_store import get_profile, get_version
 
     try:
@@ -153,7 +153,7 @@ def _start_from(ctx: AppContext, body: dict[str, Any], who: str) -> int:
 
 
 def _keep(ctx: AppContext, experiment_id: int, arm: str, who: str) -> int:
-    from app.rollouts import RolloutError, request_rollout
+    from app.controller.rollouts import RolloutError, request_rollout
 
     exp = st.get_experiment(ctx.engine, experiment_id)
     if exp is None:

@@ -12,7 +12,7 @@ Offload is expressed in the simplest form vLLM accepts:
 - LMCache: ``--kv-offloading-size GiB --kv-offloading-backend lmcache``.
 
 Other connectors (vLLM's ExampleConnector as a disk tier, LMCacheConnectorV1 with its settings,
-MooncakeStoreConnector) and KV events are fields too (app/profile_connectors.py). `extra_args`
+MooncakeStoreConnector) and KV events are fields too (app/controller/connectors.py). `extra_args`
 take only the allow-listed flags of agent/flag_policy.py (the agent checks the whole argv again).
 """
 
@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from agent import flag_policy
-from app.profile_connectors import DiskTier, KVEvents, LMCache, MooncakeStore
+from app.controller.connectors import DiskTier, KVEvents, LMCache, MooncakeStore
 
 GIB = 1024**3
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

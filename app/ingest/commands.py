@@ -1,6 +1,6 @@
 """POST /api/v1/commands?wait=S: the agents' long-poll for commands.
 
-Commands also ride on push replies (app/api/ingest.py), so a command created just after a push
+Commands also ride on push replies (app/ingest/api.py), so a command created just after a push
 waits for the next one (0..interval). An agent with a controller keeps one long-poll open here
 instead: the app answers at once when the host has commands, else re-checks the database every
 POLL_EVERY_S (so it works with several app processes) until one appears or `wait` runs out.
@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.guard import agent_host_check
 from app.auth.roles import AGENT, requires
 from app.context import AppContext
-from app.ingest import CONTROL_CHARS as _CONTROL
+from app.ingest.parse import CONTROL_CHARS as _CONTROL
 from app.storage.series_store import list_hosts
 
 log = logging.getLogger("kvscope.commands")
@@ -38,7 +38,6 @@ MAX_WAIT_S = 30.0
 POLL_EVERY_S = 0.1
 MAX_BODY_BYTES = 64 * 1024
 MAX_KNOWN = 1000
-STATE_KEY = "commands_poll"
 
 
 @dataclass
@@ -50,9 +49,7 @@ class PollState:
 
 
 def poll_state(ctx: AppContext) -> PollState:
-    state = ctx.extras.get(STATE_KEY)
-    if not isinstance(state, PollState):
-        state = ctx.extras[STATE_KEY] = PollState()
+    state = ctx.state(PollState, PollState)
     return state
 
 

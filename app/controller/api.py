@@ -10,16 +10,16 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from app import controller_csrf as csrf
-from app import rollouts
-from app.api.ids import DbId, OptionalDbIdQuery
-from app.api.json_body import read_json
 from app.auth.roles import requester
 from app.context import AppContext
-from app.jobs import register_job
-from app.profiles import ProfileError, parse_profile
+from app.controller import rollouts
+from app.controller.profiles import ProfileError, parse_profile
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, list_instances
+from app.web import csrf
+from app.web.ids import DbId, OptionalDbIdQuery
+from app.web.jobs import register_job
+from app.web.json_body import read_json
 
 PROFILE_FIELDS = (
     "description",
@@ -148,7 +148,7 @@ def spec_from_form(form: Any) -> dict[str, Any]:
 
 
 def connectors_from_form(form: Any) -> dict[str, Any]:
-    """The other KV connectors and KV events of the profile form (app/profile_connectors.py)."""
+    """The other KV connectors and KV events of the profile form (app/controller/connectors.py)."""
 
     def text(key: str) -> str:
         return str(form.get(key) or "").strip()

@@ -1,7 +1,7 @@
 """Reading a JSON request body for the JSON API routes: size capped while it streams in (413),
 parse errors and nesting too deep for the parser (RecursionError: a 5,000-deep body was a 500)
 answered 400 with the route's own hint. The push and command long-poll bodies have their own
-readers (app/api/ingest.py, app/api/commands.py)."""
+readers (app/ingest/api.py, app/ingest/commands.py)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,0 @@
-"""JSON API under /api/v1 (and /healthz)."""
