@@ -3,4 +3,4 @@
 Light by design: only httpx, prometheus-client and nvidia-ml-py; never the app's stack.
 """
 
-__version__ = "0.1.0"
+from kvscope import __version__ as __version__  # package metadata, one place

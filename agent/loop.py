@@ -31,12 +31,13 @@ from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
 from agent.vllm_reader import VllmReader
 from agent.wire import batch_to_wire
+from kvscope import __version__
 
 log = logging.getLogger("kvscope.agent")
 # How often a sleeping loop looks for controller updates to report early (cheap: an Event check).
 UPDATE_POLL_S = 0.05
 
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = __version__
 
 
 @dataclass

@@ -33,6 +33,7 @@ from app.web import jobs
 from app.web.docs import install_docs
 from app.web.selfmetrics import SelfMetrics
 from app.web.templating import make_templates
+from kvscope import __version__
 
 log = logging.getLogger("kvscope.app")
 
@@ -68,7 +69,7 @@ def create_app(
     # else reading needs a viewer and changing needs an operator.
     app = FastAPI(
         title="kvscope",
-        version="0.1.0",
+        version=__version__,
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -144,7 +145,7 @@ class _Timing:
 
 def _install_timing(app: FastAPI, ctx: AppContext) -> None:
     app.add_middleware(_Timing, ctx=ctx)
-    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=6)  # every text response (issue 15)
+    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=6)  # every text response
 
 
 __all__ = ["HTTPException", "create_app"]

@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     # --- scheduler
     run_scheduler: bool = Field(True, description="Run background jobs (rollups, alerts) in this process.")
 
-    # --- alerts (issue 8; app/alerts, docs/alerts.md): rule defaults, channels, delivery
+    # --- alerts (app/alerts, docs/alerts.md): rule defaults, channels, delivery
     alert_rules: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Rule parameter defaults, e.g. {hit_rate_drop_overall = {for_s = 60}} (see docs/alerts.md).",
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     )
     prometheus_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Prometheus query.")
 
-    # --- controller (issue 7; app/controller/rollouts.py, docs/controller.md): rollout deadlines and the probe
+    # --- controller (app/controller/rollouts.py, docs/controller.md): rollout deadlines and the probe
     rollout_health_deadline_s: float = Field(
         300.0, gt=0, description="A restarted server must answer /health and /v1/models within this."
     )
@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     probe_evict_count: int = Field(8, ge=0, description="Other prefixes the probe sends to evict the first.")
     probe_request_timeout_s: float = Field(60.0, gt=0, description="A probe request slower than this is a hang.")
 
-    # --- A/B experiments (issue 9; app/ab, docs/ab.md)
+    # --- A/B experiments (app/ab, docs/ab.md)
     ab_tick_interval_s: float = Field(1.0, gt=0, description="How often running A/B experiments are moved on.")
     ab_switch_timeout_s: float = Field(1800.0, gt=0, description="An arm's profile switch must end within this.")
     ab_run_timeout_s: float = Field(3600.0, gt=0, description="One workload run must end within this.")
@@ -166,7 +166,7 @@ class Settings(BaseSettings):
         "tokens the server served is left out of the verdict (flagged, with the figures).",
     )
 
-    # --- security (issue 14; app/auth, docs/security.md)
+    # --- security (app/auth, docs/security.md)
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Host headers the app answers (DNS-rebinding guard); empty: the bind address, "
@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         None, description="Mark cookies Secure; default: when the request came over https (behind a TLS proxy)."
     )
 
-    # --- ingest limits (issue 14; app/storage/series_index.py): sized from real vLLM exporters
+    # --- ingest limits (app/storage/series_index.py): sized from real vLLM exporters
     max_series_per_instance: int = Field(
         10_000,
         ge=100,
@@ -197,7 +197,7 @@ class Settings(BaseSettings):
         20_000, ge=100, le=10_000_000, description="New series one push may create; more is refused (422)."
     )
 
-    # --- flags (issue 14; agent/flag_policy.py): profiles' extra_args beyond the allow-list
+    # --- flags (agent/flag_policy.py): profiles' extra_args beyond the allow-list
     allow_flags: list[str] = Field(
         default_factory=list,
         max_length=256,

@@ -1,4 +1,4 @@
-"""Alerts (issue 8): pure rules over stored series, cause hints, evaluation with a stored state
+"""Alerts: pure rules over stored series, cause hints, evaluation with a stored state
 machine (pending -> firing -> resolved, compare-and-set), notification channels with retries.
 
 Layout:

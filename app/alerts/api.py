@@ -1,4 +1,4 @@
-"""Alerts part of the app (issue 8): install(app, ctx) adds
+"""Alerts part of the app: install(app, ctx) adds
 
 - GET  /api/v1/alerts                 JSON: rule, instance, state, since, value, baseline, hints ...
 - GET  /api/v1/alerts/{id}            one alert with its transitions and deliveries

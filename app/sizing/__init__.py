@@ -1,4 +1,4 @@
-"""Cache sizing (issue 17): how big should the offload tier be? See docs/cache-sizing.md."""
+"""Cache sizing: how big should the offload tier be? See docs/cache-sizing.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Alert tables (issue 8). Migration: migrations/versions/0004_alerts.py.
+"""Alert tables. Migration: migrations/versions/0004_alerts.py.
 
 - alerts: one row per episode of one rule on one target (pending -> firing -> resolved).
   `active_key` holds the target key while the episode is open and NULL once resolved: its unique

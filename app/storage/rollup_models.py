@@ -14,8 +14,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.storage.models import Base
 
 
-class Rollup1m(Base):
-    __tablename__ = "rollups_1m"
+class _BucketColumns:
+    """The columns of a bucket row, written once for both tiers (a SQLAlchemy mixin)."""
+
     __table_args__ = ({"sqlite_with_rowid": False},)
     series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     bucket_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -27,17 +28,12 @@ class Rollup1m(Base):
     inc: Mapped[float | None] = mapped_column(Float, nullable=True)  # counters only
 
 
-class Rollup1h(Base):
+class Rollup1m(_BucketColumns, Base):
+    __tablename__ = "rollups_1m"
+
+
+class Rollup1h(_BucketColumns, Base):
     __tablename__ = "rollups_1h"
-    __table_args__ = ({"sqlite_with_rowid": False},)
-    series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    bucket_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    n: Mapped[int] = mapped_column(Integer)
-    vmin: Mapped[float] = mapped_column(Float)
-    vmax: Mapped[float] = mapped_column(Float)
-    vsum: Mapped[float] = mapped_column(Float)
-    vlast: Mapped[float] = mapped_column(Float)
-    inc: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class RollupCarry(Base):

@@ -1,4 +1,4 @@
-"""Cache-sizing windows (issue 17). Migration: migrations/versions/0010_sizing.py.
+"""Cache-sizing windows. Migration: migrations/versions/0010_sizing.py.
 
 One row per pushed ReuseWindow (agent/protocol.py): one push interval of one instance's
 KV-event stream as sampled LRU reuse distances. Windows add, so a range's curve is the sum of
