@@ -6,6 +6,7 @@ spooled samples arrive, once, with no hole."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import secrets
@@ -62,6 +63,9 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     }
     try:
         net.up()
+        # the agents reach the app at its lab address: the Host allow-list must name it (the
+        # tests' own KVSCOPE_ALLOWED_HOSTS names only the in-process clients' hosts)
+        env["KVSCOPE_ALLOWED_HOSTS"] = json.dumps([net.app_ip, "localhost", "127.0.0.1"])
 
         def make_token(*args: str) -> str:
             out = subprocess.run(
