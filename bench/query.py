@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.storage.models import SampleRow, Series  # noqa: E402
+from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, fold_hours, fold_minutes  # noqa: E402
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark  # noqa: E402
-from app.storage.rollups import HOUR_MS, MINUTE_MS, fold_hours, fold_minutes  # noqa: E402
 
 CHARTS = ["tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu"]
 RANGES = ["1h", "24h", "30d"]

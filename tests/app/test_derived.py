@@ -13,7 +13,8 @@ from app.derived.grid import Grid, make_grid
 from app.derived.panels import offload_capacity_bytes, offload_size_bytes
 from app.derived.pcie import link_ceiling_gbps
 from app.derived.worth import compute_worth
-from app.storage.rollups import Bucket, TieredSeries
+from app.storage.rollup_buckets import Bucket
+from app.storage.rollups import TieredSeries
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:

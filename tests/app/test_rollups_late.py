@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.storage.models import SampleRow, Series
+from app.storage.rollup_buckets import Bucket, fold_hours, fold_minutes
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupLate
-from app.storage.rollups import Bucket, fold_hours, fold_minutes
 from tests.app.pages.recorded import push_all, recorded_batches
 from tests.fed_databases import Feed
 
