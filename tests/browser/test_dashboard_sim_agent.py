@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.browser.conftest import LiveApp
+from tests.conftest import api_token
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -146,7 +147,8 @@ def sim_fed(tmp_path_factory: Any, chromium_context: Any) -> Iterator[tuple[Live
             if procs[1].poll() is not None:
                 pytest.fail(f"agent exited: {agent_log.read_text()[-2000:]}")
             time.sleep(0.5)
-        instances = httpx.get(app.url + "/api/v1/instances").json()["instances"]
+        auth = {"Authorization": "Bearer " + api_token(app.engine, "viewer")}
+        instances = httpx.get(app.url + "/api/v1/instances", headers=auth).json()["instances"]
         assert instances, f"no instance reached the app; agent log: {agent_log.read_text()[-2000:]}"
         yield app, str(instances[0]["id"])
     finally:
