@@ -357,7 +357,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"kvscope demo: log in once with {url}{access.login_path}  (valid 24 h, one use)")
     if access.admin_created:
         print(
-            "kvscope demo: created the user 'admin'; set its password with `kvscope user passwd admin --data-dir ...`"
+            f"kvscope demo: created the user 'admin'; set its password with "
+            f"`kvscope user passwd admin --data-dir {data_dir}`"
         )
     print(f"kvscope demo: the kvscope CLI here uses the operator token in {access.api_token_file}")
     print(f"kvscope demo: data in {data_dir}; logs in {data_dir / 'logs'}; Ctrl-C stops everything", flush=True)
