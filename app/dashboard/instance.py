@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -240,6 +241,29 @@ def router(ctx: AppContext) -> APIRouter:
         data = await run_page_work(ctx, build)
         return ctx.templates.TemplateResponse(request, "dashboard/_chart.html", data)
 
+    async def panel_fragment(
+        request: Request,
+        instance_id: int,
+        range: str | None,
+        start: float | None,
+        end: float | None,
+        name: str,
+        compute: Callable[[Scope], Any],
+    ) -> HTMLResponse:
+        """A panel computed from the range's scope (worth, summary), cached per range, rendered by
+        templates/dashboard/_<name>.html with the result under `name`."""
+
+        def build() -> dict[str, Any]:
+            inst = _instance(ctx, instance_id)
+            tr = resolve(shared_now(), range, start, end)
+            result = cache.get_or_compute(
+                (name, instance_id, tr.name, tr.start, tr.end), lambda: compute(frame(inst, tr)[0])
+            )
+            return {name: result, "inst": inst, "range": tr}
+
+        data = await run_page_work(ctx, build)
+        return ctx.templates.TemplateResponse(request, f"dashboard/_{name}.html", data)
+
     @r.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse, include_in_schema=False)
     async def worth_fragment(
         request: Request,
@@ -248,17 +272,7 @@ def router(ctx: AppContext) -> APIRouter:
         start: float | None = None,
         end: float | None = None,
     ) -> HTMLResponse:
-        def build() -> dict[str, Any]:
-            inst = _instance(ctx, instance_id)
-            tr = resolve(shared_now(), range, start, end)
-            worth = cache.get_or_compute(
-                ("worth", instance_id, tr.name, tr.start, tr.end),
-                lambda: compute_worth(frame(inst, tr)[0]),
-            )
-            return {"worth": worth, "inst": inst, "range": tr}
-
-        data = await run_page_work(ctx, build)
-        return ctx.templates.TemplateResponse(request, "dashboard/_worth.html", data)
+        return await panel_fragment(request, instance_id, range, start, end, "worth", compute_worth)
 
     @r.get("/instances/{instance_id}/fragments/summary", response_class=HTMLResponse, include_in_schema=False)
     async def summary_fragment(
@@ -270,17 +284,7 @@ def router(ctx: AppContext) -> APIRouter:
     ) -> HTMLResponse:
         """The page's opening verdict and its three numbers (role: viewer)."""
 
-        def build() -> dict[str, Any]:
-            inst = _instance(ctx, instance_id)
-            tr = resolve(shared_now(), range, start, end)
-            summary = cache.get_or_compute(
-                ("summary", instance_id, tr.name, tr.start, tr.end),
-                lambda: compute_summary(frame(inst, tr)[0]),
-            )
-            return {"summary": summary, "inst": inst, "range": tr}
-
-        data = await run_page_work(ctx, build)
-        return ctx.templates.TemplateResponse(request, "dashboard/_summary.html", data)
+        return await panel_fragment(request, instance_id, range, start, end, "summary", compute_summary)
 
     @r.get("/api/v1/instances/{instance_id}/summary")
     async def summary_json(
