@@ -27,6 +27,7 @@ from app.alerts.views import (
     delivery_config,
     evaluator,
 )
+from app.auth.roles import OPERATOR, requires
 from app.context import AppContext
 from app.storage import alerts_store as store
 from app.web import csrf
@@ -130,6 +131,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse(out)
 
     @r.post("/api/v1/alerts/{alert_id}/ack")
+    @requires(OPERATOR)
     async def ack(alert_id: DbId, request: Request) -> JSONResponse:
         csrf.require_json(request)  # a cross-site form cannot send JSON without a CORS preflight
         note = ""
@@ -143,6 +145,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         return JSONResponse({"acknowledged": ok, "already": not ok})
 
     @r.post("/api/v1/alerts/silences")
+    @requires(OPERATOR)
     async def silence(request: Request) -> JSONResponse:
         csrf.require_json(request)
         data = await read_json(request, 'body must be JSON: {"minutes": 60, "rule": ..., "instance": id}')

@@ -275,3 +275,33 @@ def test_public_dashboards_open_reads_but_never_changes(tmp_path: Any) -> None:
         assert c.get("/", headers={"accept": "text/html"}).status_code == 200
         assert c.post("/api/v1/profiles", json={"name": "x", "spec": {}}).status_code == 401
         assert c.get("/api/v1/users").status_code == 401
+
+
+# The state-changing routes this change added or opened to roles, each named: an anonymous caller
+# gets 401, an under-privileged one 403, and nothing changes.
+ROLE_GUARDED = [
+    ("POST", "/api/v1/alerts/1/ack", {"note": "x"}, "viewer"),
+    ("POST", "/api/v1/alerts/silences", {"minutes": 60}, "viewer"),
+    ("POST", "/api/v1/users", {"name": "mallory", "role": "admin", "password": "a long password!"}, "operator"),
+    ("PUT", "/api/v1/users/alice/password", {"password": "another long password"}, "operator"),
+    ("DELETE", "/api/v1/users/alice", None, "operator"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "too_low"), ROLE_GUARDED)
+def test_each_new_state_change_refuses_anonymous_and_under_privileged_callers(
+    method: str, path: str, body: Any, too_low: str, anon: Any, as_role: Any, engine: Any
+) -> None:
+    create_user(engine, "alice", "viewer", hash_password("correct horse battery"), time.time())
+    kw = {"json": body} if body is not None else {}
+    r = anon.request(method, path, **kw)
+    assert r.status_code == 401, (method, path, r.text)
+    r = as_role(too_low).request(method, path, **kw)
+    assert r.status_code == 403 and "role" in r.json()["error"], (method, path, r.text)
+    from app.storage.alerts_store import active_silences
+    from app.storage.users_store import list_users, user_by_name
+
+    assert [u.name for u in list_users(engine)] == ["alice"]
+    user = user_by_name(engine, "alice")
+    assert user is not None and user.session_epoch == 0  # password untouched
+    assert active_silences(engine, time.time()) == []
