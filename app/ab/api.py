@@ -122,6 +122,14 @@ def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
     return prof.tier_label() if prof is not None else "unknown (profile not found or no longer valid)"
 
 
+def _load(ctx: AppContext, experiment_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and its runs, or the HTTP error that says why not."""
+    try:
+        return service.load(ctx, experiment_id)
+    except service.ExperimentError as exc:
+        raise _http(exc) from None
+
+
 def _http(exc: service.ExperimentError) -> HTTPException:
     return HTTPException(exc.status, str(exc))
 
@@ -196,20 +204,14 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/experiments/{experiment_id}")
     def get(experiment_id: DbId, records: bool = False) -> JSONResponse:
-        try:
-            exp, runs = service.load(ctx, experiment_id)
-        except service.ExperimentError as exc:
-            raise _http(exc) from None
+        exp, runs = _load(ctx, experiment_id)
         return JSONResponse(
             json.loads(json.dumps(service.experiment_view(exp, runs, with_records=records), default=str))
         )
 
     @r.get("/experiments/{experiment_id}/export.json")
     def export_json(experiment_id: DbId) -> Response:
-        try:
-            exp, runs = service.load(ctx, experiment_id)
-        except service.ExperimentError as exc:
-            raise _http(exc) from None
+        exp, runs = _load(ctx, experiment_id)
         return Response(
             service.export_json(exp, runs),
             media_type="application/json",
@@ -218,10 +220,7 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/experiments/{experiment_id}/export.csv")
     def export_csv(experiment_id: DbId) -> Response:
-        try:
-            exp, runs = service.load(ctx, experiment_id)
-        except service.ExperimentError as exc:
-            raise _http(exc) from None
+        exp, runs = _load(ctx, experiment_id)
         return Response(
             service.export_csv(exp, runs),
             media_type="text/csv",
@@ -346,10 +345,7 @@ def page_router(ctx: AppContext) -> APIRouter:
         return RedirectResponse(f"/experiments/{eid}", status_code=303)
 
     def detail_data(experiment_id: int) -> dict[str, Any]:
-        try:
-            exp, runs = service.load(ctx, experiment_id)
-        except service.ExperimentError as exc:
-            raise _http(exc) from None
+        exp, runs = _load(ctx, experiment_id)
         view = service.experiment_view(exp, runs)
         kind = str(view["workload"].get("kind", "probe"))
         figs = experiment_figures(kind, runs) if any(r["state"] == "done" for r in runs) else []
