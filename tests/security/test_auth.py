@@ -77,18 +77,18 @@ def test_only_admins_manage_users_and_tokens(app: Any, as_role: Any) -> None:
             assert operator.request(method, path).status_code == 403, (method, path)
 
 
-def test_requested_by_is_the_caller_not_what_the_body_claims(as_role: Any, client: Any) -> None:
+def test_requested_by_is_the_caller_not_what_the_body_claims(
+    app: Any, as_role: Any, client: Any, token: str, clock: Any
+) -> None:
+    r = client.post("/api/v1/ingest", json=make_batch(1, clock()), headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
+    assert client.post("/api/v1/profiles", json={"name": "p", "spec": {}}).status_code in (200, 201)
     operator = as_role("operator")
-    who = operator.get("/api/v1/whoami").json()
-    assert who["kind"] == "token" and who["role"] == "operator"
-    from app.auth.roles import Principal, requester
-
-    class _Req:
-        class state:
-            principal = Principal(kind="user", name="alice", role="operator")
-
-    assert requester(_Req(), "admin") == "user:alice (admin)"  # type: ignore[arg-type]
-    assert requester(_Req(), None) == "user:alice"  # type: ignore[arg-type]
+    me = operator.get("/api/v1/whoami").json()["name"]
+    r = operator.post("/api/v1/rollouts", json={"instance": iid, "profile": "p", "requested_by": "admin"})
+    assert r.status_code == 201, r.text
+    assert r.json()["requested_by"] == f"token:{me} (admin)"  # the caller first; the claim only as a note
 
 
 def test_a_foreign_host_header_is_refused_so_dns_rebinding_cannot_drive_the_app(client: Any) -> None:
