@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 from app.settings import PLACEHOLDER_SECRETS, Settings
@@ -25,15 +26,19 @@ def effective_secret(settings: Settings) -> str:
 
 
 def _stored_secret(path: Path) -> str:
-    try:
-        text = path.read_text().strip()
-        if len(text.encode()) >= MIN_SECRET_BYTES:
-            return text
-    except OSError:
-        pass
+    """The key in `path`, made once: the first process to create the file writes it (O_EXCL), any
+    other reads that one, so two processes starting together share one key."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):  # the creator may not have written it yet
+            text = path.read_text().strip()
+            if len(text.encode()) >= MIN_SECRET_BYTES:
+                return text
+            time.sleep(0.02)
+        raise RuntimeError(f"{path} holds no usable secret key: delete it (sessions then start over)") from None
     key = secrets.token_urlsafe(48)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
     return key

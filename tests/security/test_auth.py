@@ -305,3 +305,18 @@ def test_each_new_state_change_refuses_anonymous_and_under_privileged_callers(
     user = user_by_name(engine, "alice")
     assert user is not None and user.session_epoch == 0  # password untouched
     assert active_silences(engine, time.time()) == []
+
+
+def test_processes_starting_together_share_one_secret_key(tmp_path: Any) -> None:
+    import threading
+
+    from app.auth.secret import _stored_secret
+
+    path, keys = tmp_path / "secret-key", []
+    threads = [threading.Thread(target=lambda: keys.append(_stored_secret(path))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(keys) == 8 and len(set(keys)) == 1
+    assert path.read_text().strip() == keys[0]
