@@ -40,33 +40,12 @@ from typing import Any
 
 import httpx
 
+from simulator.stats import TTFT_BUCKETS
+
 REPO = Path(__file__).resolve().parents[1]
 CHART_KEYS = ("tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu")
-LE = [
-    "0.001",
-    "0.005",
-    "0.01",
-    "0.02",
-    "0.04",
-    "0.06",
-    "0.08",
-    "0.1",
-    "0.25",
-    "0.5",
-    "0.75",
-    "1.0",
-    "2.5",
-    "5.0",
-    "7.5",
-    "10.0",
-    "20.0",
-    "40.0",
-    "80.0",
-    "160.0",
-    "640.0",
-    "2560.0",
-    "+Inf",
-]
+# vLLM's TTFT buckets (the simulator's copy of vLLM's own), as exposition label values
+LE = [*(str(b) for b in TTFT_BUCKETS), "+Inf"]
 TYPES = {
     "vllm:prefix_cache_queries": "counter",
     "vllm:prefix_cache_hits": "counter",
