@@ -3,9 +3,10 @@
 Every test here carries the `realvllm` marker. When tests/realvllm/setup.sh did not (or could
 not) set the install up, they SKIP with the reason, so the summary line counts them.
 
-At most one vLLM runs at a time (2 cores): `vllm_pool.get(flags)` reuses the running server when
-the flags match and otherwise stops it before starting the next one; the server is stopped at
-the end of every test module, and at the end of the session whatever happens.
+At most one vLLM runs at a time (2 cores; under pytest-xdist these tests all run on one worker):
+`vllm_pool.get(flags)` reuses the running server when the flags match and otherwise stops it
+before starting the next one; the server is stopped at the end of every test module, and at the
+end of the session whatever happens.
 """
 
 from __future__ import annotations
@@ -24,10 +25,20 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark these tests, keep them on one xdist worker (one vLLM at a time: `--dist loadgroup`),
+    and run them first: they are the longest chain of the suite (every vLLM start is ~30 s of
+    imports), so the other worker(s) take the rest of the suite beside them."""
+    mine: list[pytest.Item] = []
+    others: list[pytest.Item] = []
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.realvllm)
             item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("realvllm"))
+            mine.append(item)
+        else:
+            others.append(item)
+    items[:] = mine + others
 
 
 @pytest.fixture(scope="session")

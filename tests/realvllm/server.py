@@ -88,8 +88,16 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+def shared_vllm_cache() -> Path:
+    """vLLM's own cache (VLLM_CACHE_ROOT), shared by every test server of every run: vLLM keeps
+    there what it learns by inspecting the model class in a subprocess (`modelinfos/`), 11-13 s of
+    every cold start. Keyed by vLLM on the model module's hash, so sharing it is safe."""
+    return default_install().home / "vllm-cache"
+
+
 def server_env(job_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a test server: offline, no telemetry, every cache in the job folder."""
+    """The environment of a test server: offline, no telemetry, every cache in the job folder
+    except vLLM's model-inspection cache (shared_vllm_cache)."""
     env = dict(os.environ)
     for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
         env.pop(key, None)
@@ -104,7 +112,7 @@ def server_env(job_dir: Path, extra: dict[str, str] | None = None) -> dict[str, 
             "TRANSFORMERS_OFFLINE": "1",
             "HF_HOME": str(job_dir / "hf"),
             "TMPDIR": str(tmp),
-            "VLLM_CACHE_ROOT": str(job_dir / "vllm-cache"),
+            "VLLM_CACHE_ROOT": str(shared_vllm_cache()),
             "TORCHINDUCTOR_CACHE_DIR": str(job_dir / "inductor"),
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_LOGGING_COLOR": "0",
