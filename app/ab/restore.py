@@ -4,16 +4,40 @@ instance had before, through a normal rollout when it is not there already, then
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from app.ab.ports import SwitchBusy, SwitchRefused
+from sqlalchemy import Engine
+
+from app.ab.ports import ControllerPort, SwitchBusy, SwitchRefused
 from app.storage import ab_store as st
 
-if TYPE_CHECKING:
-    from app.ab.orchestrator import Orchestrator
+
+class SwitchLimits(Protocol):
+    @property
+    def switch_timeout_s(self) -> float: ...
 
 
-def restoring(orch: Orchestrator, exp: dict[str, Any], now: float) -> None:
+class OrchestratorView(Protocol):
+    """What the way out needs of the orchestrator that calls it (app.ab.orchestrator.Orchestrator
+    is one): restore sits below it and imports nothing from it."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def port(self) -> ControllerPort: ...
+
+    @property
+    def limits(self) -> SwitchLimits: ...
+
+    def verdict(self, exp: dict[str, Any]) -> dict[str, Any]:
+        """The experiment's verdict from its finished runs."""
+
+    def _arm_profile(self, exp: dict[str, Any], arm: str) -> str:
+        """The profile name arm "A" or "B" runs."""
+
+
+def restoring(orch: OrchestratorView, exp: dict[str, Any], now: float) -> None:
     eid, iid = int(exp["id"]), int(exp["instance_id"])
     outcome = str(exp["outcome"] or "failed")
     base = str(exp["message"] or "") if outcome == "failed" else ""
@@ -84,7 +108,7 @@ def restoring(orch: Orchestrator, exp: dict[str, Any], now: float) -> None:
     )
 
 
-def version_name(orch: Orchestrator, exp: dict[str, Any], version_id: int) -> str | None:
+def version_name(orch: OrchestratorView, exp: dict[str, Any], version_id: int) -> str | None:
     current = orch.port.current(int(exp["instance_id"]))
     if current is not None and int(current["id"]) == version_id:
         return str(current["name"])
@@ -98,7 +122,7 @@ def version_name(orch: Orchestrator, exp: dict[str, Any], version_id: int) -> st
     return None
 
 
-def finish(orch: Orchestrator, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
+def finish(orch: OrchestratorView, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
     eid = int(exp["id"])
     extra: dict[str, Any] = {}
     if outcome != "completed" and not exp.get("verdict"):
