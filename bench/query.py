@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.storage.models import SampleRow, Series  # noqa: E402
-from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, fold_hours, fold_minutes  # noqa: E402
+from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, bucket_row, fold_hours, fold_minutes  # noqa: E402
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark  # noqa: E402
 
 CHARTS = ["tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu"]
@@ -130,9 +130,9 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
                 conn.execute(
                     insert(SampleRow), [{"series_id": sid, "ts_ms": ts, "value": v} for ts, v in raw[i : i + 50_000]]
                 )
-            conn.execute(insert(Rollup1m), [_row(sid, ms, b) for ms, b in minutes])
+            conn.execute(insert(Rollup1m), [bucket_row(sid, ms, b) for ms, b in minutes])
             if hours:
-                conn.execute(insert(Rollup1h), [_row(sid, ms, b) for ms, b in hours])
+                conn.execute(insert(Rollup1h), [bucket_row(sid, ms, b) for ms, b in hours])
             if carry is not None:
                 conn.execute(insert(RollupCarry).values(series_id=sid, ts_ms=carry[0], value=carry[1]))
         counts["raw"] += len(raw)
@@ -141,19 +141,6 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
     with engine.begin() as conn:
         conn.execute(insert(RollupWatermark), [{"tier": "1m", "done_ms": wm_m}, {"tier": "1h", "done_ms": wm_h}])
     return {"series": len(series), "samples": n * len(series), "seconds": time.perf_counter() - t_fold, **counts}
-
-
-def _row(sid: int, ms: int, b: Any) -> dict[str, Any]:
-    return {
-        "series_id": sid,
-        "bucket_ms": ms,
-        "n": b.n,
-        "vmin": b.vmin,
-        "vmax": b.vmax,
-        "vsum": b.vsum,
-        "vlast": b.vlast,
-        "inc": b.inc,
-    }
 
 
 def timed(client: Any, url: str, repeat: int) -> tuple[float, float, float]:
