@@ -19,6 +19,16 @@ TEST_HOSTS = ["testserver", "localhost", "127.0.0.1", "::1"]
 os.environ.setdefault("KVSCOPE_ALLOWED_HOSTS", json.dumps(TEST_HOSTS))
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n N` (xdist's default `load` distribution): tests/realvllm on one worker, first
+    (tests/scheduling.py). An explicit `--dist` other than load is left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.scheduling import GroupScheduling
+
+    return GroupScheduling(config, log)
+
+
 class FakeClock:
     """Time as an argument: tests move it by hand, nothing sleeps."""
 

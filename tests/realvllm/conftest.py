@@ -25,20 +25,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark these tests, keep them on one xdist worker (one vLLM at a time: `--dist loadgroup`),
-    and run them first: they are the longest chain of the suite (every vLLM start is ~30 s of
-    imports), so the other worker(s) take the rest of the suite beside them."""
-    mine: list[pytest.Item] = []
-    others: list[pytest.Item] = []
+    """Mark these tests. (Under pytest-xdist they run on one worker, first: tests/scheduling.py.)"""
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.realvllm)
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("realvllm"))
-            mine.append(item)
-        else:
-            others.append(item)
-    items[:] = mine + others
 
 
 @pytest.fixture(scope="session")
