@@ -30,6 +30,7 @@ from app.alerts.series import SeriesMap, median_gap, sample_times
 from app.alerts.silencing import is_silenced
 from app.alerts.state import FIRING, PENDING, RESOLVED, Decision, OpenAlert, decide
 from app.storage import alerts_store as store
+from app.storage.alert_rows import AlertRow
 from app.storage.events import list_events
 from app.storage.series_store import list_hosts, list_instances
 
@@ -215,7 +216,7 @@ class Evaluator:
         data: TargetData,
         now: float,
         key: str,
-        row: dict[str, Any] | None,
+        row: AlertRow | None,
         last_resolved_at: float | None,
         silences: Sequence[Mapping[str, Any]],
         report: EvalReport,
@@ -245,9 +246,11 @@ class Evaluator:
             return
         assert row is not None
         change = self._expected(target.info, now)
-        if change is not None and not (row.get("labels") or {}).get("expected"):
-            row = {**row, "labels": {**(row.get("labels") or {}), "expected": change.label}, "_mark_expected": True}
-        self._apply(row, decision, result, now, silences, report)
+        marked = False  # kvscope's own change began while the alert was open: mark it expected now
+        if change is not None and not (row["labels"] or {}).get("expected"):
+            row = {**row, "labels": {**(row["labels"] or {}), "expected": change.label}}
+            marked = True
+        self._apply(row, decision, result, now, silences, report, marked=marked)
 
     @staticmethod
     def _expected(info: Mapping[str, Any], now: float) -> expected.ExpectedWindow | None:
@@ -365,19 +368,22 @@ class Evaluator:
 
     def _apply(
         self,
-        row: dict[str, Any],
+        row: AlertRow,
         decision: Decision,
         result: RuleResult,
         now: float,
         silences: Sequence[Mapping[str, Any]],
         report: EvalReport,
+        *,
+        marked: bool = False,
     ) -> None:
+        """Write a decision on an open alert. `marked`: its labels were just marked expected (saved
+        when it fires)."""
         values: dict[str, Any] = {}
         transitions: list[store.TransitionRow] = []
         deliveries: list[store.NewDelivery] = []
         # quiet: opened, or fires now, while kvscope itself changes the instance (no notification)
-        marked = bool(row.pop("_mark_expected", False))
-        quiet = bool((row.get("labels") or {}).get("expected")) and (not marked or decision.action == "fire")
+        quiet = bool((row["labels"] or {}).get("expected")) and (not marked or decision.action == "fire")
         if marked and decision.action == "fire":
             values["labels"] = row["labels"]
         if result.active is not None:

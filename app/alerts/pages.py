@@ -20,6 +20,7 @@ from app.alerts.params import ParamError, coerce, effective
 from app.alerts.views import alert_json, alerts_state, create_silence, delivery_config
 from app.context import AppContext
 from app.storage import alerts_store as store
+from app.storage.alert_rows import DeliveryRow
 from app.storage.series_store import get_instance, list_instances
 from app.web import csrf
 from app.web.ids import DbId, OptionalDbIdQuery
@@ -56,7 +57,7 @@ def _list_context(ctx: AppContext) -> dict[str, Any]:
     open_rows = store.list_alerts(ctx.engine, states=["pending", "firing"], limit=500)
     history = store.list_transitions(ctx.engine, limit=200)
     channels: list[dict[str, Any]] = []
-    failing: list[dict[str, Any]] = []
+    failing: list[DeliveryRow] = []
     for c in ctx.settings.alert_channels:
         last = store.list_deliveries(ctx.engine, channel=c.name, limit=5)
         channels.append({"cfg": c, "recent": last})

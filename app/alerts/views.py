@@ -4,6 +4,7 @@ banner, silences (validated), and the alert part's evaluator and delivery settin
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from app.alerts.evaluate import Evaluator
 from app.alerts.silencing import is_silenced
 from app.context import AppContext
 from app.storage import alerts_store as store
+from app.storage.alert_rows import AlertRow, SilenceRow
 
 MAX_SILENCE_MIN = 60 * 24 * 30
 
@@ -51,7 +53,8 @@ def delivery_config(ctx: AppContext) -> DeliveryConfig:
     )
 
 
-def alert_json(row: dict[str, Any], silences: list[dict[str, Any]], now: float) -> dict[str, Any]:
+def alert_json(row: AlertRow, silences: Sequence[SilenceRow], now: float) -> dict[str, Any]:
+    """An alert as the API and the pages show it (a JSON body)."""
     spec = BY_NAME.get(str(row["rule"]))
     return {
         "id": row["id"],
@@ -64,11 +67,11 @@ def alert_json(row: dict[str, Any], silences: list[dict[str, Any]], now: float) 
         "fired_at": row["fired_at"],
         "resolved_at": row["resolved_at"],
         "instance": row["instance_id"],
-        "instance_url": row.get("instance_url"),
-        "host": row.get("host"),
+        "instance_url": row["instance_url"],
+        "host": row["host"],
         "host_id": row["host_id"],
-        "model": row.get("model"),
-        "simulated": bool(row.get("simulated") or False),
+        "model": row["model"],
+        "simulated": bool(row["simulated"] or False),
         "value": row["value"],
         "baseline": row["baseline"],
         "message": row["message"],
@@ -80,7 +83,7 @@ def alert_json(row: dict[str, Any], silences: list[dict[str, Any]], now: float) 
         "silenced": row["state"] != "resolved"
         and is_silenced(silences, str(row["rule"]), row["instance_id"], row["host_id"], now),
         # opened while kvscope itself was changing the instance (a rollout, an A/B experiment)
-        "expected": str((row.get("labels") or {}).get("expected") or "") or None,
+        "expected": str((row["labels"] or {}).get("expected") or "") or None,
     }
 
 
@@ -104,7 +107,7 @@ def banner(ctx: AppContext) -> dict[str, Any]:
         a
         for a in firing
         if a["acked_at"] is None
-        and not (a.get("labels") or {}).get("expected")
+        and not (a["labels"] or {}).get("expected")
         and not is_silenced(silences, a["rule"], a["instance_id"], a["host_id"], now)
     ]
     return {

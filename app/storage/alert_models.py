@@ -19,7 +19,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.storage.models import Base
 
 
-class AlertRow(Base):
+class Alert(Base):
     __tablename__ = "alerts"
     __table_args__ = (
         Index("uq_alerts_active_key", "active_key", unique=True),

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Row, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.storage.alert_models import AlertDelivery, AlertOverride, AlertRow, AlertSilence, AlertTransition
+from app.storage.alert_models import Alert, AlertDelivery, AlertOverride, AlertSilence, AlertTransition
+from app.storage.alert_rows import AlertRow, AlertTransitionRow, DeliveryRow, SilenceRow
 from app.storage.models import Host, Instance, SampleRow
 from app.storage.series_store import SeriesPoints, series_of
 
-A = AlertRow.__table__
+A = Alert.__table__
 T = AlertTransition.__table__
 D = AlertDelivery.__table__
 S = AlertSilence.__table__
@@ -76,11 +77,19 @@ def _insert_deliveries(
 
 
 # ------------------------------------------------------------------ episodes
-def open_alerts(engine: Engine) -> dict[str, dict[str, Any]]:
+def _alert(row: Row[Any]) -> AlertRow:
+    return cast(AlertRow, dict(row._mapping))
+
+
+def _delivery(row: Row[Any]) -> DeliveryRow:
+    return cast(DeliveryRow, dict(row._mapping))
+
+
+def open_alerts(engine: Engine) -> dict[str, AlertRow]:
     """Open (pending or firing) alerts by key."""
     with engine.connect() as conn:
         rows = conn.execute(_alert_query().where(A.c.active_key.is_not(None))).all()
-    return {str(r.key): dict(r._mapping) for r in rows}
+    return {str(r.key): _alert(r) for r in rows}
 
 
 def last_resolved(engine: Engine) -> dict[str, float]:
@@ -103,7 +112,7 @@ def open_alert(
     process opened the same key first (unique active_key)."""
     try:
         with engine.begin() as conn:
-            res = conn.execute(insert(AlertRow).values(active_key=values["key"], version=1, **values))
+            res = conn.execute(insert(Alert).values(active_key=values["key"], version=1, **values))
             pk = res.inserted_primary_key
             alert_id = int(pk[0]) if pk else 0
             _insert_transitions(conn, alert_id, transitions)
@@ -128,9 +137,7 @@ def cas_update(
     False (nothing written) when another process changed the alert first."""
     with engine.begin() as conn:
         res = conn.execute(
-            update(AlertRow)
-            .where(AlertRow.id == alert_id, AlertRow.version == version)
-            .values(version=version + 1, **values)
+            update(Alert).where(Alert.id == alert_id, Alert.version == version).values(version=version + 1, **values)
         )
         if res.rowcount != 1:
             return False
@@ -162,7 +169,7 @@ def list_alerts(
     instance_id: int | None = None,
     rule: str | None = None,
     limit: int = 200,
-) -> list[dict[str, Any]]:
+) -> list[AlertRow]:
     q = _alert_query()
     if states:
         q = q.where(A.c.state.in_(list(states)))
@@ -172,16 +179,16 @@ def list_alerts(
         q = q.where(A.c.rule == rule)
     q = q.order_by(A.c.since.desc(), A.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_alert(r) for r in conn.execute(q)]
 
 
-def get_alert(engine: Engine, alert_id: int) -> dict[str, Any] | None:
+def get_alert(engine: Engine, alert_id: int) -> AlertRow | None:
     with engine.connect() as conn:
         row = conn.execute(_alert_query().where(A.c.id == alert_id)).first()
-    return dict(row._mapping) if row else None
+    return _alert(row) if row else None
 
 
-def list_transitions(engine: Engine, *, alert_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+def list_transitions(engine: Engine, *, alert_id: int | None = None, limit: int = 200) -> list[AlertTransitionRow]:
     i = Instance.__table__
     h = Host.__table__
     q = (
@@ -194,15 +201,15 @@ def list_transitions(engine: Engine, *, alert_id: int | None = None, limit: int 
         q = q.where(T.c.alert_id == alert_id)
     q = q.order_by(T.c.ts.desc(), T.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [cast(AlertTransitionRow, dict(r._mapping)) for r in conn.execute(q)]
 
 
 def acknowledge(engine: Engine, alert_id: int, now: float, note: str = "") -> bool:
     with engine.begin() as conn:
         res = conn.execute(
-            update(AlertRow)
-            .where(AlertRow.id == alert_id, AlertRow.acked_at.is_(None))
-            .values(acked_at=now, ack_note=note[:1000], version=AlertRow.version + 1)
+            update(Alert)
+            .where(Alert.id == alert_id, Alert.acked_at.is_(None))
+            .values(acked_at=now, ack_note=note[:1000], version=Alert.version + 1)
         )
         return res.rowcount == 1
 
@@ -218,7 +225,7 @@ def prune(engine: Engine, before: float) -> int:
         if old:
             conn.execute(delete(AlertTransition).where(AlertTransition.alert_id.in_(old)))
             conn.execute(delete(AlertDelivery).where(AlertDelivery.alert_id.in_(old)))
-            conn.execute(delete(AlertRow).where(AlertRow.id.in_(old)))
+            conn.execute(delete(Alert).where(Alert.id.in_(old)))
         conn.execute(delete(AlertDelivery).where(AlertDelivery.alert_id.is_(None), AlertDelivery.created_at < before))
         conn.execute(delete(AlertSilence).where(AlertSilence.until < before))
     return len(old)
@@ -230,7 +237,7 @@ def add_deliveries(engine: Engine, alert_id: int | None, deliveries: Sequence[Ne
         return _insert_deliveries(conn, alert_id, deliveries, now)
 
 
-def due_deliveries(engine: Engine, now: float, limit: int = 50) -> list[dict[str, Any]]:
+def due_deliveries(engine: Engine, now: float, limit: int = 50) -> list[DeliveryRow]:
     q = (
         select(D)
         .where(
@@ -243,7 +250,7 @@ def due_deliveries(engine: Engine, now: float, limit: int = 50) -> list[dict[str
         .limit(limit)
     )
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_delivery(r) for r in conn.execute(q)]
 
 
 def claim_delivery(engine: Engine, delivery_id: int, now: float, lease_s: float) -> bool:
@@ -281,15 +288,15 @@ def finish_delivery(
         conn.execute(update(AlertDelivery).where(AlertDelivery.id == delivery_id).values(**values))
 
 
-def get_delivery(engine: Engine, delivery_id: int) -> dict[str, Any] | None:
+def get_delivery(engine: Engine, delivery_id: int) -> DeliveryRow | None:
     with engine.connect() as conn:
         row = conn.execute(select(D).where(D.c.id == delivery_id)).first()
-    return dict(row._mapping) if row else None
+    return _delivery(row) if row else None
 
 
 def list_deliveries(
     engine: Engine, *, alert_id: int | None = None, channel: str | None = None, limit: int = 100
-) -> list[dict[str, Any]]:
+) -> list[DeliveryRow]:
     q = select(D)
     if alert_id is not None:
         q = q.where(D.c.alert_id == alert_id)
@@ -297,7 +304,7 @@ def list_deliveries(
         q = q.where(D.c.channel == channel)
     q = q.order_by(D.c.created_at.desc(), D.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_delivery(r) for r in conn.execute(q)]
 
 
 def last_delivery_times(engine: Engine, channel: str) -> dict[int, float]:
@@ -348,9 +355,12 @@ def add_silence(
         return int(pk[0]) if pk else 0
 
 
-def active_silences(engine: Engine, now: float) -> list[dict[str, Any]]:
+def active_silences(engine: Engine, now: float) -> list[SilenceRow]:
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(select(S).where(S.c.until > now).order_by(S.c.until))]
+        return [
+            cast(SilenceRow, dict(r._mapping))
+            for r in conn.execute(select(S).where(S.c.until > now).order_by(S.c.until))
+        ]
 
 
 def expire_silence(engine: Engine, silence_id: int, now: float) -> bool:
