@@ -25,6 +25,7 @@ from app.ab.verdict import describe
 from app.auth.roles import requester
 from app.context import AppContext
 from app.storage import ab_store as st
+from app.storage.controller_rows import NamedVersionRow, ProfileRow
 from app.storage.series_store import get_instance, list_instances
 from app.web import csrf
 from app.web.ids import DbId, OptionalDbIdQuery
@@ -112,6 +113,7 @@ def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
     from app.controller.rollouts import version_profile
     from app.storage.rollouts_store import get_profile, get_version
 
+    version: NamedVersionRow | ProfileRow | None
     try:
         version = get_version(ctx.engine, int(version_id)) if version_id is not None else None
     except (TypeError, ValueError, OverflowError):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from agent.workloads.runner import execute_run
 from agent.workloads.spec import WorkloadSpec
 from app.context import AppContext
+from app.storage.controller_rows import NamedVersionRow, ProfileRow, RolloutRow
 
 log = logging.getLogger("kvscope.ab")
 RunKey = tuple[int, int]  # (experiment id, run index)
@@ -31,21 +32,22 @@ class SwitchRefused(Exception):
 
 
 class ControllerPort(Protocol):
-    def current(self, instance_id: int) -> dict[str, Any] | None:
-        """The profile version the instance runs now: {id, name, version, spec} or None."""
+    def current(self, instance_id: int) -> NamedVersionRow | None:
+        """The profile version the instance runs now (id, name, version, spec ...) or None."""
 
-    def profile(self, name: str) -> dict[str, Any] | None:
-        """The named profile's current version: {version_id, name, current_version, spec} or None."""
+    def profile(self, name: str) -> ProfileRow | None:
+        """The named profile with its current version (version_id, name, current_version, spec ...)
+        or None."""
 
     def request(
         self, instance_id: int, profile_name: str, now: float, *, requested_by: str, override_hybrid: bool
     ) -> int:
         """Ask for a rollout; its id. Raises SwitchBusy or SwitchRefused."""
 
-    def rollout(self, rollout_id: int) -> dict[str, Any] | None:
-        """{state, message, finished_at, version_id, payload, result} of a rollout."""
+    def rollout(self, rollout_id: int) -> RolloutRow | None:
+        """A rollout (state, message, finished_at, version_id, payload, result ...)."""
 
-    def active(self, instance_id: int) -> dict[str, Any] | None:
+    def active(self, instance_id: int) -> RolloutRow | None:
         """The instance's unfinished rollout, if any."""
 
 
@@ -65,12 +67,12 @@ class RolloutsPort:
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
 
-    def current(self, instance_id: int) -> dict[str, Any] | None:
+    def current(self, instance_id: int) -> NamedVersionRow | None:
         from app.storage import rollouts_store as rs
 
         return rs.instance_profiles(self.ctx.engine, instance_id)["current"]
 
-    def profile(self, name: str) -> dict[str, Any] | None:
+    def profile(self, name: str) -> ProfileRow | None:
         from app.storage import rollouts_store as rs
 
         return rs.get_profile(self.ctx.engine, name)
@@ -89,17 +91,17 @@ class RolloutsPort:
                 raise SwitchBusy(str(exc)) from None
             raise SwitchRefused(str(exc)) from None
 
-    def version(self, version_id: int) -> dict[str, Any] | None:
+    def version(self, version_id: int) -> NamedVersionRow | None:
         from app.storage import rollouts_store as rs
 
         return rs.get_version(self.ctx.engine, version_id)
 
-    def rollout(self, rollout_id: int) -> dict[str, Any] | None:
+    def rollout(self, rollout_id: int) -> RolloutRow | None:
         from app.storage import rollouts_store as rs
 
         return rs.get_rollout(self.ctx.engine, rollout_id)
 
-    def active(self, instance_id: int) -> dict[str, Any] | None:
+    def active(self, instance_id: int) -> RolloutRow | None:
         from app.storage import rollouts_store as rs
 
         return rs.active_rollout(self.ctx.engine, instance_id)

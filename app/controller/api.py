@@ -15,6 +15,7 @@ from app.context import AppContext
 from app.controller import rollouts
 from app.controller.profiles import ProfileError, parse_profile
 from app.storage import rollouts_store as rs
+from app.storage.controller_rows import NamedVersionRow, ProfileDetail, RolloutRow
 from app.storage.series_store import get_instance, list_instances
 from app.web import csrf
 from app.web.ids import DbId, OptionalDbIdQuery
@@ -51,7 +52,8 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
 
 # ---------------------------------------------------------------- helpers
-def profile_view(p: dict[str, Any], allow_flags: list[str] | None = None) -> dict[str, Any]:
+def profile_view(p: ProfileDetail, allow_flags: list[str] | None = None) -> dict[str, Any]:
+    """A profile as the API and the pages show it (a JSON body)."""
     try:
         prof = parse_profile(str(p["name"]), dict(p["spec"]), allow_flags=allow_flags or ())
         argv, error, tier = prof.to_argv(), None, prof.tier_label()
@@ -64,7 +66,7 @@ def profile_view(p: dict[str, Any], allow_flags: list[str] | None = None) -> dic
         "argv": argv,
         "error": error,
         "tier": tier,
-        "updated_at": p.get("updated_at"),
+        "updated_at": p["updated_at"],
         "versions": [
             {
                 "version": v["version"],
@@ -73,14 +75,16 @@ def profile_view(p: dict[str, Any], allow_flags: list[str] | None = None) -> dic
                 "author": v["author"],
                 "note": v["note"],
             }
-            for v in p.get("versions", [])
+            for v in p["versions"]
         ],
     }
 
 
-def rollout_view(r: dict[str, Any], inst: dict[str, Any] | None = None) -> dict[str, Any]:
-    out = {
-        k: r.get(k)
+def rollout_view(r: RolloutRow, inst: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A rollout as the API and the pages show it (a JSON body); with the instance row, the KV
+    pool before and now."""
+    out: dict[str, Any] = {
+        k: r[k]
         for k in (
             "id",
             "instance_id",
@@ -99,10 +103,10 @@ def rollout_view(r: dict[str, Any], inst: dict[str, Any] | None = None) -> dict[
             "finished_at",
         )
     }
-    out["terminal"] = r.get("state") in rs.TERMINAL_STATES
-    payload: dict[str, Any] = r.get("payload") or {}
+    out["terminal"] = r["state"] in rs.TERMINAL_STATES
+    payload: dict[str, Any] = r["payload"] or {}
     out["payload"] = payload
-    out["result"] = r.get("result") or {}
+    out["result"] = r["result"] or {}
     if inst is not None:
         b = _int((payload.get("pool_before") or {}).get("kv_cache_size_tokens"))
         n = _int((inst.get("cache_config") or {}).get("kv_cache_size_tokens"))
@@ -233,9 +237,11 @@ def api_router(ctx: AppContext) -> APIRouter:
         if get_instance(ctx.engine, instance_id) is None:
             raise HTTPException(404, f"no instance {instance_id}")
         ip = rs.instance_profiles(ctx.engine, instance_id)
-        return JSONResponse(
-            {k: ({"name": v["name"], "version": v["version"], "spec": v["spec"]} if v else None) for k, v in ip.items()}
-        )
+
+        def brief(v: NamedVersionRow | None) -> dict[str, Any] | None:
+            return {"name": v["name"], "version": v["version"], "spec": v["spec"]} if v else None
+
+        return JSONResponse({"current": brief(ip["current"]), "lkg": brief(ip["lkg"])})
 
     @r.post("/instances/{instance_id}/preview")
     async def preview(instance_id: DbId, request: Request) -> JSONResponse:
@@ -271,8 +277,7 @@ def api_router(ctx: AppContext) -> APIRouter:
             requester(request, body.get("requested_by")),
             body.get("probe"),
         )
-        r_ = rs.get_rollout(ctx.engine, rid)
-        return JSONResponse(rollout_view(r_ or {}), status_code=201)
+        return JSONResponse(rollout_view(_stored_rollout(ctx, rid)), status_code=201)
 
     @r.get("/rollouts")
     def list_(instance: OptionalDbIdQuery = None, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
@@ -282,10 +287,7 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/rollouts/{rollout_id}")
     def get(rollout_id: DbId) -> JSONResponse:
-        r_ = rs.get_rollout(ctx.engine, rollout_id)
-        if r_ is None:
-            raise HTTPException(404, f"no rollout {rollout_id}")
-        return JSONResponse(rollout_view(r_, get_instance(ctx.engine, int(r_["instance_id"]))))
+        return JSONResponse(rollout_view(*_rollout(ctx, rollout_id)))
 
     @r.post("/rollouts/{rollout_id}/cancel")
     async def cancel(rollout_id: DbId, request: Request) -> JSONResponse:
@@ -299,7 +301,7 @@ def api_router(ctx: AppContext) -> APIRouter:
             only_from=("requested",),
         ):
             raise HTTPException(409, "only a rollout still 'requested' can be cancelled (the agent owns it now)")
-        return JSONResponse(rollout_view(rs.get_rollout(ctx.engine, rollout_id) or {}))
+        return JSONResponse(rollout_view(_stored_rollout(ctx, rollout_id)))
 
     return r
 
@@ -460,8 +462,14 @@ def page_router(ctx: AppContext) -> APIRouter:
     return r
 
 
-def _rollout(ctx: AppContext, rollout_id: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _stored_rollout(ctx: AppContext, rollout_id: int) -> RolloutRow:
+    """The rollout, or 404 (rollouts are never deleted: one just written is there)."""
     ro = rs.get_rollout(ctx.engine, rollout_id)
     if ro is None:
         raise HTTPException(404, f"no rollout {rollout_id}")
+    return ro
+
+
+def _rollout(ctx: AppContext, rollout_id: int) -> tuple[RolloutRow, dict[str, Any] | None]:
+    ro = _stored_rollout(ctx, rollout_id)
     return ro, get_instance(ctx.engine, int(ro["instance_id"]))

@@ -21,6 +21,7 @@ from agent.probe import probe_settings_error
 from app.context import AppContext
 from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile
 from app.storage import rollouts_store as rs
+from app.storage.controller_rows import NamedVersionRow, ProfileRow
 from app.storage.series_store import get_instance, series_points
 
 log = logging.getLogger("kvscope.rollouts")
@@ -35,7 +36,11 @@ class RolloutError(Exception):
         self.status = status
 
 
-def version_profile(version: dict[str, Any] | None, allow_flags: list[str] | None = None) -> Profile | None:
+def version_profile(
+    version: NamedVersionRow | ProfileRow | None, allow_flags: list[str] | None = None
+) -> Profile | None:
+    """The validated profile of a stored version (or a profile's current one); None if it no
+    longer validates."""
     if version is None:
         return None
     try:
@@ -47,8 +52,8 @@ def version_profile(version: dict[str, Any] | None, allow_flags: list[str] | Non
 def build_payload(
     ctx: AppContext,
     profile: Profile,
-    version: dict[str, Any],
-    lkg: dict[str, Any] | None,
+    version: NamedVersionRow,
+    lkg: NamedVersionRow | None,
     *,
     override_hybrid: bool,
     model_root: str | None,
@@ -81,7 +86,7 @@ def build_payload(
 
 def _instance_and_profile(
     ctx: AppContext, instance_id: int, profile_name: str
-) -> tuple[dict[str, Any], dict[str, Any], Profile]:
+) -> tuple[dict[str, Any], ProfileRow, Profile]:
     """The instance row, the stored profile and its validated model; RolloutError (404/422) if not."""
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:

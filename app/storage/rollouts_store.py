@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, and_, func, insert, select, update
+from sqlalchemy import Engine, Row, Table, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.storage.controller_models import (
@@ -17,6 +17,16 @@ from app.storage.controller_models import (
     ControllerProfile,
     ControllerProfileVersion,
     ControllerRollout,
+)
+from app.storage.controller_rows import (
+    ClaimedRollout,
+    InstanceProfiles,
+    NamedVersionRow,
+    ProfileDetail,
+    ProfileRow,
+    RolloutRow,
+    StaleRollout,
+    VersionRow,
 )
 from app.storage.events import add_event
 from app.storage.models import Host, Instance
@@ -44,7 +54,7 @@ class NotFound(Exception):
 # ---------------------------------------------------------------- profiles
 def create_profile(
     engine: Engine, name: str, spec: dict[str, Any], now: float, *, author: str = "", note: str = ""
-) -> dict[str, Any]:
+) -> ProfileDetail:
     try:
         with engine.begin() as conn:
             pid = conn.execute(
@@ -58,12 +68,12 @@ def create_profile(
             )
     except IntegrityError:
         raise StoreConflict(f"a profile named {name!r} exists already; edit it instead") from None
-    return get_profile(engine, name) or {}
+    return _saved(engine, name)
 
 
 def edit_profile(
     engine: Engine, name: str, spec: dict[str, Any], now: float, *, author: str = "", note: str = ""
-) -> dict[str, Any]:
+) -> ProfileDetail:
     """Save a new version (the old ones stay: rollouts point at them)."""
     with engine.begin() as conn:
         row = conn.execute(select(_P.c.id, _P.c.current_version).where(_P.c.name == name)).first()
@@ -83,10 +93,16 @@ def edit_profile(
         conn.execute(
             insert(_V).values(profile_id=pid, version=cur + 1, spec=spec, created_at=now, author=author, note=note)
         )
-    return get_profile(engine, name) or {}
+    return _saved(engine, name)
 
 
-def list_profiles(engine: Engine) -> list[dict[str, Any]]:
+def _saved(engine: Engine, name: str) -> ProfileDetail:
+    saved = get_profile(engine, name)
+    assert saved is not None, "profiles are never deleted"
+    return saved
+
+
+def list_profiles(engine: Engine) -> list[ProfileRow]:
     q = (
         select(
             _P.c.id,
@@ -101,36 +117,42 @@ def list_profiles(engine: Engine) -> list[dict[str, Any]]:
         .order_by(_P.c.name)
     )
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [cast(ProfileRow, dict(r._mapping)) for r in conn.execute(q)]
 
 
-def get_profile(engine: Engine, name: str) -> dict[str, Any] | None:
+def get_profile(engine: Engine, name: str) -> ProfileDetail | None:
     """The profile with its current spec and every version, newest first."""
     with engine.connect() as conn:
         row = conn.execute(select(_P).where(_P.c.name == name)).first()
         if row is None:
             return None
-        out = dict(row._mapping)
+        p = row._mapping
         versions = [
-            dict(r._mapping)
-            for r in conn.execute(select(_V).where(_V.c.profile_id == out["id"]).order_by(_V.c.version.desc()))
+            cast(VersionRow, dict(r._mapping))
+            for r in conn.execute(select(_V).where(_V.c.profile_id == p["id"]).order_by(_V.c.version.desc()))
         ]
-    out["versions"] = versions
-    cur = next((v for v in versions if v["version"] == out["current_version"]), versions[0])
-    out["spec"] = cur["spec"]
-    out["version_id"] = cur["id"]
-    return out
+    cur = next((v for v in versions if v["version"] == p["current_version"]), versions[0])
+    return {
+        "id": p["id"],
+        "name": p["name"],
+        "current_version": p["current_version"],
+        "created_at": p["created_at"],
+        "updated_at": p["updated_at"],
+        "versions": versions,
+        "spec": cur["spec"],
+        "version_id": cur["id"],
+    }
 
 
-def get_version(engine: Engine, version_id: int) -> dict[str, Any] | None:
+def get_version(engine: Engine, version_id: int) -> NamedVersionRow | None:
     q = select(_V, _P.c.name).join(_P, _P.c.id == _V.c.profile_id).where(_V.c.id == version_id)
     with engine.connect() as conn:
         row = conn.execute(q).first()
-    return dict(row._mapping) if row else None
+    return cast(NamedVersionRow, dict(row._mapping)) if row else None
 
 
 # ---------------------------------------------------------------- instance profiles
-def instance_profiles(engine: Engine, instance_id: int) -> dict[str, dict[str, Any] | None]:
+def instance_profiles(engine: Engine, instance_id: int) -> InstanceProfiles:
     with engine.connect() as conn:
         row = conn.execute(select(_IP).where(_IP.c.instance_id == instance_id)).first()
     if row is None:
@@ -215,6 +237,10 @@ def set_payload(engine: Engine, rollout_id: int, payload: dict[str, Any]) -> Non
         conn.execute(update(_R).where(_R.c.id == rollout_id).values(payload=payload))
 
 
+def _rollout(row: Row[Any]) -> RolloutRow:
+    return cast(RolloutRow, dict(row._mapping))
+
+
 def _rollout_query() -> Any:
     return (
         select(
@@ -232,30 +258,30 @@ def _rollout_query() -> Any:
     )
 
 
-def get_rollout(engine: Engine, rollout_id: int) -> dict[str, Any] | None:
+def get_rollout(engine: Engine, rollout_id: int) -> RolloutRow | None:
     with engine.connect() as conn:
         row = conn.execute(_rollout_query().where(_R.c.id == rollout_id)).first()
-    return dict(row._mapping) if row else None
+    return _rollout(row) if row else None
 
 
-def list_rollouts(engine: Engine, *, instance_id: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+def list_rollouts(engine: Engine, *, instance_id: int | None = None, limit: int = 100) -> list[RolloutRow]:
     q = _rollout_query()
     if instance_id is not None:
         q = q.where(_R.c.instance_id == instance_id)
     q = q.order_by(_R.c.created_at.desc(), _R.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_rollout(r) for r in conn.execute(q)]
 
 
-def active_rollout(engine: Engine, instance_id: int) -> dict[str, Any] | None:
+def active_rollout(engine: Engine, instance_id: int) -> RolloutRow | None:
     with engine.connect() as conn:
         row = conn.execute(_rollout_query().where(_R.c.instance_id == instance_id, _R.c.finished_at.is_(None))).first()
-    return dict(row._mapping) if row else None
+    return _rollout(row) if row else None
 
 
 def claim_for_host(
     engine: Engine, host_id: int, agent_id: str, now: float, *, urls: set[str] | None = None
-) -> list[dict[str, Any]]:
+) -> list[ClaimedRollout]:
     """The rollouts to hand to this host's agent now.
 
     Each `requested` rollout of an instance on the host is claimed by compare-and-set (one agent
@@ -263,7 +289,7 @@ def claim_for_host(
     handed again (the reply may have been lost); the agent ignores a command id it has seen.
     With `urls`, only rollouts of those instance URLs (the ones this agent scrapes) are claimed.
     """
-    out: list[dict[str, Any]] = []
+    out: list[ClaimedRollout] = []
     with engine.begin() as conn:
         rows = conn.execute(
             select(_R.c.id, _R.c.state, _R.c.claimed_by, _R.c.instance_id, _R.c.payload, _I.c.url)
@@ -381,7 +407,7 @@ def finish_rollout(
     return True
 
 
-def stale_rollouts(engine: Engine, *, updated_before: float) -> list[dict[str, Any]]:
+def stale_rollouts(engine: Engine, *, updated_before: float) -> list[StaleRollout]:
     """Unfinished rollouts with no news since `updated_before`."""
     with engine.connect() as conn:
         rows = conn.execute(
@@ -389,7 +415,7 @@ def stale_rollouts(engine: Engine, *, updated_before: float) -> list[dict[str, A
                 _R.c.finished_at.is_(None), _R.c.updated_at < updated_before
             )
         ).all()
-    return [dict(r._mapping) for r in rows]
+    return [cast(StaleRollout, dict(r._mapping)) for r in rows]
 
 
 def count_rollouts(engine: Engine) -> int:
