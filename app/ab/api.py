@@ -25,6 +25,7 @@ from app.ab.verdict import describe
 from app.auth.roles import requester
 from app.context import AppContext
 from app.storage import ab_store as st
+from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
 from app.storage.series_store import get_instance, list_instances
 from app.web import csrf
@@ -124,7 +125,7 @@ def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
     return prof.tier_label() if prof is not None else "unknown (profile not found or no longer valid)"
 
 
-def _load(ctx: AppContext, experiment_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _load(ctx: AppContext, experiment_id: int) -> tuple[ExperimentRow, list[RunRow]]:
     """The experiment and its runs, or the HTTP error that says why not."""
     try:
         return service.load(ctx, experiment_id)

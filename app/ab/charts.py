@@ -7,6 +7,7 @@ from typing import Any
 from agent import kv_vocabulary as kv
 from app.ab.results import SOURCE_LABELS, SOURCES, request_values
 from app.ab.verdict import focus_tags, headline_metrics
+from app.storage.ab_rows import RunRow
 
 ARM_COLORS = {"A": "#1f77b4", "B": "#ff7f0e"}
 # headline metric key -> the per-run summary key that shows it run by run
@@ -31,7 +32,7 @@ def _layout(title: str, xtitle: str, ytitle: str) -> dict[str, Any]:
     }
 
 
-def per_run_figures(kind: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_run_figures(kind: str, runs: list[RunRow]) -> list[dict[str, Any]]:
     figs = []
     done = [r for r in runs if r.get("summary")]
     for m in headline_metrics(kind):
@@ -54,7 +55,7 @@ def per_run_figures(kind: str, runs: list[dict[str, Any]]) -> list[dict[str, Any
     return figs
 
 
-def ttft_cdf_figure(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def ttft_cdf_figure(kind: str, runs: list[RunRow]) -> dict[str, Any]:
     tags = focus_tags(kind)
     traces = []
     modeled = any((r.get("record") or {}).get("timing_source") == "sim-model" for r in runs)
@@ -80,7 +81,7 @@ def ttft_cdf_figure(kind: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"id": "ttft-cdf", "data": traces, "layout": _layout(f"TTFT CDF{what} ({how})", "ms", "fraction")}
 
 
-def source_share_figure(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def source_share_figure(runs: list[RunRow]) -> dict[str, Any]:
     done = [r for r in runs if r.get("summary")]
     x = [f"{r['idx'] + 1}{r['arm']}" for r in done]
     traces = [
@@ -98,7 +99,7 @@ def source_share_figure(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"id": "sources", "data": traces, "layout": layout}
 
 
-def experiment_figures(kind: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def experiment_figures(kind: str, runs: list[RunRow]) -> list[dict[str, Any]]:
     figs = per_run_figures(kind, runs)
     if kind != "observe":
         figs.append(ttft_cdf_figure(kind, runs))

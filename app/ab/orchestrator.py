@@ -28,6 +28,7 @@ from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
 from app.ab.results import contamination, summarise_run
 from app.ab.verdict import DEFAULT_MAX_FOREIGN_SHARE, compute_verdict, experiment_plan, focus_tags
 from app.storage import ab_store as st
+from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.series_store import series_points
 
 log = logging.getLogger("kvscope.ab")
@@ -82,7 +83,7 @@ class Orchestrator:
                 else:
                     self._fail(exp, now, msg)
 
-    def advance(self, exp: dict[str, Any], now: float) -> None:
+    def advance(self, exp: ExperimentRow, now: float) -> None:
         state = exp["state"]
         if state == "pending":
             self._start(exp, now)
@@ -128,7 +129,7 @@ class Orchestrator:
         )
 
     # ------------------------------------------------------------------ steps
-    def _start(self, exp: dict[str, Any], now: float) -> None:
+    def _start(self, exp: ExperimentRow, now: float) -> None:
         eid = int(exp["id"])
         try:
             parse_workload(exp["workload"])
@@ -161,10 +162,10 @@ class Orchestrator:
             event=f"A/B experiment #{eid} started",
         )
 
-    def _arm_profile(self, exp: dict[str, Any], arm: str) -> str:
+    def _arm_profile(self, exp: ExperimentRow, arm: str) -> str:
         return str(exp["profile_a"] if arm == "A" else exp["profile_b"])
 
-    def _switch(self, exp: dict[str, Any], now: float) -> None:
+    def _switch(self, exp: ExperimentRow, now: float) -> None:
         eid, iid = int(exp["id"]), int(exp["instance_id"])
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         if run is None:
@@ -204,11 +205,12 @@ class Orchestrator:
             message=f"{label}: switching profile (rollout #{rid})",
         )
 
-    def _switching(self, exp: dict[str, Any], now: float) -> None:
+    def _switching(self, exp: ExperimentRow, now: float) -> None:
         eid = int(exp["id"])
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         assert run is not None
         label = f"run {run['idx'] + 1} (arm {run['arm']}, {self._arm_profile(exp, run['arm'])})"
+        assert exp["rollout_id"] is not None, "step switching without its rollout"
         rid = int(exp["rollout_id"])
         r = self.port.rollout(rid)
         if r is None:
@@ -261,7 +263,7 @@ class Orchestrator:
             message=f"{label}: profile healthy (rollout #{rid})",
         )
 
-    def _run(self, exp: dict[str, Any], now: float) -> None:
+    def _run(self, exp: ExperimentRow, now: float) -> None:
         eid = int(exp["id"])
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         assert run is not None
@@ -283,7 +285,7 @@ class Orchestrator:
         st.update_run(self.engine, int(run["id"]), state="running", started_at=now)
         self._executor(exp).start(key, url, spec, run_key, self._cancel_check(eid))
 
-    def _executor(self, exp: dict[str, Any]) -> RunExecutor:
+    def _executor(self, exp: ExperimentRow) -> RunExecutor:
         if (exp.get("options") or {}).get("executor") == "agent" and self.agent_executor is not None:
             return self.agent_executor
         return self.executor
@@ -297,7 +299,7 @@ class Orchestrator:
 
         return cancelled
 
-    def _running(self, exp: dict[str, Any], now: float) -> None:
+    def _running(self, exp: ExperimentRow, now: float) -> None:
         eid = int(exp["id"])
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         assert run is not None
@@ -312,7 +314,7 @@ class Orchestrator:
             return
         self._record_run(exp, run, record, now)
 
-    def _record_run(self, exp: dict[str, Any], run: dict[str, Any], record: dict[str, Any], now: float) -> None:
+    def _record_run(self, exp: ExperimentRow, run: RunRow, record: dict[str, Any], now: float) -> None:
         eid = int(exp["id"])
         spec = parse_workload(exp["workload"])
         record = {
@@ -386,7 +388,7 @@ class Orchestrator:
             return f"{errors} of {n} requests failed ({first})"
         return None
 
-    def _plan(self, exp: dict[str, Any]) -> dict[str, Any]:
+    def _plan(self, exp: ExperimentRow) -> dict[str, Any]:
         """The test fixed when the experiment was created (older experiments: today's defaults)."""
         plan = (exp.get("options") or {}).get("plan")
         if isinstance(plan, dict):
@@ -394,7 +396,7 @@ class Orchestrator:
         kind = str((exp.get("workload") or {}).get("kind", "probe"))
         return experiment_plan(kind, max_foreign_share=self.limits.max_foreign_share)
 
-    def verdict(self, exp: dict[str, Any]) -> dict[str, Any]:
+    def verdict(self, exp: ExperimentRow) -> dict[str, Any]:
         done = [r for r in st.list_runs(self.engine, int(exp["id"])) if r["state"] == "done"]
         spec = parse_workload(exp["workload"])
         excluded = [
@@ -416,7 +418,7 @@ class Orchestrator:
             excluded=excluded,
         )
 
-    def _cancelling(self, exp: dict[str, Any], now: float) -> None:
+    def _cancelling(self, exp: ExperimentRow, now: float) -> None:
         eid = int(exp["id"])
         run = st.get_run(self.engine, eid, int(exp["current_run"]))
         if run is not None and run["state"] == "running":
@@ -442,11 +444,11 @@ class Orchestrator:
             message="cancelled; back to the previous profile",
         )
 
-    def _restoring(self, exp: dict[str, Any], now: float) -> None:
+    def _restoring(self, exp: ExperimentRow, now: float) -> None:
         restore.restoring(self, exp, now)
 
     # ------------------------------------------------------------------ helpers
-    def _fail(self, exp: dict[str, Any], now: float, message: str) -> None:
+    def _fail(self, exp: ExperimentRow, now: float, message: str) -> None:
         """End the runs and go back to the previous profile (state restoring, outcome failed)."""
         eid = int(exp["id"])
         st.update_experiment(
@@ -463,7 +465,7 @@ class Orchestrator:
             event=f"A/B experiment #{eid} failed: {message}",
         )
 
-    def _finish(self, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
+    def _finish(self, exp: ExperimentRow, now: float, outcome: str, message: str) -> None:
         restore.finish(self, exp, now, outcome, message)
 
 

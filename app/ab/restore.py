@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from app.ab.ports import ControllerPort, SwitchBusy, SwitchRefused
 from app.storage import ab_store as st
+from app.storage.ab_rows import ExperimentRow
 
 
 class SwitchLimits(Protocol):
@@ -30,14 +31,14 @@ class OrchestratorView(Protocol):
     @property
     def limits(self) -> SwitchLimits: ...
 
-    def verdict(self, exp: dict[str, Any]) -> dict[str, Any]:
+    def verdict(self, exp: ExperimentRow) -> dict[str, Any]:
         """The experiment's verdict from its finished runs."""
 
-    def _arm_profile(self, exp: dict[str, Any], arm: str) -> str:
+    def _arm_profile(self, exp: ExperimentRow, arm: str) -> str:
         """The profile name arm "A" or "B" runs."""
 
 
-def restoring(orch: OrchestratorView, exp: dict[str, Any], now: float) -> None:
+def restoring(orch: OrchestratorView, exp: ExperimentRow, now: float) -> None:
     eid, iid = int(exp["id"]), int(exp["instance_id"])
     outcome = str(exp["outcome"] or "failed")
     base = str(exp["message"] or "") if outcome == "failed" else ""
@@ -108,7 +109,7 @@ def restoring(orch: OrchestratorView, exp: dict[str, Any], now: float) -> None:
     )
 
 
-def version_name(orch: OrchestratorView, exp: dict[str, Any], version_id: int) -> str | None:
+def version_name(orch: OrchestratorView, exp: ExperimentRow, version_id: int) -> str | None:
     current = orch.port.current(int(exp["instance_id"]))
     if current is not None and int(current["id"]) == version_id:
         return str(current["name"])
@@ -122,7 +123,7 @@ def version_name(orch: OrchestratorView, exp: dict[str, Any], version_id: int) -
     return None
 
 
-def finish(orch: OrchestratorView, exp: dict[str, Any], now: float, outcome: str, message: str) -> None:
+def finish(orch: OrchestratorView, exp: ExperimentRow, now: float, outcome: str, message: str) -> None:
     eid = int(exp["id"])
     extra: dict[str, Any] = {}
     if outcome != "completed" and not exp.get("verdict"):

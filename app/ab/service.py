@@ -15,6 +15,7 @@ from app.ab.results import summarise_run
 from app.ab.verdict import DEFAULT_MAX_FOREIGN_SHARE, MIN_RUNS, experiment_plan, focus_tags
 from app.context import AppContext
 from app.storage import ab_store as st
+from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.series_store import get_instance
 
 MAX_RUNS_PER_ARM = 50
@@ -119,8 +120,9 @@ def default_executor(url: str, agent_host: str, this_host: str | None = None) ->
 
 
 def experiment_view(
-    exp: dict[str, Any], runs: list[dict[str, Any]] | None = None, *, with_records: bool = False
+    exp: ExperimentRow, runs: list[RunRow] | None = None, *, with_records: bool = False
 ) -> dict[str, Any]:
+    """An experiment (with its runs) as the API and the pages show it (a JSON body)."""
     total = 2 * int(exp["runs_per_arm"])
     done = sum(1 for r in runs or [] if r["state"] in ("done", "failed", "cancelled"))
     wl = dict(exp.get("workload") or {})
@@ -176,7 +178,7 @@ def experiment_view(
     return out
 
 
-def run_view(r: dict[str, Any], *, with_record: bool = False) -> dict[str, Any]:
+def run_view(r: RunRow, *, with_record: bool = False) -> dict[str, Any]:
     rec = r.get("record") or {}
     server = rec.get("server") or {}
     out = {k: r.get(k) for k in ("idx", "arm", "state", "rollout_id", "argv", "started_at", "finished_at", "message")}
@@ -197,14 +199,14 @@ def run_view(r: dict[str, Any], *, with_record: bool = False) -> dict[str, Any]:
     return out
 
 
-def load(ctx: AppContext, experiment_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def load(ctx: AppContext, experiment_id: int) -> tuple[ExperimentRow, list[RunRow]]:
     exp = st.get_experiment(ctx.engine, experiment_id)
     if exp is None:
         raise ExperimentError(f"no experiment {experiment_id}", 404)
     return exp, st.list_runs(ctx.engine, experiment_id)
 
 
-def export_json(exp: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+def export_json(exp: ExperimentRow, runs: list[RunRow]) -> str:
     return json.dumps(experiment_view(exp, runs, with_records=True), indent=1, default=str)
 
 
@@ -245,7 +247,7 @@ CSV_FIELDS = (
 )
 
 
-def export_csv(exp: dict[str, Any], runs: list[dict[str, Any]]) -> str:
+def export_csv(exp: ExperimentRow, runs: list[RunRow]) -> str:
     """One row per run: arm, profile, state, argv, server, then the run summary's numbers."""
     kind = str((exp.get("workload") or {}).get("kind", "probe"))
     buf = io.StringIO()

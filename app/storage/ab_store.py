@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Engine, Table, insert, or_, select, update
+from sqlalchemy import Engine, Row, Table, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.storage.ab_models import AbExperiment, AbRun
+from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.events import add_event
 from app.storage.models import Host, Instance
 
@@ -107,27 +108,35 @@ def _query() -> Any:
     )
 
 
-def get_experiment(engine: Engine, experiment_id: int) -> dict[str, Any] | None:
+def _experiment(row: Row[Any]) -> ExperimentRow:
+    return cast(ExperimentRow, dict(row._mapping))
+
+
+def _run(row: Row[Any]) -> RunRow:
+    return cast(RunRow, dict(row._mapping))
+
+
+def get_experiment(engine: Engine, experiment_id: int) -> ExperimentRow | None:
     with engine.connect() as conn:
         row = conn.execute(_query().where(_E.c.id == experiment_id)).first()
-    return dict(row._mapping) if row else None
+    return _experiment(row) if row else None
 
 
-def list_experiments(engine: Engine, *, instance_id: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
+def list_experiments(engine: Engine, *, instance_id: int | None = None, limit: int = 100) -> list[ExperimentRow]:
     q = _query()
     if instance_id is not None:
         q = q.where(_E.c.instance_id == instance_id)
     q = q.order_by(_E.c.created_at.desc(), _E.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_experiment(r) for r in conn.execute(q)]
 
 
-def unfinished_experiments(engine: Engine) -> list[dict[str, Any]]:
+def unfinished_experiments(engine: Engine) -> list[ExperimentRow]:
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(_query().where(_E.c.finished_at.is_(None)).order_by(_E.c.id))]
+        return [_experiment(r) for r in conn.execute(_query().where(_E.c.finished_at.is_(None)).order_by(_E.c.id))]
 
 
-def claim_experiments(engine: Engine, owner: str, now: float, lease_s: float) -> list[dict[str, Any]]:
+def claim_experiments(engine: Engine, owner: str, now: float, lease_s: float) -> list[ExperimentRow]:
     """The unfinished experiments this process moves on now: those it owns (lease renewed), plus
     unowned ones and those whose owner's lease ran out (taken over by compare-and-set)."""
     with engine.begin() as conn:
@@ -139,7 +148,7 @@ def claim_experiments(engine: Engine, owner: str, now: float, lease_s: float) ->
         )
     with engine.connect() as conn:
         return [
-            dict(r._mapping)
+            _experiment(r)
             for r in conn.execute(_query().where(_E.c.finished_at.is_(None), _E.c.owner == owner).order_by(_E.c.id))
         ]
 
@@ -223,18 +232,15 @@ def create_runs(engine: Engine, experiment_id: int, plan: list[tuple[str, int | 
             )
 
 
-def list_runs(engine: Engine, experiment_id: int) -> list[dict[str, Any]]:
+def list_runs(engine: Engine, experiment_id: int) -> list[RunRow]:
     with engine.connect() as conn:
-        return [
-            dict(r._mapping)
-            for r in conn.execute(select(_R).where(_R.c.experiment_id == experiment_id).order_by(_R.c.idx))
-        ]
+        return [_run(r) for r in conn.execute(select(_R).where(_R.c.experiment_id == experiment_id).order_by(_R.c.idx))]
 
 
-def get_run(engine: Engine, experiment_id: int, idx: int) -> dict[str, Any] | None:
+def get_run(engine: Engine, experiment_id: int, idx: int) -> RunRow | None:
     with engine.connect() as conn:
         row = conn.execute(select(_R).where(_R.c.experiment_id == experiment_id, _R.c.idx == idx)).first()
-    return dict(row._mapping) if row else None
+    return _run(row) if row else None
 
 
 def update_run(engine: Engine, run_id: int, *, expect_state: str | None = None, **values: Any) -> bool:
