@@ -5,12 +5,13 @@ not) set the install up, they SKIP with the reason, so the summary line counts t
 
 At most one vLLM runs at a time (2 cores; under pytest-xdist these tests all run on one worker):
 `vllm_pool.get(flags)` reuses the running server when the flags match and otherwise stops it
-before starting the next one; the server is stopped at the end of every test module, and at the
-end of the session whatever happens.
+before starting the next one (modules with the same flags share one start); the server is
+stopped after the last real-vLLM test, and at the end of the session whatever happens.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -19,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 from .server import Install, Server, default_install
+from .workload import POOL_BLOCKS
 
 HERE = Path(__file__).resolve().parent
 
@@ -80,6 +84,9 @@ class ServerPool:
             self.current = None
 
 
+POOLS: list[ServerPool] = []  # the session's pool, for pytest_runtest_teardown
+
+
 @pytest.fixture(scope="session")
 def realvllm_jobs() -> Iterator[Path]:
     """A job folder of our own (not pytest's basetemp: concurrent pytest sessions on this machine
@@ -106,8 +113,53 @@ def vllm_pool(realvllm_install: Install, realvllm_jobs: Path) -> Iterator[Server
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_server_per_module(vllm_pool: ServerPool) -> Iterator[None]:
-    """Stop the module's server when the module ends (the next module may need other flags,
-    and the rest of the suite needs the CPU back)."""
-    yield
-    vllm_pool.release()
+def _needs_the_install(vllm_pool: ServerPool) -> None:
+    """Every test here skips, with the reason, where the real vLLM is not set up."""
+    POOLS[:] = [vllm_pool]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test of a run of real-vLLM tests, stop the pool's server: the rest of the
+    suite needs the CPU back. Between modules it keeps running, so the next module reuses it when
+    its flags are the same (connector_server); `vllm_pool.get` stops it when they are not."""
+    if nextitem is None or not Path(str(nextitem.fspath)).resolve().is_relative_to(HERE):
+        for pool in POOLS:
+            pool.release()
+
+
+@pytest.fixture(scope="session")
+def connector_store(realvllm_jobs: Path) -> Path:
+    """Where vLLM's ExampleConnector keeps the KV blocks of connector_server (a disk tier)."""
+    path = realvllm_jobs / "example-connector-store"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def kv_events_endpoint() -> str:
+    return f"tcp://*:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def connector_server(vllm_pool: ServerPool, connector_store: Path, kv_events_endpoint: str) -> Server:
+    """A 24-block GPU pool, vLLM's ExampleConnector as an unbounded disk tier, and KV events on a
+    socket it binds (found through GET /kv_event_sources). One server for the external-tier and
+    the sizing modules (one start instead of two); their prompts share no prefix."""
+    connector = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(connector_store)},
+    }
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events_endpoint, "topic": "kv-events"}
+    return vllm_pool.get(
+        (
+            "--enforce-eager",
+            "--num-gpu-blocks-override",
+            str(POOL_BLOCKS),
+            "--kv-transfer-config",
+            json.dumps(connector),
+            "--kv-events-config",
+            json.dumps(events),
+        )
+    )

@@ -5,39 +5,28 @@ so on the CPU build an evicted prefix comes back "reloaded, not recomputed"
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from .captures import agent_capture, keep_or_compare
-from .conftest import ServerPool
 from .readings import SOURCES, AgentView, delta, send
 from .server import Server
-from .workload import POOL_BLOCKS, PREFIX, TAIL, tokens
+from .workload import PREFIX, TAIL, tokens
 
 # vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
 pytestmark = pytest.mark.timeout(1200)
 
 
 @pytest.fixture(scope="module")
-def store_dir(realvllm_jobs: Path) -> Path:
-    path = realvllm_jobs / "example-connector-store"
-    path.mkdir()
-    return path
+def store_dir(connector_store: Path) -> Path:
+    return connector_store
 
 
 @pytest.fixture(scope="module")
-def server(vllm_pool: ServerPool, store_dir: Path) -> Server:
-    config = {
-        "kv_connector": "ExampleConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(store_dir)},
-    }
-    return vllm_pool.get(
-        ("--enforce-eager", "--num-gpu-blocks-override", str(POOL_BLOCKS), "--kv-transfer-config", json.dumps(config))
-    )
+def server(connector_server: Server) -> Server:
+    return connector_server
 
 
 @pytest.fixture(scope="module")

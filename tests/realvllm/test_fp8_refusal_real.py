@@ -38,7 +38,7 @@ except Exception:
 def test_fp8_is_refused_with_vllms_own_words_on_a_cpu_without_avx512(
     vllm_pool: ServerPool, realvllm_install: Install, realvllm_jobs: Path
 ) -> None:
-    vllm_pool.release()  # one vLLM at a time on 2 cores
+    # The pool's server (if any) stays up, idle, for the next module: this vLLM stops at engine start.
     job = realvllm_jobs / "fp8-refusal"
     (job / "site").mkdir(parents=True, exist_ok=True)
     (job / "site" / "sitecustomize.py").write_text(NO_AVX512)

@@ -30,10 +30,9 @@ from agent.kvevents.reuse import hits_at
 from agent.protocol import ReuseWindow
 
 from .captures import FIXTURES, PREFIX, UPDATE
-from .conftest import ServerPool
 from .readings import AgentView, delta, send
-from .server import Server, free_port
-from .workload import BLOCK, POOL_BLOCKS, TAIL, tokens
+from .server import Server
+from .workload import BLOCK, TAIL, tokens
 
 pytestmark = pytest.mark.timeout(1500)
 DOC_BLOCKS = [3, 4, 5, 6, 3, 4, 5, 6]  # 8 documents; the pool holds 24 blocks
@@ -41,36 +40,10 @@ REQUESTS = 40
 
 
 @pytest.fixture(scope="module")
-def store_dir(realvllm_jobs: Path) -> Path:
-    path = realvllm_jobs / "sizing-example-connector"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture(scope="module")
-def server(vllm_pool: ServerPool, store_dir: Path) -> Server:
-    connector = {
-        "kv_connector": "ExampleConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": str(store_dir)},
-    }
-    events = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{free_port()}",
-        "topic": "kv-events",
-    }
-    return vllm_pool.get(
-        (
-            "--enforce-eager",
-            "--num-gpu-blocks-override",
-            str(POOL_BLOCKS),
-            "--kv-transfer-config",
-            json.dumps(connector),
-            "--kv-events-config",
-            json.dumps(events),
-        )
-    )
+def server(connector_server: Server) -> Server:
+    """The external-tier module's server when it ran just before (the same flags): the prompts of
+    the two share no prefix, and everything here counts from its own subscription and readings."""
+    return connector_server
 
 
 @pytest.fixture(scope="module")
