@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,10 @@ SHARED_FIXTURES = REPO / "tests" / "fixtures"
 # builds (the default allow-list is tested in tests/security).
 TEST_HOSTS = ["testserver", "localhost", "127.0.0.1", "::1"]
 os.environ.setdefault("KVSCOPE_ALLOWED_HOSTS", json.dumps(TEST_HOSTS))
+# Each pytest process (each xdist worker) its own folder of simulated-GPU state files: the fake
+# nvidia-smi sums every live sim's file in the folder, so sims of tests running side by side on
+# other workers would otherwise show up in this worker's GPU readings.
+os.environ.setdefault("KVSCOPE_SIM_STATE_DIR", tempfile.mkdtemp(prefix="kvscope-sim-state-"))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
