@@ -1,6 +1,6 @@
 """RSS and CPU of a real `kvscope agent` process at 1 Hz against local servers, for 60 s.
 
-Starts the real app (`kvscope serve`, own temp data dir, a token from `kvscope token create`), a
+Starts the real app (`kvscope serve`, own temp data dir, tokens from `kvscope token create`), a
 vLLM stand-in on loopback (the real-size synthetic offload exposition, 747 lines, or `--sim` for
 `kvscope sim`), then `kvscope agent --interval 1s` as a child process, and samples the agent's
 /proc/PID/stat and status. CPU is the agent's own user+system time over the steady-state window
@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from client_tokens import cli_token
 
 REPO = Path(__file__).resolve().parent.parent
 PROM = REPO / "tests" / "fixtures" / "vllm" / "synthetic__qwen3-8b-h200__native-cpu-offload.prom"
@@ -116,9 +118,10 @@ def main() -> int:
     httpd = None
     try:
         data = tmp / "data"
-        token = subprocess.run(
-            [*KVSCOPE, "token", "create", "bench", "--data-dir", str(data)], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        # an agent token bound to host "bench" (the agent runs with --host-name bench), and a
+        # viewer's API token to read back whether its pushes arrived
+        token = cli_token("bench", data_dir=str(data))
+        viewer = cli_token("bench-viewer", role="viewer", data_dir=str(data))
         app_port = free_port()
         procs.append(
             subprocess.Popen(
@@ -151,6 +154,8 @@ def main() -> int:
                 token,
                 "--vllm-url",
                 vllm_url,
+                "--host-name",
+                "bench",
                 "--interval",
                 "1s",
                 "--state-dir",
@@ -175,7 +180,8 @@ def main() -> int:
         cpu_pct = (c1 - c0) / (w1 - w0) * 100
         import urllib.request
 
-        with urllib.request.urlopen(app_url + "/api/v1/instances", timeout=5) as r:
+        req = urllib.request.Request(app_url + "/api/v1/instances", headers={"Authorization": f"Bearer {viewer}"})
+        with urllib.request.urlopen(req, timeout=5) as r:
             import json
 
             inst = json.load(r)["instances"]

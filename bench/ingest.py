@@ -1,8 +1,10 @@
 """Ingest throughput through the real HTTP API into SQLite.
 
-Starts `kvscope serve` (a real uvicorn process) on a loopback port with a fresh data dir, creates a
-token, then pushes synthetic batches shaped like 50 hosts x 400 series at 1 Hz from a separate
-client process (asyncio, bounded count and time) and prints samples/s sustained.
+Starts `kvscope serve` (a real uvicorn process) on a loopback port with a fresh data dir, creates
+one agent token per host (bench/client_tokens.py: an admin token from `kvscope token create`, the
+agent tokens through the admin API), then pushes synthetic batches shaped like 50 hosts x 400
+series at 1 Hz from a separate client process (asyncio, bounded count and time) and prints
+samples/s sustained.
 
 Baseline, measured in the same run: the same rows written straight into a SQLite file with one
 executemany per batch (no HTTP, no JSON, no validation): the storage floor. The ratio says what the
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
+from client_tokens import api_tokens, cli_token
 
 TARGET = 20_000.0
 
@@ -89,13 +92,7 @@ def api_run(hosts: int, n_series: int, seconds: float) -> tuple[float, int, list
     tmp = tempfile.mkdtemp(prefix="kvscope-bench-")
     port = free_port()
     env = {**os.environ, "KVSCOPE_DATA_DIR": tmp, "KVSCOPE_RUN_SCHEDULER": "false"}
-    token = subprocess.run(
-        [sys.executable, "-m", "kvscope", "token", "create", "bench"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    admin = cli_token("bench-admin", role="admin", env=env)
     server = subprocess.Popen(
         [sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
         env=env,
@@ -110,6 +107,8 @@ def api_run(hosts: int, n_series: int, seconds: float) -> tuple[float, int, list
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
+        # an agent token is bound to its host: one per simulated host, as `kvscope token create HOST`
+        tokens = api_tokens(base, admin, [(f"bench-host-{h}", "agent", None) for h in range(hosts)])
         counts = [0]
         errors: list[str] = []
         t0 = time.time()
@@ -118,7 +117,9 @@ def api_run(hosts: int, n_series: int, seconds: float) -> tuple[float, int, list
             # Warm-up: first batch of every host creates its series (not the steady state).
             await asyncio.gather(
                 *(
-                    pusher(base + "/api/v1/ingest", token, h, n_series, time.monotonic() + 0.01, t0 - 3600, [0], errors)
+                    pusher(
+                        base + "/api/v1/ingest", tokens[h], h, n_series, time.monotonic() + 0.01, t0 - 3600, [0], errors
+                    )
                     for h in range(hosts)
                 )
             )
@@ -126,7 +127,7 @@ def api_run(hosts: int, n_series: int, seconds: float) -> tuple[float, int, list
             deadline = start + seconds
             await asyncio.gather(
                 *(
-                    pusher(base + "/api/v1/ingest", token, h, n_series, deadline, t0, counts, errors)
+                    pusher(base + "/api/v1/ingest", tokens[h], h, n_series, deadline, t0, counts, errors)
                     for h in range(hosts)
                 )
             )

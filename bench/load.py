@@ -13,6 +13,9 @@ Bounded: loopback only, fixed duration, everything started here is stopped here.
 - before the measured run, `--history-min` minutes of past ticks are pushed (multi-scrape
   batches), so the charts read real history, not an empty store.
 
+Each agent pushes with its own agent token (bound to its host), the clients and the scraper read
+with a viewer's API token, all made through the app's token code (bench/client_tokens.py).
+
 Prints requests, errors and latency percentiles per kind (p50/p95/p99/max), ingest lag, and the
 app's CPU share. Exit status 1 on any error.
 
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from client_tokens import api_tokens, cli_token
 
 from simulator.stats import TTFT_BUCKETS
 
@@ -167,6 +171,7 @@ class Agent:
         self.idx = idx
         self.vllm = FakeVllm(idx)
         self.seq = 0
+        self.host = f"load-host-{idx:03d}"
 
     def batch(self, ticks: list[float]) -> bytes:
         self.seq += 1
@@ -186,7 +191,7 @@ class Agent:
         return json.dumps(
             {
                 "agent_id": f"load-agent-{self.idx}",
-                "host": f"load-host-{self.idx:03d}",
+                "host": self.host,
                 "seq": self.seq,
                 "sent_at": ticks[-1],
                 "scrapes": scrapes,
@@ -341,7 +346,9 @@ async def run_agent(base: str, a: Agent, headers: dict[str, str], t_end: float, 
     conn.close()
 
 
-async def run_client(base: str, idx: int, n_inst: int, refresh: float, t_end: float, st: Stats) -> None:
+async def run_client(
+    base: str, idx: int, n_inst: int, refresh: float, t_end: float, st: Stats, headers: dict[str, str]
+) -> None:
     rnd = random.Random(1000 + idx)
     await asyncio.sleep(rnd.uniform(0, refresh))
     overview = idx % 5 == 0
@@ -361,7 +368,7 @@ async def run_client(base: str, idx: int, n_inst: int, refresh: float, t_end: fl
         async def one(kind: str, url: str) -> None:
             t0 = time.perf_counter()
             try:
-                status, data = await pool.request("GET", url)
+                status, data = await pool.request("GET", url, headers=headers)
                 if status != 200:
                     st.errors.append(f"{kind} {status}: {url} {data[:120]!r}")
             except HttpError as exc:
@@ -373,14 +380,14 @@ async def run_client(base: str, idx: int, n_inst: int, refresh: float, t_end: fl
     pool.close()
 
 
-async def run_scraper(base: str, every: float, t_end: float, st: Stats) -> None:
+async def run_scraper(base: str, every: float, t_end: float, st: Stats, headers: dict[str, str]) -> None:
     """A Prometheus scraping the app's /metrics (the exporter computes derived series for all instances)."""
     conn = Conn(base)
     while time.time() < t_end:
         t_round = time.time()
         t0 = time.perf_counter()
         try:
-            status, data = await conn.request("GET", "/metrics")
+            status, data = await conn.request("GET", "/metrics", headers=headers)
             if status != 200 or b"kvscope_instance_up" not in data:
                 st.errors.append(f"metrics {status}: {data[:120]!r}")
         except HttpError as exc:
@@ -390,7 +397,7 @@ async def run_scraper(base: str, every: float, t_end: float, st: Stats) -> None:
     conn.close()
 
 
-async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], minutes: float) -> None:
+async def seed_history(base: str, tokens: Tokens, agents: list[Agent], minutes: float) -> None:
     """Push `minutes` of past 1 Hz ticks per agent, 60 ticks per batch, a few agents at a time."""
     start = math.floor(time.time() - minutes * 60)
     sem = asyncio.Semaphore(4)
@@ -401,7 +408,7 @@ async def seed_history(base: str, headers: dict[str, str], agents: list[Agent], 
                 t = float(start)
                 while t < time.time() - 1:
                     ticks = [t + i for i in range(60) if t + i < time.time() - 1]
-                    r = await c.post("/api/v1/ingest", content=a.batch(ticks), headers=headers)
+                    r = await c.post("/api/v1/ingest", content=a.batch(ticks), headers=tokens.push[a.idx])
                     r.raise_for_status()
                     t += 60
 
@@ -426,15 +433,7 @@ def start_apps(args: argparse.Namespace, work: Path) -> tuple[list[subprocess.Po
 
         cluster = start_cluster()
         env["KVSCOPE_DATABASE_URL"] = cluster.url(cluster.new_database("load"))
-    out = subprocess.run(
-        [sys.executable, "-m", "kvscope", "token", "create", "load"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    m = re.search(r"kvs_[A-Za-z0-9_\-]+", out)
-    assert m, out
+    admin = cli_token("load-admin", role="admin", env=env)
     procs, bases = [], []
     for i in range(args.apps):
         port = free_port()
@@ -455,14 +454,28 @@ def start_apps(args: argparse.Namespace, work: Path) -> tuple[list[subprocess.Po
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-    return procs, bases, m.group(0), cluster
+    return procs, bases, admin, cluster
 
 
-async def main_async(args: argparse.Namespace, bases: list[str], token: str, pids: list[int]) -> Stats:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+class Tokens:
+    """Who sends what, as in production: each agent its own agent token (bound to its host), the
+    dashboard clients and the /metrics scraper a viewer's API token."""
+
+    def __init__(self, base: str, admin: str, agents: list[Agent]) -> None:
+        specs: list[tuple[str, str, str | None]] = [(a.host, "agent", None) for a in agents]
+        *pushers, viewer = api_tokens(base, admin, [*specs, ("load-viewer", "viewer", None)])
+        self.push = {
+            a.idx: {"Authorization": f"Bearer {t}", "Content-Type": "application/json"}
+            for a, t in zip(agents, pushers, strict=True)
+        }
+        self.read = {"Authorization": f"Bearer {viewer}"}
+
+
+async def main_async(args: argparse.Namespace, bases: list[str], admin: str, pids: list[int]) -> Stats:
     agents = [Agent(i) for i in range(args.agents)]
+    tokens = Tokens(bases[0], admin, agents)
     t0 = time.perf_counter()
-    await seed_history(bases[0], headers, agents, args.history_min)
+    await seed_history(bases[0], tokens, agents, args.history_min)
     print(
         f"seeded {args.history_min:g} min of history for {args.agents} agents in {time.perf_counter() - t0:.0f} s",
         flush=True,
@@ -470,7 +483,7 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
     st = Stats()
     cpu0, w0 = sum(cpu_seconds(p) for p in pids), time.monotonic()
     own0 = cpu_seconds(os.getpid())
-    server0 = [server_histograms(b) for b in bases]
+    server0 = [server_histograms(b, tokens.read) for b in bases]
     t_end = time.time() + args.duration
     st.half = time.perf_counter() + args.duration / 2
     # agents and clients spread round-robin over the app processes (a load balancer's job), or with
@@ -478,17 +491,17 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
     push_to = bases[:1] if args.split else bases
     read_from = bases[1:] if args.split else bases
     await asyncio.gather(
-        *(run_agent(push_to[a.idx % len(push_to)], a, headers, t_end, st) for a in agents),
+        *(run_agent(push_to[a.idx % len(push_to)], a, tokens.push[a.idx], t_end, st) for a in agents),
         *(
-            run_client(read_from[i % len(read_from)], i, args.agents, args.refresh, t_end, st)
+            run_client(read_from[i % len(read_from)], i, args.agents, args.refresh, t_end, st, tokens.read)
             for i in range(args.clients)
         ),
-        run_scraper(read_from[0], 15.0, t_end, st),
+        run_scraper(read_from[0], 15.0, t_end, st, tokens.read),
     )
     wall = time.monotonic() - w0
     st.lat["_cpu"] = [(sum(cpu_seconds(p) for p in pids) - cpu0) / wall]
     st.lat["_own_cpu"] = [(cpu_seconds(os.getpid()) - own0) / wall]
-    after = [server_histograms(b) for b in bases]
+    after = [server_histograms(b, tokens.read) for b in bases]
     st.server = merge_histograms([diff_histograms(a, b) for a, b in zip(after, server0, strict=True)])
     return st
 
@@ -496,9 +509,11 @@ async def main_async(args: argparse.Namespace, bases: list[str], token: str, pid
 HIST_LINE = re.compile(r"^kvscope_http_request_duration_seconds_bucket\{(?P<labels>.*)\} (?P<v>\S+)$")
 
 
-def server_histograms(base: str) -> dict[tuple[str, str], float]:
+def server_histograms(base: str, headers: dict[str, str]) -> dict[tuple[str, str], float]:
     """The app's own request-duration histogram (its /metrics): (route, le) -> cumulative count."""
-    text = httpx.get(base + "/metrics", timeout=60).text
+    r = httpx.get(base + "/metrics", timeout=60, headers=headers)
+    r.raise_for_status()
+    text = r.text
     out: dict[tuple[str, str], float] = {}
     for line in text.splitlines():
         m = HIST_LINE.match(line)
@@ -558,9 +573,9 @@ def main() -> int:
     if args.split and args.apps < 2:
         ap.error("--split needs --apps 2 or more")
     work = Path(tempfile.mkdtemp(prefix="kvscope-load-"))
-    procs, bases, token, cluster = start_apps(args, work)
+    procs, bases, admin, cluster = start_apps(args, work)
     try:
-        st = asyncio.run(main_async(args, bases, token, [p.pid for p in procs]))
+        st = asyncio.run(main_async(args, bases, admin, [p.pid for p in procs]))
     finally:
         for proc in procs:
             proc.terminate()

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from client_tokens import cli_token
 
 TARGET_S = 1.0
 BIN = Path(sys.executable).parent
@@ -212,13 +213,10 @@ def main() -> int:
             dt: sim_time_to_healthy(["--kv-cache-dtype", dt], args.baseline_runs, work, shm, args.time_scale)
             for dt in ("auto", "fp8")
         }
-        token = subprocess.run(
-            [KVSCOPE, "token", "create", "bench", "--data-dir", str(data)],
-            check=True,
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env},
-        ).stdout.strip()
+        # the agent's token is bound to its host (the agent runs with --host-name bench); the
+        # "click" and the polling go as an operator's API token
+        token = cli_token("bench", data_dir=str(data), env=env)
+        operator = cli_token("bench-operator", role="operator", data_dir=str(data), env=env)
         app_port, sim_port = free_port(), free_port()
         app = f"http://127.0.0.1:{app_port}"
         sim = f"http://127.0.0.1:{sim_port}"
@@ -247,7 +245,7 @@ def main() -> int:
             f'state_dir = "{work / "ctl"}"\n[[instance]]\nurl = "{sim}"\ncommand = {json.dumps(cmd)}\n'
             "health_deadline_s = 60\n"
         )
-        c = httpx.Client(base_url=app, timeout=10.0)
+        c = httpx.Client(base_url=app, timeout=10.0, headers={"Authorization": f"Bearer {operator}"})
         results: dict[str, list[dict[str, Any]]] = {}
         profiles_made = False
         for mode in modes:
@@ -271,6 +269,8 @@ def main() -> int:
                     token,
                     "--vllm-url",
                     sim,
+                    "--host-name",
+                    "bench",
                     "--launcher-config",
                     str(cfg),
                     "--state-dir",
