@@ -31,7 +31,7 @@ from app.alerts.silencing import is_silenced
 from app.alerts.state import FIRING, PENDING, RESOLVED, Decision, OpenAlert, decide
 from app.storage import alerts_store as store
 from app.storage.alert_rows import AlertRow
-from app.storage.events import list_events
+from app.storage.events import EventRow, list_events
 from app.storage.series_store import list_hosts, list_instances
 
 log = logging.getLogger("kvscope.alerts")
@@ -66,7 +66,7 @@ class Target:
     scope: str  # instance | host
     id: int
     host_id: int
-    info: dict[str, Any]
+    info: Mapping[str, Any]  # the InstanceRow, or for a host {host, last_push, instances}: rule_io.TargetData.info
 
 
 class Evaluator:
@@ -114,7 +114,7 @@ class Evaluator:
             by_name = self.cache.get_many(starts, now, instance_id=target.id)
         else:
             by_name = self.cache.get_many(starts, now, host_id=target.id)
-        events: list[dict[str, Any]] = []
+        events: list[EventRow] = []
         if target.scope == "instance" and specs:
             longest = max(float(p.get("window_s", 0.0)) for _, p in specs)
             events = list_events(self.engine, instance_id=target.id, start=now - 2 * longest - 60, end=now, limit=200)

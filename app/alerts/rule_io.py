@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.alerts.series import SeriesMap
+from app.storage.events import EventRow
 
 
 @dataclass(frozen=True)
@@ -47,4 +48,4 @@ class TargetData:
     series: SeriesMap = field(default_factory=SeriesMap)
     host_series: SeriesMap = field(default_factory=SeriesMap)
     info: Mapping[str, Any] = field(default_factory=dict)
-    events: Sequence[Mapping[str, Any]] = ()
+    events: Sequence[EventRow] = ()

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.charts import palette
 from app.derived.panels import Panel, Trace
+from app.storage.events import EventRow
 
 EVENT_COLORS = palette.EVENTS
 # a ceiling drawn as a line only when the data reach this share of it; below, a line at the
@@ -65,7 +66,7 @@ def _trace(t: Trace, xs: list[int]) -> dict[str, Any]:
 MIN_SHOWN_S = 120.0  # a fresh instance's first two minutes still fill the width
 
 
-def build_figure(panel: Panel, events: list[dict[str, Any]], data_since: float | None = None) -> dict[str, Any]:
+def build_figure(panel: Panel, events: list[EventRow], data_since: float | None = None) -> dict[str, Any]:
     """data_since: when the instance's data begin; a range reaching further back is shown from
     there (a fresh demo fills the chart instead of sitting in a sliver at the right)."""
     g = panel.grid
@@ -175,7 +176,7 @@ def build_figure(panel: Panel, events: list[dict[str, Any]], data_since: float |
 
 
 def _add_events(
-    layout: dict[str, Any], data: list[dict[str, Any]], events: list[dict[str, Any]], start: float, end: float
+    layout: dict[str, Any], data: list[dict[str, Any]], events: list[EventRow], start: float, end: float
 ) -> None:
     inside = [e for e in events if start <= float(e["ts"]) <= end]
     if not inside:

@@ -16,7 +16,7 @@ from app.controller import rollouts
 from app.controller.profiles import ProfileError, parse_profile
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileDetail, RolloutRow
-from app.storage.series_store import get_instance, list_instances
+from app.storage.series_store import InstanceRow, get_instance, list_instances
 from app.web import csrf
 from app.web.ids import DbId, OptionalDbIdQuery
 from app.web.jobs import register_job
@@ -80,7 +80,7 @@ def profile_view(p: ProfileDetail, allow_flags: list[str] | None = None) -> dict
     }
 
 
-def rollout_view(r: RolloutRow, inst: dict[str, Any] | None = None) -> dict[str, Any]:
+def rollout_view(r: RolloutRow, inst: InstanceRow | None = None) -> dict[str, Any]:
     """A rollout as the API and the pages show it (a JSON body); with the instance row, the KV
     pool before and now."""
     out: dict[str, Any] = {
@@ -470,6 +470,6 @@ def _stored_rollout(ctx: AppContext, rollout_id: int) -> RolloutRow:
     return ro
 
 
-def _rollout(ctx: AppContext, rollout_id: int) -> tuple[RolloutRow, dict[str, Any] | None]:
+def _rollout(ctx: AppContext, rollout_id: int) -> tuple[RolloutRow, InstanceRow | None]:
     ro = _stored_rollout(ctx, rollout_id)
     return ro, get_instance(ctx.engine, int(ro["instance_id"]))

@@ -22,7 +22,7 @@ from app.context import AppContext
 from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
-from app.storage.series_store import get_instance, series_points
+from app.storage.series_store import InstanceRow, get_instance, series_points
 
 log = logging.getLogger("kvscope.rollouts")
 EXPIRE_JOB = "rollout_expiry"
@@ -86,7 +86,7 @@ def build_payload(
 
 def _instance_and_profile(
     ctx: AppContext, instance_id: int, profile_name: str
-) -> tuple[dict[str, Any], ProfileRow, Profile]:
+) -> tuple[InstanceRow, ProfileRow, Profile]:
     """The instance row, the stored profile and its validated model; RolloutError (404/422) if not."""
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:

@@ -13,21 +13,22 @@ from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.derived.rates import gauge_series, rate_series, reset_times
 from app.storage.events import list_events
-from app.storage.series_store import get_instance, list_instances, series_points
+from app.storage.series_store import InstanceRow, get_instance, list_instances, series_points
 from app.web.ids import MAX_DB_ID, OptionalDbIdQuery
 
 MAX_POINTS = 11_000
 DEFAULT_RANGE_S = 3600.0
 
 
-def instance_state(inst: dict[str, Any], now: float, stale_after: float) -> str:
+def instance_state(inst: InstanceRow, now: float, stale_after: float) -> str:
     """up | down | stale (agent silent) | unknown."""
     last_push = inst.get("host_last_push")
     if last_push is None or now - float(last_push) > stale_after:
         return "stale"
-    if inst.get("last_ok") is None:
+    last_ok, last_scrape = inst.get("last_ok"), inst.get("last_scrape")
+    if last_ok is None:
         return "down"
-    if inst.get("last_scrape") is not None and inst["last_ok"] < inst["last_scrape"]:
+    if last_scrape is not None and last_ok < last_scrape:
         return "down"
     if inst.get("healthy") is False:
         return "down"
@@ -65,10 +66,11 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/api/v1/instances")
     def instances() -> JSONResponse:
         now = ctx.now()
-        out = []
-        for inst in list_instances(ctx.engine):
-            inst["state"] = instance_state(inst, now, ctx.settings.stale_after_s)
-            out.append(inst)
+        # JSON body: each instance row with its state
+        out = [
+            {**inst, "state": instance_state(inst, now, ctx.settings.stale_after_s)}
+            for inst in list_instances(ctx.engine)
+        ]
         return JSONResponse({"instances": out})
 
     @r.get("/api/v1/series")

@@ -21,8 +21,8 @@ from app.derived.overview import describe_offload, state_of
 from app.derived.panels import Scope, make_scope
 from app.derived.summary import compute_summary
 from app.derived.worth import compute_worth
-from app.storage.events import list_events
-from app.storage.series_store import get_instance
+from app.storage.events import EventRow, list_events
+from app.storage.series_store import InstanceRow, get_instance
 from app.web.errors import html_error
 from app.web.ids import DbId
 
@@ -33,7 +33,7 @@ PX_QUANTUM = 50  # plot widths are rounded down to this (viewers of similar widt
 RESTART_MERGE_S = 120.0  # a counter_reset this close to a restart is that restart: one annotation
 
 
-def _instance(ctx: AppContext, instance_id: int) -> dict[str, Any]:
+def _instance(ctx: AppContext, instance_id: int) -> InstanceRow:
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
         raise HTTPException(404, f"no instance {instance_id}: see the overview for the known ones")
@@ -48,11 +48,11 @@ def plot_px(px: int | None) -> int:
     return min(MAX_POINTS, px - px % PX_QUANTUM)
 
 
-def merge_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_restarts(events: list[EventRow]) -> list[EventRow]:
     """One restart, one annotation: a counter_reset within RESTART_MERGE_S of a restart of the same
     instance is the restart's own consequence, so it is folded into the restart's message."""
     restarts = [e for e in events if e.get("kind") == "restart"]
-    out: list[dict[str, Any]] = []
+    out: list[EventRow] = []
     for e in events:
         if e.get("kind") == "counter_reset" and any(
             r.get("instance_id") == e.get("instance_id") and abs(float(r["ts"]) - float(e["ts"])) <= RESTART_MERGE_S
@@ -64,7 +64,7 @@ def merge_restarts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _scope(
-    ctx: AppContext, inst: dict[str, Any], tr: TimeRange, px: int, tier: str | None = None, live: bool = True
+    ctx: AppContext, inst: InstanceRow, tr: TimeRange, px: int, tier: str | None = None, live: bool = True
 ) -> Scope:
     """live: named ranges reuse the final values of earlier refreshes (app.derived.live)."""
     now = ctx.now()
@@ -83,7 +83,7 @@ def _scope(
     )
 
 
-def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[str, Any]]:
+def _events(ctx: AppContext, inst: InstanceRow, tr: TimeRange) -> list[EventRow]:
     evs = list_events(ctx.engine, instance_id=int(inst["id"]), start=tr.start, end=tr.end, kinds=EVENT_KINDS, limit=300)
     host_evs = [
         e
@@ -97,12 +97,12 @@ def _events(ctx: AppContext, inst: dict[str, Any], tr: TimeRange) -> list[dict[s
 
 def chart_data(
     ctx: AppContext,
-    inst: dict[str, Any],
+    inst: InstanceRow,
     key: str,
     tr: TimeRange,
     px: int = MAX_POINTS,
     scope: Scope | None = None,
-    events: list[dict[str, Any]] | None = None,
+    events: list[EventRow] | None = None,
     tier: str | None = None,
 ) -> dict[str, Any]:
     """One chart: the Plotly figure (or why it is empty), notes, the tier and step used."""
@@ -157,7 +157,7 @@ def router(ctx: AppContext) -> APIRouter:
     def shared_now() -> float:
         return quantise(ctx.now(), ctx.settings.chart_cache_s)
 
-    def frame(inst: dict[str, Any], tr: TimeRange, px: int = MAX_POINTS) -> tuple[Scope, list[dict[str, Any]]]:
+    def frame(inst: InstanceRow, tr: TimeRange, px: int = MAX_POINTS) -> tuple[Scope, list[EventRow]]:
         """What the eight fragments of one refresh share: the scope (state, grid, fetched series)
         and the events, computed once per quantum (and plot width)."""
         key = (int(inst["id"]), tr.name, tr.start, tr.end)

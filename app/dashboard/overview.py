@@ -12,6 +12,8 @@ from app.charts.figures import sparkline
 from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
 from app.dashboard.workers import run_page_work
+from app.derived.overview import HostOverview, InstanceOverview
+from app.storage.series_store import HostRow
 
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
 
@@ -21,22 +23,43 @@ def figure_json(fig: dict[str, Any]) -> str:
     return json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
 
 
+class InstanceCard(InstanceOverview):
+    """An instance of the overview list, with its sparklines drawn."""
+
+    spark_figs: dict[str, str]  # hit | ttft95 -> the sparkline figure's JSON
+
+
+class HostCard(HostRow):
+    """A host of the overview list, its instances as cards."""
+
+    instances: list[InstanceCard]
+    stale: bool
+
+
+def _card(inst: InstanceOverview) -> InstanceCard:
+    figs = {}
+    if "hit" in inst["sparks"]:
+        figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", "#2ca02c"))
+    if "ttft95" in inst["sparks"]:
+        figs["ttft95"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e"))
+    return {**inst, "spark_figs": figs}
+
+
+def _host_card(h: HostOverview) -> HostCard:
+    return {**h, "instances": [_card(i) for i in h["instances"]]}
+
+
 def _context(ctx: AppContext) -> dict[str, Any]:
     from app.dashboard import live_values
     from app.derived.overview import overview
 
     now = ctx.now()
-    hosts = overview(
-        ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600, live=live_values(ctx)
-    )
-    for h in hosts:
-        for inst in h["instances"]:
-            figs = {}
-            if "hit" in inst["sparks"]:
-                figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", "#2ca02c"))
-            if "ttft95" in inst["sparks"]:
-                figs["ttft95"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e"))
-            inst["spark_figs"] = figs
+    hosts = [
+        _host_card(h)
+        for h in overview(
+            ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600, live=live_values(ctx)
+        )
+    ]
     simulated = any(i.get("simulated") for h in hosts for i in h["instances"])
     return {"hosts": hosts, "now": now, "simulated": simulated, "active_nav": "overview"}
 

@@ -11,29 +11,44 @@ from app.derived.evaluate import Values, add, counter_rate, quantile_series, rat
 from app.derived.live import LiveValues
 from app.derived.panels import Scope, make_scope, offload_size_bytes
 from app.storage.events import list_events
-from app.storage.series_store import list_hosts, list_instances
+from app.storage.series_store import HostRow, InstanceRow, list_hosts, list_instances
 
 SPARK_RANGE_S = 3600.0
 SPARK_PX = 120
 RESTART_KINDS = ("restart", "rollout")
 
 
-def instance_state(inst: dict[str, Any], now: float, stale_after: float, recent_restart: bool) -> str:
+class InstanceOverview(InstanceRow):
+    """An instance row with what the overview shows of it."""
+
+    state: str  # up | down | restarting | stale
+    kv_dtype: Any  # cache_dtype of cache_config_info, "n/a" when unknown
+    block_size: Any  # block_size of cache_config_info (a label value), None when unknown
+    offload: str  # describe_offload
+    spark_times: list[float]
+    sparks: dict[str, list[float | None]]  # hit | ttft95 -> values on spark_times
+
+
+class HostOverview(HostRow):
+    """A host row with its instances and whether its agent is stale."""
+
+    instances: list[InstanceOverview]
+    stale: bool
+
+
+def instance_state(inst: InstanceRow, now: float, stale_after: float, recent_restart: bool) -> str:
     """up | down | restarting | stale (the host's agent has not pushed for stale_after seconds)."""
     last_push = inst.get("host_last_push")
     if last_push is None or now - float(last_push) > stale_after:
         return "stale"
-    down = (
-        inst.get("last_ok") is None
-        or (inst.get("last_scrape") is not None and inst["last_ok"] < inst["last_scrape"])
-        or inst.get("healthy") is False
-    )
+    last_ok, last_scrape = inst.get("last_ok"), inst.get("last_scrape")
+    down = last_ok is None or (last_scrape is not None and last_ok < last_scrape) or inst.get("healthy") is False
     if down:
         return "restarting" if recent_restart else "down"
     return "up"
 
 
-def state_of(engine: Engine, inst: dict[str, Any], now: float, stale_after: float) -> str:
+def state_of(engine: Engine, inst: InstanceRow, now: float, stale_after: float) -> str:
     window = max(300.0, 10 * stale_after)
     recent = list_events(
         engine, instance_id=int(inst["id"]), start=now - window, end=now + 1, kinds=RESTART_KINDS, limit=5
@@ -45,7 +60,7 @@ def state_of(engine: Engine, inst: dict[str, Any], now: float, stale_after: floa
     return instance_state(inst, now, stale_after, restarting)
 
 
-def describe_offload(inst: dict[str, Any]) -> str:
+def describe_offload(inst: InstanceRow) -> str:
     cfg = inst.get("cache_config") or {}
     size = offload_size_bytes(inst)
     if size is None:
@@ -81,14 +96,19 @@ def sparklines(scope: Scope) -> dict[str, list[float | None]]:
 
 def overview(
     engine: Engine, now: float, stale_after: float, raw_retention_s: float, live: LiveValues | None = None
-) -> list[dict[str, Any]]:
+) -> list[HostOverview]:
     """Hosts with their instances (state, config, sparkline values), for the overview page.
     With `live`, sparklines are raw points at 30 s through the live memo: a refresh computes only
     the new instants (~0.2 s for 50 instances), but the first overview after a start reads every
     instance's hour of raw samples (~2 s for 50 instances with 10 minutes of history, more with a
     full hour). Without, the 1-minute tier (cheap once, but the raw tail past the rollup job is
     folded again on every request: under bench/load.py that cost more than the memo)."""
-    hosts = {int(h["id"]): {**h, "instances": []} for h in list_hosts(engine)}
+    hosts = {
+        h["id"]: HostOverview(
+            **h, instances=[], stale=h["last_push"] is None or now - float(h["last_push"]) > stale_after
+        )
+        for h in list_hosts(engine)
+    }
     for inst in list_instances(engine):
         state = state_of(engine, inst, now, stale_after)
         cfg = inst.get("cache_config") or {}
@@ -104,7 +124,7 @@ def overview(
             live=live,
             tier="raw" if live is not None else None,
         )
-        inst_out = {
+        inst_out: InstanceOverview = {
             **inst,
             "state": state,
             "kv_dtype": cfg.get("cache_dtype") or "n/a",
@@ -113,11 +133,7 @@ def overview(
             "spark_times": scope.grid.times,
             "sparks": sparklines(scope),
         }
-        host = hosts.get(int(inst["host_id"]))
+        host = hosts.get(inst["host_id"])
         if host is not None:
             host["instances"].append(inst_out)
-    out = list(hosts.values())
-    for h in out:
-        lp = h.get("last_push")
-        h["stale"] = lp is None or now - float(lp) > stale_after
-    return out
+    return list(hosts.values())

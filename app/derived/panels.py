@@ -17,6 +17,7 @@ from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
 from app.storage.raw_store import counter_increases, raw_points_from, series_meta
 from app.storage.rollouts_store import list_rollouts
 from app.storage.rollups import DEFAULT_PX, TieredSeries, pick_tier, scrape_gap, tiered_points
+from app.storage.series_store import InstanceRow
 
 Increase = tuple[dict[str, Any], float]  # (labels, increase) of one series
 
@@ -54,7 +55,7 @@ class Scope:
     """Everything a panel needs: the instance row, its host, the grid and a series fetcher."""
 
     engine: Engine
-    instance: dict[str, Any]
+    instance: InstanceRow
     grid: Grid
     now: float
     state: str  # up | down | restarting | stale
@@ -192,7 +193,7 @@ def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[tuple
 
 def make_scope(
     engine: Engine,
-    instance: dict[str, Any],
+    instance: InstanceRow,
     *,
     start: float,
     end: float,
@@ -220,7 +221,7 @@ def make_scope(
     )
 
 
-def offload_size_bytes(instance: dict[str, Any]) -> float | None:
+def offload_size_bytes(instance: InstanceRow) -> float | None:
     """Configured CPU offload size: kv_offloading_size (GiB, "None" when off) of cache_config_info."""
     gib = kv.configured_offload_gib(instance.get("cache_config"))
     return gib * 2**30 if gib is not None else None
@@ -283,7 +284,7 @@ def offload_tier(scope: Scope) -> str | None:
     return kv.tier_name(offload_tiers(scope))
 
 
-def offload_capacity_bytes(instance: dict[str, Any]) -> float | None:
+def offload_capacity_bytes(instance: InstanceRow) -> float | None:
     """CPU-tier capacity: kv_offload_config_info chunks x bytes per chunk, else the configured size."""
     cfg = instance.get("offload_config") or {}
     try:

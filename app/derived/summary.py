@@ -12,6 +12,7 @@ from typing import Any
 from agent import kv_vocabulary as kv
 from app.derived import worth as w
 from app.derived.panels import TIER_FAMILIES, Scope, offload_size_bytes, scope_connector, tiers_from
+from app.storage.series_store import InstanceRow
 
 NAMES = sorted({*w.NAMES, *TIER_FAMILIES, *(n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams)})
 
@@ -49,7 +50,7 @@ class Summary:
 
 def summarise(
     got: dict[str, list[tuple[dict[str, Any], float]]],
-    instance: dict[str, Any],
+    instance: InstanceRow,
     start: float,
     end: float,
     connector: str | None = None,

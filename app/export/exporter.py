@@ -20,7 +20,7 @@ from typing import Any
 from agent import kv_vocabulary as kv
 from app.dashboard.api import instance_state
 from app.derived.rates import rate_at
-from app.storage.series_store import list_instances
+from app.storage.series_store import InstanceRow, list_instances
 from app.storage.window_store import WindowSeries, recent_points
 
 PREFIX = "kvscope_"
@@ -148,7 +148,7 @@ def offload_configured_bytes(cache_config: dict[str, Any] | None) -> float | Non
 
 
 def derive(
-    instances: list[dict[str, Any]], series: list[WindowSeries], now: float, window: float, stale_after: float
+    instances: list[InstanceRow], series: list[WindowSeries], now: float, window: float, stale_after: float
 ) -> list[Sample]:
     """The exported samples from the instance rows and the recent points. Pure."""
     by_inst: dict[int, dict[str, list[WindowSeries]]] = defaultdict(lambda: defaultdict(list))

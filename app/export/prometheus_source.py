@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from app.storage.rollups import TieredSeries
+from app.storage.series_store import InstanceRow
 from app.web.ids import DbId
 
 MAX_POINTS_PER_QUERY = 10_000  # Prometheus refuses more than 11,000 per series
@@ -228,7 +229,7 @@ def _scope_class() -> Any:
 def prometheus_scope(
     source: PrometheusSource,
     engine: Any,
-    instance: dict[str, Any],
+    instance: InstanceRow,
     *,
     start: float,
     end: float,

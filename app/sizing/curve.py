@@ -11,10 +11,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.kvevents.reuse import bin_upper, hits_at
+from app.storage.sizing_store import SizingWindowRow
 
 GIB = float(1 << 30)
 CURVE_POINTS = 25
@@ -73,7 +75,7 @@ def _num(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def add_windows(rows: list[dict[str, Any]]) -> Totals:
+def add_windows(rows: Sequence[SizingWindowRow]) -> Totals:
     t = Totals()
     rates = []
     for row in rows:

@@ -2,11 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
-from sqlalchemy import Connection, Engine, Table, insert, select
+from sqlalchemy import Connection, Engine, RowMapping, Table, insert, select
 
 from app.storage.models import Event
+
+
+class EventRow(TypedDict):
+    """One row of `events`, as list_events reads it (and /api/v1/events shows it)."""
+
+    id: int
+    ts: float
+    host_id: int | None
+    instance_id: int | None
+    kind: str
+    source: str  # agent | app | controller
+    message: str
+    data: dict[str, Any]  # JSON: what the kind carries (a rollout's state, the changed config ...)
+
+
+def _event_row(m: RowMapping) -> EventRow:
+    return EventRow(
+        id=m["id"],
+        ts=m["ts"],
+        host_id=m["host_id"],
+        instance_id=m["instance_id"],
+        kind=m["kind"],
+        source=m["source"],
+        message=m["message"],
+        data=m["data"],
+    )
 
 
 def add_event(
@@ -44,7 +70,7 @@ def list_events(
     end: float | None = None,
     kinds: tuple[str, ...] | None = None,
     limit: int = 1000,
-) -> list[dict[str, Any]]:
+) -> list[EventRow]:
     t = cast(Table, Event.__table__)
     q = select(t)
     if instance_id is not None:
@@ -59,4 +85,4 @@ def list_events(
         q = q.where(t.c.kind.in_(kinds))
     q = q.order_by(t.c.ts.desc(), t.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_event_row(r._mapping) for r in conn.execute(q)]

@@ -4,11 +4,78 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
-from sqlalchemy import Engine, Select, Table, select
+from sqlalchemy import Engine, RowMapping, Select, Table, select
 
 from app.storage.models import Host, Instance, SampleRow, Series
+
+
+class HostRow(TypedDict):
+    """One row of `hosts`: a GPU box whose agent pushes."""
+
+    id: int
+    name: str
+    agent_id: str | None
+    agent_version: str | None
+    first_seen: float
+    last_push: float | None
+
+
+class InstanceRow(TypedDict):
+    """One row of `instances` with its host's name and last push (list_instances, get_instance).
+    Pages and the JSON reads show it as it is, so its keys are the columns' names."""
+
+    id: int
+    host_id: int
+    url: str
+    model: str | None
+    model_root: str | None
+    max_model_len: int | None
+    version: str | None
+    simulated: bool
+    first_seen: float
+    last_scrape: float | None
+    last_ok: float | None
+    last_error: str | None
+    healthy: bool | None
+    cache_config: dict[str, Any]  # labels of vllm:cache_config_info (JSON)
+    offload_config: dict[str, Any]  # labels of vllm:kv_offload_config_info (JSON)
+    host: str  # hosts.name
+    host_last_push: float | None  # hosts.last_push
+
+
+def _host_row(m: RowMapping) -> HostRow:
+    return HostRow(
+        id=m["id"],
+        name=m["name"],
+        agent_id=m["agent_id"],
+        agent_version=m["agent_version"],
+        first_seen=m["first_seen"],
+        last_push=m["last_push"],
+    )
+
+
+def _instance_row(m: RowMapping) -> InstanceRow:
+    return InstanceRow(
+        id=m["id"],
+        host_id=m["host_id"],
+        url=m["url"],
+        model=m["model"],
+        model_root=m["model_root"],
+        max_model_len=m["max_model_len"],
+        version=m["version"],
+        simulated=m["simulated"],
+        first_seen=m["first_seen"],
+        last_scrape=m["last_scrape"],
+        last_ok=m["last_ok"],
+        last_error=m["last_error"],
+        healthy=m["healthy"],
+        cache_config=m["cache_config"],
+        offload_config=m["offload_config"],
+        host=m["host"],
+        host_last_push=m["host_last_push"],
+    )
 
 
 @dataclass(frozen=True)
@@ -32,12 +99,12 @@ def series_of(names: Sequence[str], *, instance_id: int | None, host_id: int | N
     raise ValueError("instance_id or host_id is required")
 
 
-def list_hosts(engine: Engine) -> list[dict[str, Any]]:
+def list_hosts(engine: Engine) -> list[HostRow]:
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(select(cast(Table, Host.__table__)).order_by(Host.name))]
+        return [_host_row(r._mapping) for r in conn.execute(select(cast(Table, Host.__table__)).order_by(Host.name))]
 
 
-def list_instances(engine: Engine) -> list[dict[str, Any]]:
+def list_instances(engine: Engine) -> list[InstanceRow]:
     i = cast(Table, Instance.__table__)
     h = cast(Table, Host.__table__)
     q = (
@@ -46,10 +113,10 @@ def list_instances(engine: Engine) -> list[dict[str, Any]]:
         .order_by(h.c.name, i.c.url)
     )
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [_instance_row(r._mapping) for r in conn.execute(q)]
 
 
-def get_instance(engine: Engine, instance_id: int) -> dict[str, Any] | None:
+def get_instance(engine: Engine, instance_id: int) -> InstanceRow | None:
     i = cast(Table, Instance.__table__)
     h = cast(Table, Host.__table__)
     q = (
@@ -59,7 +126,7 @@ def get_instance(engine: Engine, instance_id: int) -> dict[str, Any] | None:
     )
     with engine.connect() as conn:
         row = conn.execute(q).first()
-    return dict(row._mapping) if row else None
+    return _instance_row(row._mapping) if row else None
 
 
 def series_points(

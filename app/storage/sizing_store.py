@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import Engine, Table, delete, insert, select
 
@@ -26,6 +26,17 @@ COUNT_FIELDS = (
     "tracked_keys",
 )
 MAX_WINDOWS_READ = 200_000  # a range is read whole; a year of 1 s pushes is less than this x 160
+
+
+class SizingWindowRow(TypedDict):
+    """One stored ReuseWindow as windows_in reads it back (app/sizing/curve.py adds them)."""
+
+    start_ts: float
+    end_ts: float
+    block_size: int | None
+    rate: float  # sampling rate of the window's reuse distances
+    counts: dict[str, Any]  # JSON: COUNT_FIELDS -> count, as pushed
+    bins: list[Any]  # JSON: [[lower edge in blocks, weight], ...]
 
 
 def store_windows(engine: Engine, host_id: int, windows: list[ReuseWindow], now: float) -> int:
@@ -62,7 +73,7 @@ def store_windows(engine: Engine, host_id: int, windows: list[ReuseWindow], now:
     return len(rows)
 
 
-def windows_in(engine: Engine, instance_id: int, start: float, end: float) -> list[dict[str, Any]]:
+def windows_in(engine: Engine, instance_id: int, start: float, end: float) -> list[SizingWindowRow]:
     """Windows that ended in (start, end], oldest first."""
     tbl = cast(Table, SizingWindow.__table__)
     q = (
@@ -72,7 +83,12 @@ def windows_in(engine: Engine, instance_id: int, start: float, end: float) -> li
         .limit(MAX_WINDOWS_READ)
     )
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(q)]
+        return [
+            SizingWindowRow(
+                start_ts=r.start_ts, end_ts=r.end_ts, block_size=r.block_size, rate=r.rate, counts=r.counts, bins=r.bins
+            )
+            for r in conn.execute(q)
+        ]
 
 
 def prune_windows(engine: Engine, older_than: float) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from typing import TypedDict
 
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -27,6 +28,18 @@ class TokenInfo:
     name: str
     role: str
     host: str | None
+
+
+class TokenRow(TypedDict):
+    """A token as list_tokens shows it: never its hash. /api/v1/admin/tokens returns these."""
+
+    name: str
+    prefix: str  # first characters of the token, to tell tokens apart
+    role: str  # agent | viewer | operator | admin
+    host: str | None  # agent tokens: the one host it may push for
+    created_at: float
+    revoked_at: float | None
+    last_used: float | None
 
 
 def hash_token(token: str) -> str:
@@ -92,7 +105,7 @@ def revoke_token(engine: Engine, name: str, now: float) -> bool:
     return bool(res.rowcount)
 
 
-def list_tokens(engine: Engine) -> list[dict[str, object]]:
+def list_tokens(engine: Engine) -> list[TokenRow]:
     with engine.connect() as conn:
         rows = conn.execute(
             select(
@@ -105,4 +118,15 @@ def list_tokens(engine: Engine) -> list[dict[str, object]]:
                 AgentToken.last_used,
             ).order_by(AgentToken.id)
         ).all()
-    return [dict(r._mapping) for r in rows]
+    return [
+        TokenRow(
+            name=r.name,
+            prefix=r.prefix,
+            role=r.role,
+            host=r.host,
+            created_at=r.created_at,
+            revoked_at=r.revoked_at,
+            last_used=r.last_used,
+        )
+        for r in rows
+    ]
