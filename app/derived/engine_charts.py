@@ -28,7 +28,7 @@ from agent.engines import kv_series as ks
 from app.charts import palette
 from app.derived.evaluate import counter_rate, gauge_values, ratio, scale, total
 from app.derived.panels import Panel, Scope, Trace
-from app.storage.rollups import TieredSeries
+from app.derived.series_reader import TieredSeries
 
 GIB = float(2**30)
 # GPU <-> CPU traffic is drawn by the chart from vLLM's families (the readers write both)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from app.storage.rollups import TIER_RES
+from app.derived.series_reader import TIER_RES
 
 MAX_POINTS = 600  # per trace, whatever the range and the screen
 DEFAULT_POINTS = MAX_POINTS  # when the page has not told its plot width yet

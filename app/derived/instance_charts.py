@@ -21,7 +21,7 @@ from app.derived.evaluate import (
 from app.derived.grid import Grid
 from app.derived.panels import Panel, Scope, Trace, offload_capacity_bytes, offload_size_bytes, offload_tier
 from app.derived.pcie import link_ceiling_gbps
-from app.storage.rollups import TieredSeries
+from app.derived.series_reader import TieredSeries
 
 GIB = float(2**30)
 NO_OFFLOAD = "no CPU offload configured (kv_offloading_size not set)"

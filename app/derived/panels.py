@@ -1,11 +1,10 @@
-"""The data model of a chart panel and the fetcher that reads its series from the right tier."""
+"""The data model of a chart panel and the scope its charts read their series through
+(app.derived.series_reader, on the tier the range needs)."""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine
@@ -13,10 +12,11 @@ from sqlalchemy import Engine
 from agent import kv_vocabulary as kv
 from app.derived.evaluate import Values, gauge_window, range_increase
 from app.derived.grid import Grid, make_grid
-from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
-from app.storage.raw_store import counter_increases, raw_points_from, series_meta
+from app.derived.live import LiveValues
+from app.derived.series_reader import DEFAULT_PX, LiveRead, SeriesQuery, TieredSeries, by_name, pick_tier, read_series
+from app.storage.raw_store import counter_increases, series_meta
 from app.storage.rollouts_store import list_rollouts
-from app.storage.rollups import DEFAULT_PX, TieredSeries, pick_tier, scrape_gap, tiered_points
+from app.storage.rollups import scrape_gap
 from app.storage.series_store import InstanceRow
 
 Increase = tuple[dict[str, Any], float]  # (labels, increase) of one series
@@ -127,68 +127,28 @@ class Scope:
         }
 
     def _db_increases(self, names: list[str], start: float, end: float) -> dict[str, list[Increase]]:
-        metas = series_meta(self.engine, names, instance_id=self.instance_id, host_id=None)
-        incs = counter_increases(self.engine, [m[0] for m in metas], start, end)
+        metas = series_meta(self.engine, names, instance_id=self.instance_id)
+        incs = counter_increases(self.engine, [m.id for m in metas], start, end)
         out: dict[str, list[Increase]] = {n: [] for n in names}
-        for sid, name, labels, _kind in metas:
-            out[name].append((labels, incs.get(sid, 0.0)))
+        for m in metas:
+            out[m.name].append((m.labels, incs.get(m.id, 0.0)))
         return out
 
     def _read(self, names: list[str], host: bool, lean: bool) -> dict[str, list[TieredSeries]]:
-        if self.live is not None and self.grid.tier == "raw":
-            return self._read_live(names, host)
-        found = tiered_points(
-            self.engine,
-            names=names,
-            start=self.grid.start,
-            end=self.grid.end,
-            tier=self.grid.tier,
+        g = self.grid
+        q = SeriesQuery(
+            names,
+            g.start,
+            g.end,
             instance_id=None if host else self.instance_id,
             host_id=self.host_id if host else None,
             lookback=self.lookback,
+            tier=g.tier,
             lean=lean,
+            # live: a refresh reads only the raw points past the memo's final values
+            live=None if self.live is None else LiveRead(self.live, self.host_id, g.step, g.rate_window, self.now),
         )
-        by: dict[str, list[TieredSeries]] = defaultdict(list)
-        for s in found:
-            by[s.name].append(s)
-        return by
-
-    def _read_live(self, names: list[str], host: bool) -> dict[str, list[TieredSeries]]:
-        """Raw series with only the points past their memoised final values (see app.derived.live)."""
-        live, g, engine = self.live, self.grid, self.engine
-        assert live is not None
-        metas = series_meta(
-            engine, names, instance_id=None if host else self.instance_id, host_id=self.host_id if host else None
-        )
-        generation = live.generation(self.host_id)
-        full_lo = g.start - self.lookback
-        finals = {sid: live.final_until(sid, g.step, g.rate_window) for sid, *_ in metas}
-        cold = all(f is None for f in finals.values())
-        # a series without final values is read in full with the others when all are cold (a first
-        # view), else only if something evaluates it (charts fetch series they may not plot)
-        starts = {
-            sid: (full_lo if cold else math.inf) if f is None else max(full_lo, f + g.step - self.lookback)
-            for sid, f in finals.items()
-        }
-        points = raw_points_from(engine, {sid: t for sid, t in starts.items() if t < math.inf}, g.end)
-        by: dict[str, list[TieredSeries]] = defaultdict(list)
-        for sid, name, labels, kind in metas:
-            handle = LiveHandle(
-                live,
-                self.host_id,
-                generation,
-                starts[sid],
-                self.now,
-                load_full=partial(_points_of, engine, sid, full_lo, g.end),
-            )
-            if starts[sid] <= full_lo:
-                handle._full = points[sid]
-            by[name].append(LiveRawSeries(sid, name, labels, kind, "raw", 0.0, points.get(sid, []), [], handle=handle))
-        return by
-
-
-def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[tuple[float, float]]:
-    return raw_points_from(engine, {sid: start}, end)[sid]
+        return by_name(read_series(self.engine, q))
 
 
 def make_scope(

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from app.storage.rollups import TieredSeries
+from app.derived.series_reader import TieredSeries
 from app.storage.series_store import InstanceRow
 from app.web.ids import DbId
 
@@ -242,7 +242,7 @@ def prometheus_scope(
     import dataclasses
 
     from app.derived.panels import make_scope
-    from app.storage.rollups import DEFAULT_PX
+    from app.derived.series_reader import DEFAULT_PX
 
     base = make_scope(
         engine,

@@ -1,37 +1,66 @@
-"""Raw-sample reads for the live dashboard: series metadata alone, points from a per-series start
-time (only what a refresh has not seen yet), and reset-corrected counter increases computed by the
-database (window functions on PostgreSQL; on SQLite, folding the values read through the driver
-is three times faster than its window functions).
+"""Raw-sample primitives (what to read is decided above, in app.derived.series_reader): series
+metadata alone, points from a per-series start time (a live refresh reads only what it has not
+seen yet), points of named series of every instance at once, and reset-corrected counter
+increases computed by the database (window functions on PostgreSQL; on SQLite, folding the values
+read through the driver is three times faster than its window functions).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import NamedTuple
 
-from sqlalchemy import Engine, bindparam, text
+from sqlalchemy import Engine, bindparam, select, text
 
-from app.storage.models import SampleRow
-from app.storage.series_store import series_of
+from app.storage.models import SampleRow, Series
 
-SeriesMeta = tuple[int, str, dict[str, Any], str]  # id, name, labels, kind
+Point = tuple[float, float]  # (ts seconds, value)
+
+
+class SeriesMeta(NamedTuple):
+    id: int
+    name: str
+    labels: dict[str, str]
+    kind: str  # counter | gauge | ...
+    host_id: int
+    instance_id: int | None  # None: a host-level series
 
 
 def series_meta(
-    engine: Engine, names: Sequence[str], *, instance_id: int | None, host_id: int | None
+    engine: Engine,
+    names: Sequence[str],
+    *,
+    instance_id: int | None = None,
+    host_id: int | None = None,
+    everywhere: bool = False,
 ) -> list[SeriesMeta]:
-    """Every series named in `names` of one instance (or host-level of one host), ascending by id."""
+    """Every series named in `names` of one instance, or the host-level series (instance_id NULL)
+    of one host, or with `everywhere` those of every instance and host; ascending by id."""
+    s = Series.__table__
+    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind, s.c.host_id, s.c.instance_id).where(s.c.name.in_(list(names)))
+    if everywhere:
+        if instance_id is not None or host_id is not None:
+            raise ValueError("everywhere or one target, not both")
+    elif instance_id is not None:
+        q = q.where(s.c.instance_id == instance_id)
+    elif host_id is not None:
+        q = q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
+    else:
+        raise ValueError("instance_id or host_id is required")
     with engine.connect() as conn:
-        rows = conn.execute(series_of(names, instance_id=instance_id, host_id=host_id)).all()
-    return sorted((int(r[0]), str(r[1]), dict(r[2] or {}), str(r[3])) for r in rows)
+        rows = conn.execute(q).all()
+    return sorted(
+        SeriesMeta(int(sid), str(name), dict(labels or {}), str(kind), int(host), None if inst is None else int(inst))
+        for sid, name, labels, kind, host, inst in rows
+    )
 
 
-def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> dict[int, list[tuple[float, float]]]:
+def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> dict[int, list[Point]]:
     """Raw points of each series in `starts` over [its start, end], ascending; one query per
     distinct start (the series of one chart usually share theirs)."""
     hi = int(end * 1000)
-    out: dict[int, list[tuple[float, float]]] = {sid: [] for sid in starts}
+    out: dict[int, list[Point]] = {sid: [] for sid in starts}
     t = SampleRow.__table__
     with engine.connect() as conn:
         if conn.dialect.name == "sqlite":
@@ -60,6 +89,23 @@ def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> 
             )
             for sid, ts, v in conn.execute(q).all():
                 out[int(sid)].append((ts / 1000.0, float(v)))
+    return out
+
+
+def raw_points_named(engine: Engine, names: Sequence[str], start: float, end: float) -> dict[int, list[Point]]:
+    """Raw points over [start, end] of every series named in `names`, of every instance and host,
+    ascending; in one query however many instances there are (series without points are absent)."""
+    s = Series.__table__
+    q = (
+        select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
+        .join(s, s.c.id == SampleRow.series_id)
+        .where(s.c.name.in_(list(names)), SampleRow.ts_ms >= int(start * 1000), SampleRow.ts_ms <= int(end * 1000))
+        .order_by(SampleRow.series_id, SampleRow.ts_ms)
+    )
+    out: dict[int, list[Point]] = {}
+    with engine.connect() as conn:
+        for sid, ts, v in conn.execute(q):
+            out.setdefault(int(sid), []).append((ts / 1000.0, float(v)))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Rollups (raw -> 1 min -> 1 h), retention, and the tiered series query the charts use.
+"""Rollups (raw -> 1 min -> 1 h), retention, and the read of rollup buckets over a range (which
+tier to read is decided above storage, in app.derived.series_reader).
 
 The folding is pure (fold_minutes / fold_hours) so tests check it without a database; the job
 (run_rollups) reads raw samples past the watermark, folds them and writes bucket rows.
@@ -20,29 +21,10 @@ from app.storage.models import SampleRow, Series
 from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, Bucket, bucket_row, fold_hours, fold_minutes, watermark
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
 from app.storage.series_retention import delete_idle_series
-from app.storage.series_store import series_of
 
 GRACE_MS = 120_000  # a minute is rolled up once it is this far in the past (late pushes)
 CHUNK_MS = 15 * MINUTE_MS  # raw samples read per transaction (catching up after a pause)
 RETENTION_CHUNK = 500  # series per retention delete transaction
-TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}
-DEFAULT_PX = 1600
-# A tier is used when it still gives at least this many points per pixel column.
-MIN_POINTS_PER_PX = 1 / 3
-
-
-@dataclass(frozen=True)
-class TieredSeries:
-    """Points of one series from one tier: raw points, or buckets of `res` seconds."""
-
-    series_id: int
-    name: str
-    labels: dict[str, str]
-    kind: str
-    tier: str
-    res: float
-    points: list[tuple[float, float]]  # raw tier only
-    buckets: list[Bucket]  # rollup tiers only
 
 
 # ------------------------------------------------------------------ pure folding
@@ -242,73 +224,22 @@ def _group_by_series(result: Iterable[Any]) -> Iterable[tuple[int, list[tuple[in
         yield cur, acc
 
 
-# ------------------------------------------------------------------ the tiered query
-def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: int = DEFAULT_PX) -> str:
-    """The coarsest tier that still gives about one point per pixel column (at least px/3 points);
-    raw when the range is short, or when it is recent enough that rollups may lag behind."""
-    span = end - start
-    for tier in ("1h", "1m"):
-        if span / TIER_RES[tier] >= px * MIN_POINTS_PER_PX:
-            return tier
-    if start < now - raw_retention_s:
-        return "1m"  # raw is gone there
-    return "raw"
-
-
-def tiered_points(
+# ------------------------------------------------------------------ reading buckets
+def rollup_buckets(
     engine: Engine,
-    *,
-    names: Sequence[str],
+    ids: Sequence[int],
+    counters: set[int],
+    tier: str,
     start: float,
     end: float,
-    tier: str,
-    instance_id: int | None = None,
-    host_id: int | None = None,
-    lookback: float = 0.0,
+    *,
     lean: bool = False,
-) -> list[TieredSeries]:
-    """Every series named in `names` of an instance (or host-level of a host), from one tier,
-    over [start - lookback, end]. One query for the series, one for the points. `lean`: rollup
-    buckets carry only the increase (enough for rates and quantiles; min/max/mean/last are 0),
-    and only whole buckets (the one still filling at `end` is left out)."""
-    q = series_of(names, instance_id=instance_id, host_id=host_id)
-    lo = int((start - lookback) * 1000)
-    hi = int(end * 1000)
+) -> dict[int, list[Bucket]]:
+    """Buckets of `tier` (1m | 1h) of each series in `ids` over [start, end], ascending by time
+    (`counters`: the ids that are counters). `lean`: buckets carry only the increase (min/max/
+    mean/last are 0), and only whole buckets (the one still filling at `end` is left out)."""
     with engine.connect() as conn:
-        meta = {int(r[0]): (str(r[1]), dict(r[2] or {}), str(r[3])) for r in conn.execute(q)}
-        if not meta:
-            return []
-        ids = sorted(meta)
-        pts: dict[int, list[Any]] = {sid: [] for sid in ids}
-        if tier == "raw":
-            rq = select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value).where(
-                SampleRow.series_id.in_(ids), SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi
-            )
-            for sid, ts, v in conn.execute(rq).all():
-                pts[int(sid)].append((ts / 1000.0, float(v)))
-        else:
-            counters = {sid for sid in ids if meta[sid][2] == "counter"}
-            for sid, buckets in _rollup_buckets(conn, ids, counters, tier, lo, hi, lean).items():
-                pts[sid] = buckets
-    out = []
-    for sid in ids:
-        name, labels, kind = meta[sid]
-        data = pts[sid]
-        if tier == "raw":
-            data.sort(key=itemgetter(0))  # rollup buckets come ascending from _rollup_buckets
-        out.append(
-            TieredSeries(
-                series_id=sid,
-                name=name,
-                labels=labels,
-                kind=kind,
-                tier=tier,
-                res=TIER_RES[tier],
-                points=data if tier == "raw" else [],
-                buckets=data if tier != "raw" else [],
-            )
-        )
-    return out
+        return _rollup_buckets(conn, sorted(ids), counters, tier, int(start * 1000), int(end * 1000), lean)
 
 
 def _rollup_buckets(

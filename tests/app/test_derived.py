@@ -12,9 +12,9 @@ from app.derived.evaluate import add, counter_rate, gauge_values, histogram_quan
 from app.derived.grid import Grid, make_grid
 from app.derived.panels import offload_capacity_bytes, offload_size_bytes
 from app.derived.pcie import link_ceiling_gbps
+from app.derived.series_reader import TieredSeries
 from app.derived.worth import compute_worth
 from app.storage.rollup_buckets import Bucket
-from app.storage.rollups import TieredSeries
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:

@@ -26,13 +26,12 @@ from app.derived.grid import Grid
 from app.derived.instance_charts import hit_rates as hit_rate_chart
 from app.derived.overview import sparklines
 from app.derived.panels import make_scope
+from app.derived.series_reader import TieredSeries
 from app.derived.summary import compute_summary
 from app.export.exporter import derive
 from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
-from app.storage.rollups import TieredSeries
 from app.storage.series_store import list_instances
-from app.storage.window_store import WindowSeries
 from tests.app.pages.recorded import TYPES, recorded_batches
 
 T0 = 1_800_000_000.0
@@ -110,7 +109,7 @@ def _by_consumer(engine: Any, batches: list[dict[str, Any]]) -> dict[str, tuple[
 
     # exporter: rates over (now - window, now]
     ws = [
-        WindowSeries(i, 1, 1, name, dict(labels), "counter", p)
+        TieredSeries(i, name, dict(labels), "counter", "raw", 0.0, p, [], host_id=1, instance_id=1)
         for i, ((name, labels), p) in enumerate(pts.items())
         if name.endswith("_total")
     ]

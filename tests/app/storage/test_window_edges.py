@@ -17,10 +17,11 @@ import pytest
 
 from app.derived.evaluate import range_increase
 from app.derived.panels import make_scope
+from app.derived.series_reader import SeriesQuery, read_series
 from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.raw_store import counter_increases, series_meta
-from app.storage.rollups import run_rollups, tiered_points
+from app.storage.rollups import run_rollups
 from app.storage.series_store import list_instances
 from tests.app.pages.recorded import recorded_batches
 
@@ -58,8 +59,8 @@ def fed(engine: Any) -> tuple[Any, list[dict[str, Any]], dict[str, int]]:
         batch = parse_batch(json.dumps(b).encode(), b["sent_at"], max_future_skew_s=300, max_past_age_s=1e9)
         writer.write(batch, b["sent_at"])
     inst = list_instances(engine)[0]
-    metas = series_meta(engine, ["vllm:prompt_tokens_by_source_total"], instance_id=int(inst["id"]), host_id=None)
-    ids = {str(labels["source"]): sid for sid, _n, labels, _k in metas}
+    metas = series_meta(engine, ["vllm:prompt_tokens_by_source_total"], instance_id=int(inst["id"]))
+    ids = {str(m.labels["source"]): m.id for m in metas}
     return engine, batches, ids
 
 
@@ -123,16 +124,10 @@ def test_scope_increases_equal_vllm_deltas_on_every_path(fed: Any) -> None:
         m1 = (end // 60) * 60
         if m1 <= m0:
             continue
-        series = tiered_points(
-            engine,
-            names=["vllm:prompt_tokens_by_source_total"],
-            start=m0,
-            end=m1,
-            tier="1m",
-            instance_id=int(inst["id"]),
-            host_id=None,
-            lookback=60.0,
+        q = SeriesQuery(
+            ["vllm:prompt_tokens_by_source_total"], m0, m1, instance_id=int(inst["id"]), lookback=60.0, tier="1m"
         )
+        series = read_series(engine, q)
         for s in series:
             src = str(s.labels["source"])
             assert range_increase(s, m0, m1) == pytest.approx(_vllm_delta(batches, src, m0, m1 - 1e-3), abs=1e-6), (

@@ -1,0 +1,226 @@
+"""The one way to read a series' points: a SeriesQuery in, TieredSeries out.
+
+Every consumer of stored points reads them here: the charts (app.derived.panels), the alert
+evaluator's cache, the exporter, the controller's preflight, A/B, sizing and the JSON API. The
+tier policy lives here too: `pick_tier` chooses raw samples or 1-minute / 1-hour rollup buckets
+from the resolution a plot can show and the raw retention. Storage answers only primitives
+(app.storage.raw_store: series metadata, raw points in a range; app.storage.rollups: rollup
+buckets in a range) and decides nothing.
+
+Live reads (a chart of a named range ending now, redrawn every 15 s) read each raw series only
+from where its memoised final values end (app.derived.live) and come back as LiveRawSeries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+
+from app.storage.raw_store import SeriesMeta, raw_points_from, raw_points_named, series_meta
+from app.storage.rollup_buckets import Bucket
+from app.storage.rollups import rollup_buckets
+
+if TYPE_CHECKING:
+    from app.derived.live import LiveValues
+
+Point = tuple[float, float]  # (ts seconds, value)
+TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}  # seconds per bucket (raw: points as scraped)
+DEFAULT_PX = 1600
+# A tier is used when it still gives at least this many points per pixel column.
+MIN_POINTS_PER_PX = 1 / 3
+
+
+def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: int = DEFAULT_PX) -> str:
+    """The coarsest tier that still gives about one point per pixel column (at least px/3 points);
+    raw when the range is short, or when it is recent enough that rollups may lag behind."""
+    span = end - start
+    for tier in ("1h", "1m"):
+        if span / TIER_RES[tier] >= px * MIN_POINTS_PER_PX:
+            return tier
+    if start < now - raw_retention_s:
+        return "1m"  # raw is gone there
+    return "raw"
+
+
+@dataclass(frozen=True)
+class TieredSeries:
+    """Points of one series from one tier: raw points, or buckets of `res` seconds. host_id and
+    instance_id say whose series it is (instance_id None: host-level; both None when not read
+    from storage)."""
+
+    series_id: int
+    name: str
+    labels: dict[str, str]
+    kind: str
+    tier: str
+    res: float
+    points: list[Point]  # raw tier only, ascending
+    buckets: list[Bucket]  # rollup tiers only, ascending
+    host_id: int | None = None
+    instance_id: int | None = None
+
+
+@dataclass
+class LiveHandle:
+    """What a live series needs beyond its tail of points: the memo and the full points on demand."""
+
+    cache: LiveValues
+    host_id: int
+    generation: int
+    tail_lo: float  # the series' points start here (seconds)
+    now: float
+    load_full: Callable[[], list[Point]]
+    _full: list[Point] | None = field(default=None, repr=False)
+
+    def full_points(self) -> list[Point]:
+        if self._full is None:
+            self._full = self.load_full()
+        return self._full
+
+
+@dataclass(frozen=True)
+class LiveRawSeries(TieredSeries):
+    """A raw series of a live range whose `points` hold only the samples from `handle.tail_lo`:
+    evaluate it through app.derived.evaluate (which knows), never by reading points directly."""
+
+    handle: LiveHandle | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class LiveRead:
+    """Read raw series through the live memo: `values` keeps final values per series for grids of
+    `step` and rate `window`; pushes of `host_id` invalidate them; `now` says which are final."""
+
+    values: LiveValues
+    host_id: int
+    step: float
+    window: float
+    now: float
+
+
+@dataclass(frozen=True, eq=False)
+class SeriesQuery:
+    """Every series named in `names` of one target, over [start - lookback, end].
+
+    Target: the series of an instance (instance_id), the host-level series of a host (host_id),
+    or, with everywhere=True, those of every instance and host (raw tier only: the exporter).
+    tier: raw | 1m | 1h, or auto (pick_tier from `now`, `raw_retention_s` and `px`).
+    lean: rollup buckets carry only the increase (enough for rates and quantiles; min/max/mean/
+    last are 0), and only whole buckets (the one still filling at `end` is left out).
+    live: raw series read incrementally through the live memo (ignored on rollup tiers)."""
+
+    names: Sequence[str]
+    start: float
+    end: float
+    instance_id: int | None = None
+    host_id: int | None = None
+    everywhere: bool = False
+    lookback: float = 0.0
+    tier: str = "raw"
+    lean: bool = False
+    now: float | None = None
+    raw_retention_s: float | None = None
+    px: int = DEFAULT_PX
+    live: LiveRead | None = None
+
+    def chosen_tier(self) -> str:
+        if self.tier == "auto":
+            if self.now is None or self.raw_retention_s is None:
+                raise ValueError("tier auto needs now and raw_retention_s")
+            return pick_tier(self.start, self.end, self.now, self.raw_retention_s, self.px)
+        if self.tier not in TIER_RES:
+            raise ValueError(f"unknown tier {self.tier!r}")
+        return self.tier
+
+
+def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
+    """The series of `q` ascending by id, each with its points (or buckets) in the range; a series
+    without any there comes back empty. One query for the series, then the points: one query (or
+    one primary-key range scan per series on SQLite), or the rollup tables and their raw tail."""
+    tier = q.chosen_tier()
+    if q.everywhere and (tier != "raw" or q.live is not None):
+        raise ValueError("everywhere reads the raw tier only")
+    metas = series_meta(engine, q.names, instance_id=q.instance_id, host_id=q.host_id, everywhere=q.everywhere)
+    if not metas:
+        return []
+    lo = q.start - q.lookback
+    if tier == "raw":
+        if q.live is not None:
+            return _read_live(engine, q, q.live, metas)
+        if q.everywhere:  # one query by name, however many instances
+            points = raw_points_named(engine, q.names, lo, q.end)
+        else:
+            points = raw_points_from(engine, dict.fromkeys((m.id for m in metas), lo), q.end)
+        return [
+            TieredSeries(m.id, m.name, m.labels, m.kind, "raw", 0.0, points.get(m.id, []), [], m.host_id, m.instance_id)
+            for m in metas
+        ]
+    counters = {m.id for m in metas if m.kind == "counter"}
+    buckets = rollup_buckets(engine, [m.id for m in metas], counters, tier, lo, q.end, lean=q.lean)
+    res = TIER_RES[tier]
+    return [
+        TieredSeries(m.id, m.name, m.labels, m.kind, tier, res, [], buckets[m.id], m.host_id, m.instance_id)
+        for m in metas
+    ]
+
+
+def by_name(series: Iterable[TieredSeries], names: Iterable[str] = ()) -> dict[str, list[TieredSeries]]:
+    """Series grouped by name (every one of `names` present, maybe empty), in the order read."""
+    out: dict[str, list[TieredSeries]] = {n: [] for n in names}
+    for s in series:
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+def _read_live(engine: Engine, q: SeriesQuery, live: LiveRead, metas: list[SeriesMeta]) -> list[TieredSeries]:
+    """Raw series with only the points past their memoised final values (see app.derived.live)."""
+    memo = live.values
+    generation = memo.generation(live.host_id)
+    full_lo = q.start - q.lookback
+    finals = {m.id: memo.final_until(m.id, live.step, live.window) for m in metas}
+    cold = all(f is None for f in finals.values())
+    # a series without final values is read in full with the others when all are cold (a first
+    # view), else only if something evaluates it (charts fetch series they may not plot)
+    starts = {
+        sid: (full_lo if cold else math.inf) if f is None else max(full_lo, f + live.step - q.lookback)
+        for sid, f in finals.items()
+    }
+    points = raw_points_from(engine, {sid: t for sid, t in starts.items() if t < math.inf}, q.end)
+    out: list[TieredSeries] = []
+    for m in metas:
+        sid = m.id
+        handle = LiveHandle(
+            memo,
+            live.host_id,
+            generation,
+            starts[sid],
+            live.now,
+            load_full=partial(_points_of, engine, sid, full_lo, q.end),
+        )
+        if starts[sid] <= full_lo:
+            handle._full = points[sid]
+        out.append(
+            LiveRawSeries(
+                sid,
+                m.name,
+                m.labels,
+                m.kind,
+                "raw",
+                0.0,
+                points.get(sid, []),
+                [],
+                m.host_id,
+                m.instance_id,
+                handle=handle,
+            )
+        )
+    return out
+
+
+def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[Point]:
+    return raw_points_from(engine, {sid: start}, end)[sid]
