@@ -27,9 +27,9 @@ from app.ab import restore
 from app.ab.ports import ControllerPort, RunExecutor, SwitchBusy, SwitchRefused
 from app.ab.results import contamination, summarise_run
 from app.ab.verdict import DEFAULT_MAX_FOREIGN_SHARE, compute_verdict, experiment_plan, focus_tags
+from app.derived.series_reader import SeriesQuery, read_series
 from app.storage import ab_store as st
 from app.storage.ab_rows import ExperimentRow, RunRow
-from app.storage.series_store import series_points
 
 log = logging.getLogger("kvscope.ab")
 FAILED_ROLLOUT_STATES = frozenset({"rolled_back", "failed", "refused", "cancelled", "expired"})
@@ -473,7 +473,7 @@ def host_pinned_bytes(engine: Engine, host_id: int, start: float, end: float) ->
     """The most offload-buffer memory the host's agent saw resident in /dev/shm during the run
     (kvscope:pinned_offload_resident_bytes summed over files; host-wide, so every instance's buffer
     on that host counts). None when the agent sent no such reading."""
-    found = series_points(engine, name="kvscope:pinned_offload_resident_bytes", start=start, end=end, host_id=host_id)
+    found = read_series(engine, SeriesQuery(["kvscope:pinned_offload_resident_bytes"], start, end, host_id=host_id))
     per_ts: dict[float, float] = {}
     for sp in found:
         for ts, v in sp.points:

@@ -1,6 +1,6 @@
 """Loads the series a rule reads from storage, with an in-process cache that fetches only new
 samples between evaluations (a 24 h baseline every 15 s would otherwise re-read the whole day),
-for all the metrics of a target in one batched read (app.storage.alerts_store.series_points_many).
+for all the metrics of a target in one batched read (app.derived.series_reader).
 The cache refetches everything every `full_refresh_s`, so samples that arrive late (an agent's
 spool replay) are picked up. Each cached series carries its running reset-corrected sum
 (app.alerts.series.Series.cum), kept up to date incrementally."""
@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 
 from app.alerts.series import Series, extend_index
-from app.storage.alerts_store import series_points_many
-from app.storage.series_store import SeriesPoints
+from app.derived.series_reader import SeriesQuery, TieredSeries, by_name, read_series
 
 # Points kept before the window start, to anchor an increase over the window.
 ANCHOR_S = 120.0
@@ -33,7 +32,7 @@ class _Entry:
     cum: dict[int, list[float]] = field(default_factory=dict)
     resets: dict[int, list[int]] = field(default_factory=dict)
 
-    def add(self, found: list[SeriesPoints]) -> int:
+    def add(self, found: list[TieredSeries]) -> int:
         """Append the new points of each series (those after what the entry holds)."""
         n = 0
         for sp in found:
@@ -121,9 +120,10 @@ class SeriesCache:
 
     def _read(
         self, names: list[str], lo: float, end: float, instance_id: int | None, host_id: int | None
-    ) -> dict[str, list[SeriesPoints]]:
+    ) -> dict[str, list[TieredSeries]]:
         self.queries += 1
-        return series_points_many(self.engine, names, lo, end, instance_id=instance_id, host_id=host_id)
+        found = read_series(self.engine, SeriesQuery(names, lo, end, instance_id=instance_id, host_id=host_id))
+        return by_name(found, names)
 
     def forget(self) -> None:
         with self._lock:

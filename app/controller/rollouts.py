@@ -20,9 +20,10 @@ from agent.preflight_policy import check_flag_policy
 from agent.probe import probe_settings_error
 from app.context import AppContext
 from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile
+from app.derived.series_reader import SeriesQuery, by_name, read_series
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
-from app.storage.series_store import InstanceRow, get_instance, series_points
+from app.storage.series_store import InstanceRow, get_instance
 
 log = logging.getLogger("kvscope.rollouts")
 EXPIRE_JOB = "rollout_expiry"
@@ -223,10 +224,11 @@ HOST_READINGS = {
 
 def host_memory(ctx: AppContext, host_id: int, now: float, window_s: float = 600.0) -> pf.HostMemory:
     """The host's last memory readings (pushed by its agent), as the preflight reads them."""
+    q = SeriesQuery(list(HOST_READINGS.values()), now - window_s, now, host_id=host_id)
+    found = by_name(read_series(ctx.engine, q))
     values: dict[str, int | None] = {}
     for key, name in HOST_READINGS.items():
-        found = series_points(ctx.engine, name=name, start=now - window_s, end=now, host_id=host_id)
-        pts = [p for sp in found for p in sp.points]
+        pts = [p for sp in found.get(name, []) for p in sp.points]
         values[key] = int(max(pts)[1]) if pts else None
     return pf.HostMemory(**values)
 

@@ -12,8 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.derived.rates import gauge_series, rate_series, reset_times
+from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.events import list_events
-from app.storage.series_store import InstanceRow, get_instance, list_instances, series_points
+from app.storage.series_store import InstanceRow, get_instance, list_instances
 from app.web.ids import MAX_DB_ID, OptionalDbIdQuery
 
 MAX_POINTS = 11_000
@@ -87,16 +88,8 @@ def router(ctx: AppContext) -> APIRouter:
         if instance is not None and get_instance(ctx.engine, instance) is None:
             raise HTTPException(404, f"no instance {instance}")
         s0, s1, st = resolve_range(ctx.now(), start, end, step)
-        found = await run_in_threadpool(
-            series_points,
-            ctx.engine,
-            name=metric,
-            start=s0,
-            end=s1,
-            instance_id=instance,
-            host_id=host,
-            lookback=max(st, 60.0),
-        )
+        q = SeriesQuery([metric], s0, s1, instance_id=instance, host_id=host, lookback=max(st, 60.0))
+        found = await run_in_threadpool(read_series, ctx.engine, q)
         out = []
         resets: list[float] = []
         kind = found[0].kind if found else None

@@ -20,8 +20,8 @@ from typing import Any
 from agent import kv_vocabulary as kv
 from app.dashboard.api import instance_state
 from app.derived.rates import rate_at
+from app.derived.series_reader import SeriesQuery, TieredSeries, read_series
 from app.storage.series_store import InstanceRow, list_instances
-from app.storage.window_store import WindowSeries, recent_points
 
 PREFIX = "kvscope_"
 INSTANCE_LABELS = ("host", "vllm_url", "instance_id", "model", "simulated")
@@ -127,7 +127,7 @@ METRIC_NAMES = tuple(PREFIX + m.name for m in METRICS)
 Sample = tuple[str, dict[str, str], float]  # (metric name without prefix, labels, value)
 
 
-def _rate(series: Iterable[WindowSeries], now: float, window: float) -> float | None:
+def _rate(series: Iterable[TieredSeries], now: float, window: float) -> float | None:
     """Sum of the per-series rates over (now - window, now]; None when no series has two points."""
     total: float | None = None
     for s in series:
@@ -137,7 +137,7 @@ def _rate(series: Iterable[WindowSeries], now: float, window: float) -> float | 
     return total
 
 
-def _last(series: Iterable[WindowSeries]) -> float | None:
+def _last(series: Iterable[TieredSeries]) -> float | None:
     vals = [s.points[-1][1] for s in series if s.points]
     return sum(vals) if vals else None
 
@@ -148,11 +148,11 @@ def offload_configured_bytes(cache_config: dict[str, Any] | None) -> float | Non
 
 
 def derive(
-    instances: list[InstanceRow], series: list[WindowSeries], now: float, window: float, stale_after: float
+    instances: list[InstanceRow], series: list[TieredSeries], now: float, window: float, stale_after: float
 ) -> list[Sample]:
     """The exported samples from the instance rows and the recent points. Pure."""
-    by_inst: dict[int, dict[str, list[WindowSeries]]] = defaultdict(lambda: defaultdict(list))
-    by_host: dict[int, dict[str, list[WindowSeries]]] = defaultdict(lambda: defaultdict(list))
+    by_inst: dict[int, dict[str, list[TieredSeries]]] = defaultdict(lambda: defaultdict(list))
+    by_host: dict[int | None, dict[str, list[TieredSeries]]] = defaultdict(lambda: defaultdict(list))
     for s in series:
         if s.instance_id is None:
             by_host[s.host_id][s.name].append(s)
@@ -189,13 +189,13 @@ def derive(
 
 
 def _instance_samples(
-    got: dict[str, list[WindowSeries]], lab: dict[str, str], now: float, window: float
+    got: dict[str, list[TieredSeries]], lab: dict[str, str], now: float, window: float
 ) -> Iterator[Sample]:
     def r(name: str) -> float | None:
         return _rate(got.get(name, []), now, window)
 
     by_source: dict[str, float] = {}
-    groups: dict[str, list[WindowSeries]] = defaultdict(list)
+    groups: dict[str, list[TieredSeries]] = defaultdict(list)
     for s in got.get(kv.BY_SOURCE, []):
         groups[str(s.labels.get("source", ""))].append(s)
     for src, ss in sorted(groups.items()):
@@ -228,7 +228,7 @@ def _instance_samples(
             yield "instance_requests", {**lab, "state": state}, v
 
 
-def _host_samples(got: dict[str, list[WindowSeries]], hl: dict[str, str]) -> Iterator[Sample]:
+def _host_samples(got: dict[str, list[TieredSeries]], hl: dict[str, str]) -> Iterator[Sample]:
     for kind, name in (
         ("offload_file", "kvscope:pinned_offload_file_bytes"),
         ("offload_resident", "kvscope:pinned_offload_resident_bytes"),
@@ -276,7 +276,9 @@ class DerivedCollector:
                 return self._cached[1]
             instances = list_instances(self.engine)
             start = now - self.window_s
-            series = recent_points(self.engine, INSTANCE_INPUTS + HOST_INPUTS, start, now)
+            # every instance's and host's series at once: one query for the series, one for the points
+            found = read_series(self.engine, SeriesQuery(INSTANCE_INPUTS + HOST_INPUTS, start, now, everywhere=True))
+            series = [s for s in found if s.points]
             out = derive(instances, series, now, self.window_s, self.stale_after_s)
             self._cached = (now, out)
             return out

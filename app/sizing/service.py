@@ -19,9 +19,10 @@ from agent.protocol import PushBatch
 from app.context import AppContext
 from app.controller.profiles import ProfileError, parse_profile
 from app.derived.rates import increase
+from app.derived.series_reader import SeriesQuery, read_series
 from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve
 from app.storage import rollouts_store as rs
-from app.storage.series_store import get_instance, series_points
+from app.storage.series_store import get_instance
 from app.storage.sizing_store import prune_windows, store_windows, windows_in
 
 log = logging.getLogger("kvscope.sizing")
@@ -115,7 +116,7 @@ def report(
 def _increase(ctx: AppContext, name: str, instance_id: int, start: float, end: float) -> dict[str, float]:
     """Reset-corrected increase of every series `name` over the range, by its `source` label."""
     out: dict[str, float] = {}
-    for sp in series_points(ctx.engine, name=name, start=start, end=end, instance_id=instance_id):
+    for sp in read_series(ctx.engine, SeriesQuery([name], start, end, instance_id=instance_id)):
         key = str(sp.labels.get("source", ""))
         out[key] = out.get(key, 0.0) + increase(sp.points)
     return out

@@ -14,8 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.storage.alert_models import Alert, AlertDelivery, AlertOverride, AlertSilence, AlertTransition
 from app.storage.alert_rows import AlertRow, AlertTransitionRow, DeliveryRow, SilenceRow
-from app.storage.models import Host, Instance, SampleRow
-from app.storage.series_store import SeriesPoints, series_of
+from app.storage.models import Host, Instance
 
 A = Alert.__table__
 T = AlertTransition.__table__
@@ -385,38 +384,3 @@ def set_override(engine: Engine, instance_id: int, rule: str, params: dict[str, 
             conn.execute(
                 insert(AlertOverride).values(instance_id=instance_id, rule=rule, params=params, updated_at=now)
             )
-
-
-# ------------------------------------------------------------------ batched series reads
-def series_points_many(
-    engine: Engine,
-    names: Sequence[str],
-    start: float,
-    end: float,
-    *,
-    instance_id: int | None = None,
-    host_id: int | None = None,
-) -> dict[str, list[SeriesPoints]]:
-    """Raw points in [start, end] of every series of `names` of one instance (or host-level series
-    of one host), in two queries: the alert evaluator reads ~25 metrics per target every 15 s."""
-    q = series_of(names, instance_id=instance_id, host_id=host_id)
-    out: dict[str, list[SeriesPoints]] = {n: [] for n in names}
-    with engine.connect() as conn:
-        meta = {int(r[0]): (str(r[1]), dict(r[2] or {}), str(r[3])) for r in conn.execute(q).all()}
-        if not meta:
-            return out
-        pts: dict[int, list[tuple[float, float]]] = {sid: [] for sid in meta}
-        rows = conn.execute(
-            select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-            .where(
-                SampleRow.series_id.in_(list(meta)),
-                SampleRow.ts_ms >= int(start * 1000),
-                SampleRow.ts_ms <= int(end * 1000),
-            )
-            .order_by(SampleRow.series_id, SampleRow.ts_ms)
-        )
-        for sid, ts, v in rows:
-            pts[int(sid)].append((ts / 1000.0, float(v)))
-    for sid, (name, labels, kind) in meta.items():
-        out[name].append(SeriesPoints(series_id=sid, name=name, labels=labels, kind=kind, points=pts[sid]))
-    return out

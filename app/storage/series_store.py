@@ -1,14 +1,12 @@
-"""Reads: hosts, instances, series and their raw points."""
+"""Reads: hosts, instances and the metric names of an instance (points: app.derived.series_reader)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
-from sqlalchemy import Engine, RowMapping, Select, Table, select
+from sqlalchemy import Engine, RowMapping, Table, select
 
-from app.storage.models import Host, Instance, SampleRow, Series
+from app.storage.models import Host, Instance, Series
 
 
 class HostRow(TypedDict):
@@ -78,27 +76,6 @@ def _instance_row(m: RowMapping) -> InstanceRow:
     )
 
 
-@dataclass(frozen=True)
-class SeriesPoints:
-    series_id: int
-    name: str
-    labels: dict[str, str]
-    kind: str
-    points: list[tuple[float, float]]  # (ts seconds, value), ascending
-
-
-def series_of(names: Sequence[str], *, instance_id: int | None, host_id: int | None) -> Select[Any]:
-    """SELECT id, name, labels, kind of every series named in `names` of one instance, or the
-    host-level series (instance_id NULL) of one host."""
-    s = cast(Table, Series.__table__)
-    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind).where(s.c.name.in_(list(names)))
-    if instance_id is not None:
-        return q.where(s.c.instance_id == instance_id)
-    if host_id is not None:
-        return q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
-    raise ValueError("instance_id or host_id is required")
-
-
 def list_hosts(engine: Engine) -> list[HostRow]:
     with engine.connect() as conn:
         return [_host_row(r._mapping) for r in conn.execute(select(cast(Table, Host.__table__)).order_by(Host.name))]
@@ -127,41 +104,6 @@ def get_instance(engine: Engine, instance_id: int) -> InstanceRow | None:
     with engine.connect() as conn:
         row = conn.execute(q).first()
     return _instance_row(row._mapping) if row else None
-
-
-def series_points(
-    engine: Engine,
-    *,
-    name: str,
-    start: float,
-    end: float,
-    instance_id: int | None = None,
-    host_id: int | None = None,
-    lookback: float = 0.0,
-) -> list[SeriesPoints]:
-    """Raw points of every series `name` of an instance (or host-level series of a host),
-    from start - lookback to end inclusive."""
-    q = series_of([name], instance_id=instance_id, host_id=host_id)
-    lo = int((start - lookback) * 1000)
-    hi = int(end * 1000)
-    out: list[SeriesPoints] = []
-    with engine.connect() as conn:
-        for sid, _name, labels, kind in conn.execute(q).all():
-            pts = conn.execute(
-                select(SampleRow.ts_ms, SampleRow.value)
-                .where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
-                .order_by(SampleRow.ts_ms)
-            ).all()
-            out.append(
-                SeriesPoints(
-                    series_id=int(sid),
-                    name=name,
-                    labels=dict(labels or {}),
-                    kind=str(kind),
-                    points=[(ts / 1000.0, float(v)) for ts, v in pts],
-                )
-            )
-    return out
 
 
 def metric_names(engine: Engine, instance_id: int) -> list[str]:

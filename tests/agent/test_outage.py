@@ -14,8 +14,9 @@ from sqlalchemy import func, select
 
 from agent.fetch import StdlibFetcher
 from agent.loop import Agent, AgentConfig
+from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.models import IngestBatch
-from app.storage.series_store import list_instances, series_points
+from app.storage.series_store import list_instances
 
 
 @pytest.fixture
@@ -66,8 +67,8 @@ def test_outage_every_sample_once_in_order(
         agent.close()
 
     [inst] = list_instances(engine)
-    [series] = series_points(
-        engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + ticks, instance_id=inst["id"]
+    [series] = read_series(
+        engine, SeriesQuery(["vllm:prompt_tokens_total"], t0 - 1, t0 + ticks, instance_id=inst["id"])
     )
     assert series.points == [(round((t0 + i) * 1000) / 1000, fake.prompt_tokens(i + 1)) for i in range(ticks)]
     with engine.connect() as conn:
@@ -103,7 +104,7 @@ def test_spool_survives_an_agent_restart(live: LiveServer, token: str, engine: A
         push.close()
         agent.close()
     [inst] = list_instances(engine)
-    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 4, instance_id=inst["id"])
+    [series] = read_series(engine, SeriesQuery(["vllm:prompt_tokens_total"], t0 - 1, t0 + 4, instance_id=inst["id"]))
     assert [v for _t, v in series.points] == [fake.prompt_tokens(i + 1) for i in range(4)]
 
 
@@ -137,7 +138,7 @@ def test_lost_reply_is_resent_and_stored_once(client: Any, token: str, engine: A
     finally:
         agent.close()
     [inst] = list_instances(engine)
-    [series] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2, instance_id=inst["id"])
+    [series] = read_series(engine, SeriesQuery(["vllm:prompt_tokens_total"], t0 - 1, t0 + 2, instance_id=inst["id"]))
     assert [v for _t, v in series.points] == [fake.prompt_tokens(1), fake.prompt_tokens(2)]
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(IngestBatch)).scalar() == 2

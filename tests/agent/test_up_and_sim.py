@@ -20,7 +20,8 @@ from livesrv import LiveServer
 from agent.host_sources import HostCollector
 from agent.hostmem import HostMemorySource
 from agent.loop import Agent, AgentConfig
-from app.storage.series_store import list_instances, series_points
+from app.derived.series_reader import SeriesQuery, read_series
+from app.storage.series_store import list_instances
 from tests.ports import free_port
 
 KVSCOPE = [sys.executable, "-m", "kvscope"]
@@ -174,14 +175,14 @@ def test_sim_to_agent_to_app(
     [inst] = list_instances(engine)
     assert inst["simulated"] is True and inst["url"] == url
     assert inst["cache_config"].get("kv_offloading_size") not in (None, "None")
-    [pt] = series_points(engine, name="vllm:prompt_tokens_total", start=t0 - 1, end=t0 + 2, instance_id=inst["id"])
+    [pt] = read_series(engine, SeriesQuery(["vllm:prompt_tokens_total"], t0 - 1, t0 + 2, instance_id=inst["id"]))
     (_, before), (_, after) = pt.points
     assert after > before  # the three requests' prompt tokens arrived
-    by_src = series_points(
-        engine, name="vllm:prompt_tokens_by_source_total", start=t0 - 1, end=t0 + 2, instance_id=inst["id"]
+    by_src = read_series(
+        engine, SeriesQuery(["vllm:prompt_tokens_by_source_total"], t0 - 1, t0 + 2, instance_id=inst["id"])
     )
     assert {s.labels["source"] for s in by_src} >= {"local_compute", "local_cache_hit"}
-    files = series_points(
-        engine, name="kvscope:pinned_offload_file_bytes", start=t0 - 1, end=t0 + 2, host_id=inst["host_id"]
+    files = read_series(
+        engine, SeriesQuery(["kvscope:pinned_offload_file_bytes"], t0 - 1, t0 + 2, host_id=inst["host_id"])
     )
     assert files and files[0].labels["file"].startswith("vllm_offload_")

@@ -9,8 +9,8 @@ from pydantic import TypeAdapter
 
 from agent.protocol import PushBatch
 from app.alerts.inputs import SeriesCache
+from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.ingest_store import IngestWriter
-from app.storage.series_store import series_points
 
 NAME = "vllm:prompt_tokens_total"
 
@@ -23,7 +23,7 @@ def _push(writer: IngestWriter, seq: int, ts: float, value: float) -> None:
 
 
 def _fresh(engine: Any, start: float, end: float) -> list[tuple[float, float]]:
-    (sp,) = series_points(engine, name=NAME, start=start - 120, end=end, instance_id=1)
+    (sp,) = read_series(engine, SeriesQuery([NAME], start - 120, end, instance_id=1))
     return sp.points
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.derived.series_reader import TieredSeries
 from app.export.exporter import METRIC_NAMES, METRICS, derive
-from app.storage.window_store import WindowSeries
 from tests.conftest import api_token
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,14 +219,18 @@ def test_derive_without_data_exports_only_state() -> None:
     assert names == ["exporter_window_seconds", "host_last_push_age_seconds", "instance_stale", "instance_up"]
     # One point per series is not a rate: nothing is made up.
     one = [
-        WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 1, 5.0)]),
-        WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 1, 9.0)]),
+        TieredSeries(1, "vllm:prefix_cache_hits_total", {}, "counter", "raw", 0.0, [(now - 1, 5.0)], [], 1, 1),
+        TieredSeries(2, "vllm:prefix_cache_queries_total", {}, "counter", "raw", 0.0, [(now - 1, 9.0)], [], 1, 1),
     ]
     assert "instance_gpu_prefix_cache_hit_ratio" not in {n for n, _, _ in derive([inst], one, now, 60.0, 30.0)}
     # No queries in the window: no ratio (not 0 %).
     flat = [
-        WindowSeries(1, 1, 1, "vllm:prefix_cache_hits_total", {}, "counter", [(now - 10, 5.0), (now, 5.0)]),
-        WindowSeries(2, 1, 1, "vllm:prefix_cache_queries_total", {}, "counter", [(now - 10, 9.0), (now, 9.0)]),
+        TieredSeries(
+            1, "vllm:prefix_cache_hits_total", {}, "counter", "raw", 0.0, [(now - 10, 5.0), (now, 5.0)], [], 1, 1
+        ),
+        TieredSeries(
+            2, "vllm:prefix_cache_queries_total", {}, "counter", "raw", 0.0, [(now - 10, 9.0), (now, 9.0)], [], 1, 1
+        ),
     ]
     assert "instance_gpu_prefix_cache_hit_ratio" not in {n for n, _, _ in derive([inst], flat, now, 60.0, 30.0)}
 

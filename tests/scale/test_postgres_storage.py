@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from app.derived.series_reader import SeriesQuery, read_series
 from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.models import Base, Host, IngestBatch, Instance, SampleRow, Series
-from app.storage.series_store import list_instances, series_points
+from app.storage.series_store import list_instances
 
 WORKER = Path(__file__).with_name("ingest_worker.py")
 T0 = 1_800_000_000.0
@@ -118,15 +119,13 @@ def test_ingest_and_read_back(db: Any) -> None:
     assert again.duplicate and again.stored == 0
     insts = list_instances(db)
     assert [(i["host"], i["url"], i["model"]) for i in insts] == [("rig1", "http://127.0.0.1:8000", "m")]
-    pts = series_points(
-        db, name="vllm:prompt_tokens_by_source_total", start=T0, end=T0 + 100, instance_id=insts[0]["id"]
-    )
+    pts = read_series(db, SeriesQuery(["vllm:prompt_tokens_by_source_total"], T0, T0 + 100, instance_id=insts[0]["id"]))
     assert sorted(p.labels["source"] for p in pts) == [f"src{i}" for i in range(5)]
     src2 = next(p for p in pts if p.labels["source"] == "src2")
     assert src2.kind == "counter"
     assert src2.points == [(T0 + s, float(s * 10 + 2)) for s in range(1, 11)]
-    host_pts = series_points(
-        db, name="kvscope:host_memory_available_bytes", start=T0, end=T0 + 100, host_id=insts[0]["host_id"]
+    host_pts = read_series(
+        db, SeriesQuery(["kvscope:host_memory_available_bytes"], T0, T0 + 100, host_id=insts[0]["host_id"])
     )
     assert len(host_pts) == 1 and host_pts[0].labels == {} and len(host_pts[0].points) == 10
     assert _count(db, SampleRow) == 70

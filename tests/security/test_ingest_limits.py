@@ -135,9 +135,9 @@ def test_8000_new_series_in_one_push_are_created_in_a_handful_of_statements(engi
 
 
 def test_series_quiet_past_raw_retention_are_deleted_while_their_instance_reports(engine: Any, clock: Any) -> None:
+    from app.derived.series_reader import SeriesQuery, read_series
     from app.storage.ingest_store import IngestWriter, SeriesLimits
     from app.storage.rollups import run_rollups
-    from app.storage.series_store import series_points
 
     t0 = clock()
     limits = SeriesLimits(fresh_ms=15 * 60 * 1000)  # well under the 1 h raw retention used here
@@ -160,7 +160,7 @@ def test_series_quiet_past_raw_retention_are_deleted_while_their_instance_report
     writer.write(_wire_batch(4, t2, [s("vllm:kept_total", 3), s("vllm:quiet_total", 5)]), t2)
     with engine.connect() as conn:
         iid = conn.execute(select(Instance.id).where(Instance.url == "http://10.0.0.1:8000")).scalar_one()
-    got = series_points(engine, name="vllm:quiet_total", start=t2 - 1, end=t2 + 1, instance_id=int(iid))
+    got = read_series(engine, SeriesQuery(["vllm:quiet_total"], t2 - 1, t2 + 1, instance_id=int(iid)))
     assert [p.points for p in got] == [[(t2, 5.0)]]
 
 
