@@ -109,7 +109,7 @@ def rollout_view(r: RolloutRow, inst: InstanceRow | None = None) -> dict[str, An
     out["result"] = r["result"] or {}
     if inst is not None:
         b = _int((payload.get("pool_before") or {}).get("kv_cache_size_tokens"))
-        n = _int((inst.get("cache_config") or {}).get("kv_cache_size_tokens"))
+        n = _int((inst["cache_config"] or {}).get("kv_cache_size_tokens"))
         out["pool"] = {"before_tokens": b, "now_tokens": n, "ratio": round(n / b, 3) if b and n else None}
     return out
 
