@@ -15,32 +15,24 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from app.context import AppContext
-from app.derived.live import LiveValues
+from app.dashboard import api, instance, overview
+from app.dashboard.memo import live_values
+from app.storage.rollups import run_rollups
+from app.web.jobs import register_job
 from app.web.paths import static_dir
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    from app.dashboard import api
-
     app.include_router(api.router(ctx))  # JSON reads: instances, series, events, /healthz, /metrics
     live = live_values(ctx)
     ctx.push_hooks.append(lambda batch, host_id, now: live.note_push(host_id, oldest_sample_ts(batch), now))
 
     app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
 
-    from app.dashboard import instance, overview
-
     app.include_router(overview.router(ctx))
     app.include_router(instance.router(ctx))
-    from app.web.jobs import register_job
-
     register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
     _freeze_once()
-
-
-def live_values(ctx: AppContext) -> LiveValues:
-    """The process's memo of final chart values (app.derived.live), shared by every page."""
-    return ctx.state(LiveValues, LiveValues)
 
 
 def oldest_sample_ts(batch: Any) -> float | None:
@@ -71,8 +63,6 @@ ROLLUP_JOB = "rollups"
 
 def rollup_job(ctx: AppContext, now: float) -> None:
     """Roll raw samples up to 1 min / 1 h and apply the retention settings."""
-    from app.storage.rollups import run_rollups
-
     s = ctx.settings
     run_rollups(
         ctx.engine,

@@ -13,10 +13,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from app.context import AppContext
+from app.context import AppContext
 
 T = TypeVar("T")
 

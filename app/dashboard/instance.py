@@ -10,8 +10,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.charts.figures import build_figure, compact
 from app.context import AppContext
-from app.dashboard import live_values
 from app.dashboard.chart_cache import quantise, shared_cache
+from app.dashboard.memo import live_values
 from app.dashboard.overview import figure_json
 from app.dashboard.ranges import RANGES, TimeRange, default_range, resolve
 from app.dashboard.workers import run_page_work

@@ -11,8 +11,9 @@ from fastapi.responses import HTMLResponse
 from app.charts.figures import sparkline
 from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
+from app.dashboard.memo import live_values
 from app.dashboard.workers import run_page_work
-from app.derived.overview import HostOverview, InstanceOverview
+from app.derived.overview import HostOverview, InstanceOverview, overview
 from app.storage.series_store import HostRow
 
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
@@ -50,9 +51,6 @@ def _host_card(h: HostOverview) -> HostCard:
 
 
 def _context(ctx: AppContext) -> dict[str, Any]:
-    from app.dashboard import live_values
-    from app.derived.overview import overview
-
     now = ctx.now()
     hosts = [
         _host_card(h)
