@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 
 from app.derived.grid import Grid
-from app.derived.live import derived_memo, grid_values, memo_head, memo_store
+from app.derived.live import LiveRawSeries, derived_memo, grid_values, memo_head, memo_store
 from app.derived.rates import gauge_series, increase, rate_series
-from app.derived.series_reader import LiveRawSeries, TieredSeries
+from app.derived.series_types import TieredSeries
 from app.storage.rollup_buckets import Bucket
 
 Values = list[float | None]

@@ -26,15 +26,40 @@ from array import array
 from bisect import bisect_right
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from app.derived.series_reader import LiveHandle, LiveRawSeries, TieredSeries
+from app.derived.series_types import Point, TieredSeries
 
-Point = tuple[float, float]
 Values = list[float | None]
 # (points, first instant, last instant) -> values at the step-aligned instants in between
 Compute = Callable[[Sequence[Point], float, float], Values]
 _NAN = math.nan
+
+
+@dataclass
+class LiveHandle:
+    """What a live series needs beyond its tail of points: the memo and the full points on demand."""
+
+    cache: LiveValues
+    host_id: int
+    generation: int
+    tail_lo: float  # the series' points start here (seconds)
+    now: float
+    load_full: Callable[[], list[Point]]
+    _full: list[Point] | None = field(default=None, repr=False)
+
+    def full_points(self) -> list[Point]:
+        if self._full is None:
+            self._full = self.load_full()
+        return self._full
+
+
+@dataclass(frozen=True)
+class LiveRawSeries(TieredSeries):
+    """A raw series of a live range whose `points` hold only the samples from `handle.tail_lo`:
+    evaluate it through app.derived.evaluate (which knows), never by reading points directly."""
+
+    handle: LiveHandle | None = None
 
 
 @dataclass

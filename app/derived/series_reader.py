@@ -14,21 +14,18 @@ from where its memoised final values end (app.derived.live) and come back as Liv
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
+from app.derived.series_types import Point
+from app.derived.series_types import TieredSeries as TieredSeries  # the reader's result type
 from app.storage.raw_store import SeriesMeta, raw_points_from, raw_points_named, series_meta
-from app.storage.rollup_buckets import Bucket
 from app.storage.rollups import rollup_buckets
 
-if TYPE_CHECKING:
-    from app.derived.live import LiveValues
-
-Point = tuple[float, float]  # (ts seconds, value)
 TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}  # seconds per bucket (raw: points as scraped)
 DEFAULT_PX = 1600
 # A tier is used when it still gives at least this many points per pixel column.
@@ -45,50 +42,6 @@ def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: 
     if start < now - raw_retention_s:
         return "1m"  # raw is gone there
     return "raw"
-
-
-@dataclass(frozen=True)
-class TieredSeries:
-    """Points of one series from one tier: raw points, or buckets of `res` seconds. host_id and
-    instance_id say whose series it is (instance_id None: host-level; both None when not read
-    from storage)."""
-
-    series_id: int
-    name: str
-    labels: dict[str, str]
-    kind: str
-    tier: str
-    res: float
-    points: list[Point]  # raw tier only, ascending
-    buckets: list[Bucket]  # rollup tiers only, ascending
-    host_id: int | None = None
-    instance_id: int | None = None
-
-
-@dataclass
-class LiveHandle:
-    """What a live series needs beyond its tail of points: the memo and the full points on demand."""
-
-    cache: LiveValues
-    host_id: int
-    generation: int
-    tail_lo: float  # the series' points start here (seconds)
-    now: float
-    load_full: Callable[[], list[Point]]
-    _full: list[Point] | None = field(default=None, repr=False)
-
-    def full_points(self) -> list[Point]:
-        if self._full is None:
-            self._full = self.load_full()
-        return self._full
-
-
-@dataclass(frozen=True)
-class LiveRawSeries(TieredSeries):
-    """A raw series of a live range whose `points` hold only the samples from `handle.tail_lo`:
-    evaluate it through app.derived.evaluate (which knows), never by reading points directly."""
-
-    handle: LiveHandle | None = None
 
 
 @dataclass(frozen=True, eq=False)
