@@ -15,6 +15,7 @@ from app.storage.ab_models import AbExperiment, AbRun
 from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.events import add_event
 from app.storage.models import Host, Instance
+from app.storage.rows import typed_row
 
 FINISHED_STATES = frozenset({"completed", "failed", "cancelled"})
 
@@ -109,11 +110,11 @@ def _query() -> Any:
 
 
 def _experiment(row: Row[Any]) -> ExperimentRow:
-    return cast(ExperimentRow, dict(row._mapping))
+    return typed_row(ExperimentRow, row._mapping)
 
 
 def _run(row: Row[Any]) -> RunRow:
-    return cast(RunRow, dict(row._mapping))
+    return typed_row(RunRow, row._mapping)
 
 
 def get_experiment(engine: Engine, experiment_id: int) -> ExperimentRow | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from app.storage.alert_models import Alert, AlertDelivery, AlertOverride, AlertSilence, AlertTransition
 from app.storage.alert_rows import AlertRow, AlertTransitionRow, DeliveryRow, SilenceRow
 from app.storage.models import Host, Instance
+from app.storage.rows import typed_row
 
 A = Alert.__table__
 T = AlertTransition.__table__
@@ -77,11 +78,11 @@ def _insert_deliveries(
 
 # ------------------------------------------------------------------ episodes
 def _alert(row: Row[Any]) -> AlertRow:
-    return cast(AlertRow, dict(row._mapping))
+    return typed_row(AlertRow, row._mapping)
 
 
 def _delivery(row: Row[Any]) -> DeliveryRow:
-    return cast(DeliveryRow, dict(row._mapping))
+    return typed_row(DeliveryRow, row._mapping)
 
 
 def open_alerts(engine: Engine) -> dict[str, AlertRow]:
@@ -200,7 +201,7 @@ def list_transitions(engine: Engine, *, alert_id: int | None = None, limit: int 
         q = q.where(T.c.alert_id == alert_id)
     q = q.order_by(T.c.ts.desc(), T.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [cast(AlertTransitionRow, dict(r._mapping)) for r in conn.execute(q)]
+        return [typed_row(AlertTransitionRow, r._mapping) for r in conn.execute(q)]
 
 
 def acknowledge(engine: Engine, alert_id: int, now: float, note: str = "") -> bool:
@@ -357,7 +358,7 @@ def add_silence(
 def active_silences(engine: Engine, now: float) -> list[SilenceRow]:
     with engine.connect() as conn:
         return [
-            cast(SilenceRow, dict(r._mapping))
+            typed_row(SilenceRow, r._mapping)
             for r in conn.execute(select(S).where(S.c.until > now).order_by(S.c.until))
         ]
 

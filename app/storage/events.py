@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, TypedDict, cast
 
-from sqlalchemy import Connection, Engine, RowMapping, Table, insert, select
+from sqlalchemy import Connection, Engine, Table, insert, select
 
 from app.storage.models import Event
+from app.storage.rows import typed_row
 
 
 class EventRow(TypedDict):
@@ -20,19 +21,6 @@ class EventRow(TypedDict):
     source: str  # agent | app | controller
     message: str
     data: dict[str, Any]  # JSON: what the kind carries (a rollout's state, the changed config ...)
-
-
-def _event_row(m: RowMapping) -> EventRow:
-    return EventRow(
-        id=m["id"],
-        ts=m["ts"],
-        host_id=m["host_id"],
-        instance_id=m["instance_id"],
-        kind=m["kind"],
-        source=m["source"],
-        message=m["message"],
-        data=m["data"],
-    )
 
 
 def add_event(
@@ -85,4 +73,4 @@ def list_events(
         q = q.where(t.c.kind.in_(kinds))
     q = q.order_by(t.c.ts.desc(), t.c.id.desc()).limit(limit)
     with engine.connect() as conn:
-        return [_event_row(r._mapping) for r in conn.execute(q)]
+        return [typed_row(EventRow, r._mapping) for r in conn.execute(q)]

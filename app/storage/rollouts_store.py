@@ -30,6 +30,7 @@ from app.storage.controller_rows import (
 )
 from app.storage.events import add_event
 from app.storage.models import Host, Instance
+from app.storage.rows import typed_row
 
 TERMINAL_STATES = frozenset({"healthy", "rolled_back", "failed", "refused", "cancelled", "expired"})
 # States the agent may report (besides the terminal ones).
@@ -117,7 +118,7 @@ def list_profiles(engine: Engine) -> list[ProfileRow]:
         .order_by(_P.c.name)
     )
     with engine.connect() as conn:
-        return [cast(ProfileRow, dict(r._mapping)) for r in conn.execute(q)]
+        return [typed_row(ProfileRow, r._mapping) for r in conn.execute(q)]
 
 
 def get_profile(engine: Engine, name: str) -> ProfileDetail | None:
@@ -128,7 +129,7 @@ def get_profile(engine: Engine, name: str) -> ProfileDetail | None:
             return None
         p = row._mapping
         versions = [
-            cast(VersionRow, dict(r._mapping))
+            typed_row(VersionRow, r._mapping)
             for r in conn.execute(select(_V).where(_V.c.profile_id == p["id"]).order_by(_V.c.version.desc()))
         ]
     cur = next((v for v in versions if v["version"] == p["current_version"]), versions[0])
@@ -148,7 +149,7 @@ def get_version(engine: Engine, version_id: int) -> NamedVersionRow | None:
     q = select(_V, _P.c.name).join(_P, _P.c.id == _V.c.profile_id).where(_V.c.id == version_id)
     with engine.connect() as conn:
         row = conn.execute(q).first()
-    return cast(NamedVersionRow, dict(row._mapping)) if row else None
+    return typed_row(NamedVersionRow, row._mapping) if row else None
 
 
 # ---------------------------------------------------------------- instance profiles
@@ -238,7 +239,7 @@ def set_payload(engine: Engine, rollout_id: int, payload: dict[str, Any]) -> Non
 
 
 def _rollout(row: Row[Any]) -> RolloutRow:
-    return cast(RolloutRow, dict(row._mapping))
+    return typed_row(RolloutRow, row._mapping)
 
 
 def _rollout_query() -> Any:
@@ -415,7 +416,7 @@ def stale_rollouts(engine: Engine, *, updated_before: float) -> list[StaleRollou
                 _R.c.finished_at.is_(None), _R.c.updated_at < updated_before
             )
         ).all()
-    return [cast(StaleRollout, dict(r._mapping)) for r in rows]
+    return [typed_row(StaleRollout, r._mapping) for r in rows]
 
 
 def count_rollouts(engine: Engine) -> int:

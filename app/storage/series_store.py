@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, TypedDict, cast
 
-from sqlalchemy import Engine, RowMapping, Table, select
+from sqlalchemy import Engine, Table, select
 
 from app.storage.models import Host, Instance, Series
+from app.storage.rows import typed_row
 
 
 class HostRow(TypedDict):
@@ -43,42 +44,12 @@ class InstanceRow(TypedDict):
     host_last_push: float | None  # hosts.last_push
 
 
-def _host_row(m: RowMapping) -> HostRow:
-    return HostRow(
-        id=m["id"],
-        name=m["name"],
-        agent_id=m["agent_id"],
-        agent_version=m["agent_version"],
-        first_seen=m["first_seen"],
-        last_push=m["last_push"],
-    )
-
-
-def _instance_row(m: RowMapping) -> InstanceRow:
-    return InstanceRow(
-        id=m["id"],
-        host_id=m["host_id"],
-        url=m["url"],
-        model=m["model"],
-        model_root=m["model_root"],
-        max_model_len=m["max_model_len"],
-        version=m["version"],
-        simulated=m["simulated"],
-        first_seen=m["first_seen"],
-        last_scrape=m["last_scrape"],
-        last_ok=m["last_ok"],
-        last_error=m["last_error"],
-        healthy=m["healthy"],
-        cache_config=m["cache_config"],
-        offload_config=m["offload_config"],
-        host=m["host"],
-        host_last_push=m["host_last_push"],
-    )
-
-
 def list_hosts(engine: Engine) -> list[HostRow]:
     with engine.connect() as conn:
-        return [_host_row(r._mapping) for r in conn.execute(select(cast(Table, Host.__table__)).order_by(Host.name))]
+        return [
+            typed_row(HostRow, r._mapping)
+            for r in conn.execute(select(cast(Table, Host.__table__)).order_by(Host.name))
+        ]
 
 
 def list_instances(engine: Engine) -> list[InstanceRow]:
@@ -90,7 +61,7 @@ def list_instances(engine: Engine) -> list[InstanceRow]:
         .order_by(h.c.name, i.c.url)
     )
     with engine.connect() as conn:
-        return [_instance_row(r._mapping) for r in conn.execute(q)]
+        return [typed_row(InstanceRow, r._mapping) for r in conn.execute(q)]
 
 
 def get_instance(engine: Engine, instance_id: int) -> InstanceRow | None:
@@ -103,7 +74,7 @@ def get_instance(engine: Engine, instance_id: int) -> InstanceRow | None:
     )
     with engine.connect() as conn:
         row = conn.execute(q).first()
-    return _instance_row(row._mapping) if row else None
+    return typed_row(InstanceRow, row._mapping) if row else None
 
 
 def metric_names(engine: Engine, instance_id: int) -> list[str]:

@@ -8,6 +8,7 @@ from sqlalchemy import Engine, Table, delete, insert, select
 
 from agent.protocol import ReuseWindow
 from app.storage.models import Instance
+from app.storage.rows import typed_row
 from app.storage.sizing_models import SizingWindow
 
 COUNT_FIELDS = (
@@ -83,12 +84,7 @@ def windows_in(engine: Engine, instance_id: int, start: float, end: float) -> li
         .limit(MAX_WINDOWS_READ)
     )
     with engine.connect() as conn:
-        return [
-            SizingWindowRow(
-                start_ts=r.start_ts, end_ts=r.end_ts, block_size=r.block_size, rate=r.rate, counts=r.counts, bins=r.bins
-            )
-            for r in conn.execute(q)
-        ]
+        return [typed_row(SizingWindowRow, r._mapping) for r in conn.execute(q)]
 
 
 def prune_windows(engine: Engine, older_than: float) -> int:

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.storage.models import AgentToken
+from app.storage.rows import typed_row
 from kvscope.errors import UserError
 
 TOKEN_PREFIX = "kvs_"
@@ -118,15 +119,4 @@ def list_tokens(engine: Engine) -> list[TokenRow]:
                 AgentToken.last_used,
             ).order_by(AgentToken.id)
         ).all()
-    return [
-        TokenRow(
-            name=r.name,
-            prefix=r.prefix,
-            role=r.role,
-            host=r.host,
-            created_at=r.created_at,
-            revoked_at=r.revoked_at,
-            last_used=r.last_used,
-        )
-        for r in rows
-    ]
+    return [typed_row(TokenRow, r._mapping) for r in rows]
