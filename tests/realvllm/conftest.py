@@ -22,7 +22,7 @@ import pytest
 
 from tests.ports import free_port
 
-from .server import Install, Server, default_install
+from .server import IN_PROCESS_ENGINE, Install, Server, default_install
 from .workload import POOL_BLOCKS
 
 HERE = Path(__file__).resolve().parent
@@ -161,5 +161,6 @@ def connector_server(vllm_pool: ServerPool, connector_store: Path, kv_events_end
             json.dumps(connector),
             "--kv-events-config",
             json.dumps(events),
-        )
+        ),
+        env_extra=IN_PROCESS_ENGINE,
     )

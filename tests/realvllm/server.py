@@ -88,6 +88,16 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+# vLLM's engine core in the API server's process instead of a process of its own (a documented
+# vLLM setting): one Python import of vLLM fewer per start (~30 % of a start's CPU here: 22-28 s
+# instead of 33-38 s healthy on this 2-core machine). The model still runs in vLLM's worker
+# process and a failing engine start still exits `vllm serve` with vLLM's error in its log, so
+# nothing kvscope reads or does changes. Used where a test restarts vLLM many times (the
+# controller stack, the connector server); test_agent_reads_real.py and the fp8-refusal test keep
+# vLLM's default layout, the one users run and the one the metric captures are pinned on.
+IN_PROCESS_ENGINE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def shared_vllm_cache() -> Path:
     """vLLM's own cache (VLLM_CACHE_ROOT), shared by every test server of every run: vLLM keeps
     there what it learns by inspecting the model class in a subprocess (`modelinfos/`), 11-13 s of

@@ -29,6 +29,7 @@ import httpx
 from . import watchdog
 from .server import (
     HEALTH_DEADLINE_S,
+    IN_PROCESS_ENGINE,
     Install,
     _group_alive,
     _tree_shm_paths,
@@ -122,7 +123,11 @@ class Stack:
         self.api_token = self._token("realvllm-api", "--role", "operator")
         config = self.job / "launcher.toml"
         command = serve_argv(self.install, self.vllm_port, self.base_flags)
-        env = {k: v for k, v in server_env(self.job / "vllm").items() if k not in os.environ or os.environ[k] != v}
+        env = {
+            k: v
+            for k, v in server_env(self.job / "vllm", IN_PROCESS_ENGINE).items()
+            if k not in os.environ or os.environ[k] != v
+        }
         config.write_text(
             "stop_on_exit = true\n"
             f"state_dir = {toml_str(str(self.job / 'controller'))}\n"
