@@ -15,9 +15,9 @@ from app.dashboard.memo import live_values
 from app.dashboard.overview import figure_json
 from app.dashboard.ranges import RANGES, TimeRange, default_range, resolve
 from app.dashboard.workers import run_page_work
+from app.derived.fleet import describe_offload, state_of
 from app.derived.grid import MAX_POINTS
 from app.derived.instance_charts import CHARTS
-from app.derived.overview import describe_offload, state_of
 from app.derived.panels import Scope, make_scope
 from app.derived.summary import compute_summary
 from app.derived.worth import compute_worth

@@ -13,7 +13,7 @@ from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
 from app.dashboard.memo import live_values
 from app.dashboard.workers import run_page_work
-from app.derived.overview import HostOverview, InstanceOverview, overview
+from app.derived.fleet import HostOverview, InstanceOverview, overview
 from app.storage.series_store import HostRow
 
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster

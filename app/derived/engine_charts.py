@@ -26,7 +26,7 @@ from agent import kv_vocabulary as kv
 from agent.engines import ENGINES
 from agent.engines import kv_series as ks
 from app.charts import palette
-from app.derived.evaluate import counter_rate, gauge_values, ratio, scale, total
+from app.derived.grid_math import counter_rate, gauge_values, ratio, scale, total
 from app.derived.panels import Panel, Scope, Trace
 from app.derived.series_reader import TieredSeries
 

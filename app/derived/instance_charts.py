@@ -7,7 +7,8 @@ from collections.abc import Callable
 from agent import kv_vocabulary as kv
 from app.charts import palette
 from app.derived.engine_charts import with_engine_names
-from app.derived.evaluate import (
+from app.derived.grid import Grid
+from app.derived.grid_math import (
     Values,
     add,
     counter_rate,
@@ -18,7 +19,6 @@ from app.derived.evaluate import (
     sum_by,
     total,
 )
-from app.derived.grid import Grid
 from app.derived.panels import Panel, Scope, Trace, offload_capacity_bytes, offload_size_bytes, offload_tier
 from app.derived.pcie import link_ceiling_gbps
 from app.derived.series_reader import TieredSeries

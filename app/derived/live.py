@@ -57,7 +57,7 @@ class LiveHandle:
 @dataclass(frozen=True)
 class LiveRawSeries(TieredSeries):
     """A raw series of a live range whose `points` hold only the samples from `handle.tail_lo`:
-    evaluate it through app.derived.evaluate (which knows), never by reading points directly."""
+    evaluate it through app.derived.grid_math (which knows), never by reading points directly."""
 
     handle: LiveHandle | None = None
 

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from agent import kv_vocabulary as kv
-from app.derived.evaluate import Values, gauge_window, range_increase
 from app.derived.grid import Grid, make_grid
+from app.derived.grid_math import Values, gauge_window, range_increase
 from app.derived.live import LiveValues
 from app.derived.series_reader import DEFAULT_PX, LiveRead, SeriesQuery, TieredSeries, by_name, pick_tier, read_series
 from app.storage.raw_store import counter_increases, series_meta

@@ -289,7 +289,7 @@ def install(app: Any, ctx: Any) -> None:
         def build() -> dict[str, Any]:
             from app.dashboard.instance import _instance, chart_data
             from app.dashboard.ranges import resolve
-            from app.derived.overview import state_of
+            from app.derived.fleet import state_of
 
             inst = _instance(ctx, instance_id)
             tr = resolve(ctx.now(), range, start, end)

@@ -22,9 +22,9 @@ from agent import kv_vocabulary as kv
 from agent.workloads.snapshot import delta, parse_snapshot
 from app.alerts.hitrates import hit_rate
 from app.alerts.series import SeriesMap, indexed
+from app.derived.fleet import sparklines
 from app.derived.grid import Grid
 from app.derived.instance_charts import hit_rates as hit_rate_chart
-from app.derived.overview import sparklines
 from app.derived.panels import make_scope
 from app.derived.series_reader import TieredSeries
 from app.derived.summary import compute_summary

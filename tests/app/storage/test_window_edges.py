@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.derived.evaluate import range_increase
+from app.derived.grid_math import range_increase
 from app.derived.panels import make_scope
 from app.derived.series_reader import SeriesQuery, read_series
 from app.ingest.parse import parse_batch

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from agent import kv_vocabulary as kv
-from app.derived.evaluate import Values, add, counter_rate, quantile_series, ratio, scale, sum_by, total
+from app.derived.grid_math import Values, add, counter_rate, quantile_series, ratio, scale, sum_by, total
 from app.derived.live import LiveValues
 from app.derived.panels import Scope, make_scope, offload_size_bytes
 from app.storage.events import list_events
