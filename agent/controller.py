@@ -73,6 +73,7 @@ class Controller:
         self.shm_free = shm_free
         self.supervise_every_s = supervise_every_s
         self._help_cache: dict[tuple[str, ...], set[str] | None] = {}
+        self._help_lock = threading.Lock()  # one `--help` run per command, even when warm-up and a rollout race
         self._seen: set[int] = set()
         self._queue: queue.Queue[Command | None] = queue.Queue()
         self._updates: list[RolloutUpdate] = []
@@ -162,6 +163,16 @@ class Controller:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="kvscope-controller", daemon=True)
             self._thread.start()
+            threading.Thread(target=self.warm_help, name="kvscope-help-warmup", daemon=True).start()
+
+    def warm_help(self) -> None:
+        """Read each managed server's `--help` now, not in the first rollout's preflight: for vLLM
+        that is an import of vLLM (12 s on an idle 2-core machine, 36 s on a busy one), which the
+        first Apply would otherwise wait for. A rollout that comes meanwhile waits for the same read."""
+        for inst in list(self.instances.values()):
+            if self._stopping.is_set():
+                return
+            self._accepted_flags(inst)
 
     def _work(self) -> None:
         while not self._stopping.is_set():
@@ -346,10 +357,11 @@ class Controller:
         if not cmd:
             return None
         key = tuple(cmd)
-        if key not in self._help_cache:
-            text = self.help_reader(list(cmd), inst.help_env)
-            self._help_cache[key] = pf.flags_from_help(text) if text else None
-        return self._help_cache[key]
+        with self._help_lock:
+            if key not in self._help_cache:
+                text = self.help_reader(list(cmd), inst.help_env)
+                self._help_cache[key] = pf.flags_from_help(text) if text else None
+            return self._help_cache[key]
 
     def _server_facts(self, url: str) -> tuple[str | None, dict[str, str]]:
         """The running server's model root and cache_config_info labels (best effort)."""

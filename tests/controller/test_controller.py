@@ -373,3 +373,41 @@ def test_rollback_reports_the_servers_own_error_line() -> None:
     rolling = next(u for u in ups if u.state == "rolling_back")
     assert cause in rolling.message and rolling.data["server_error"] == cause
     assert cause in next(u for u in ups if u.state == "rolled_back").message
+
+
+def test_the_servers_help_is_read_once_at_start_not_in_the_first_rollouts_preflight() -> None:
+    import threading
+    import time
+
+    ctl = _ctl(FakeLauncher())
+    ctl.supervise_every_s = 0.05
+    reads: list[list[str]] = []
+    gate = threading.Event()
+
+    def slow_help(cmd: list[str], _env: dict[str, str]) -> str:
+        reads.append(cmd)
+        gate.wait(5)  # `vllm serve --help=all` imports vLLM: seconds
+        return HELP
+
+    ctl.help_reader = slow_help
+    ctl.start_worker()  # the worker, and the warm-up beside it
+    try:
+        for _ in range(500):  # bounded wait for the warm-up to be inside the read
+            if reads:
+                break
+            time.sleep(0.01)
+        assert reads == [["fake-vllm", "serve", "--help"]]
+        # a rollout arriving meanwhile waits for that read instead of starting a second one
+        ctl.submit(_cmd(12, ["--kv-cache-dtype", "fp8"], probe={"enabled": False}), 0.0)
+        gate.set()
+        states: list[str] = []
+        for _ in range(500):
+            states += _states(ctl)
+            if states and states[-1] in ("healthy", "failed"):
+                break
+            time.sleep(0.01)
+        assert states[-1] == "healthy", states
+        assert len(reads) == 1
+    finally:
+        ctl.stop_on_exit = False
+        ctl.close()
