@@ -4,9 +4,10 @@ Every test here carries the `realvllm` marker. When tests/realvllm/setup.sh did 
 not) set the install up, they SKIP with the reason, so the summary line counts them.
 
 At most one vLLM per pytest process (under pytest-xdist, the controller module and the other
-modules are two work units: tests/scheduling.py): `vllm_pool.get(flags)` reuses the running server when the flags match and otherwise stops it
-before starting the next one (modules with the same flags share one start); the server is
-stopped after the last real-vLLM test, and at the end of the session whatever happens.
+modules are two work units: tests/scheduling.py): `vllm_pool.get(flags)` reuses the running
+server when the flags match and otherwise stops it before starting the next one (modules with the
+same flags share one start); the server is stopped after the last real-vLLM test, and at the end
+of the session whatever happens.
 """
 
 from __future__ import annotations
