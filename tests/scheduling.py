@@ -1,11 +1,9 @@
 """How pytest-xdist shares the suite out between workers (`-n N`, what scripts/test passes).
 
-Every test is its own work unit, except the real-vLLM tests, in two units: the controller module
-(one app + agent + launcher stack that restarts vLLM eleven times: the suite's longest chain) and
-the other real-vLLM modules (one vLLM at a time from their worker's pool, servers shared between
-modules with the same flags). A unit runs on one worker, so at most two vLLMs run at once (2
-cores); being the biggest units, they are handed out first (xdist's default scope reordering), and
-the workers go on with the rest of the suite when their unit is done.
+Every test is its own work unit, except tests/realvllm: one unit, so its tests run on one worker
+(one `vllm serve` at a time on 2 cores, its pool and stacks are per worker) and, being the biggest
+unit, it is handed out first (xdist's default scope reordering): the longest chain of the suite
+starts at once and the other worker(s) run everything else beside it.
 
 A scheduler rather than `--dist loadgroup` with `xdist_group` marks: pytest-xdist 3.8 on pytest
 9.2 silently stops grouping by mark (it rewrites a node id field pytest no longer reads;
@@ -16,11 +14,8 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-# node id prefix -> work unit (the first prefix that matches)
-GROUPS = {
-    "tests/realvllm/test_controller_real.py": "realvllm-stack",
-    "tests/realvllm/": "realvllm",
-}
+# node id prefix -> work unit
+GROUPS = {"tests/realvllm/": "realvllm"}
 
 
 def group_of(nodeid: str) -> str:

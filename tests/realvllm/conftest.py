@@ -3,11 +3,10 @@
 Every test here carries the `realvllm` marker. When tests/realvllm/setup.sh did not (or could
 not) set the install up, they SKIP with the reason, so the summary line counts them.
 
-At most one vLLM per pytest process (under pytest-xdist, the controller module and the other
-modules are two work units: tests/scheduling.py): `vllm_pool.get(flags)` reuses the running
-server when the flags match and otherwise stops it before starting the next one (modules with the
-same flags share one start); the server is stopped after the last real-vLLM test, and at the end
-of the session whatever happens.
+At most one vLLM runs at a time (2 cores; under pytest-xdist these tests all run on one worker):
+`vllm_pool.get(flags)` reuses the running server when the flags match and otherwise stops it
+before starting the next one (modules with the same flags share one start); the server is
+stopped after the last real-vLLM test, and at the end of the session whatever happens.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark these tests. (Under pytest-xdist they run as two work units, first: tests/scheduling.py.)"""
+    """Mark these tests. (Under pytest-xdist they run on one worker, first: tests/scheduling.py.)"""
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.realvllm)
