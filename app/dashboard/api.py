@@ -11,29 +11,15 @@ from starlette.concurrency import run_in_threadpool
 
 from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
+from app.derived.fleet import instance_state
 from app.derived.rates import gauge_series, rate_series, reset_times
 from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.events import list_events
-from app.storage.series_store import InstanceRow, get_instance, list_instances
+from app.storage.series_store import get_instance, list_instances
 from app.web.ids import MAX_DB_ID, OptionalDbIdQuery
 
 MAX_POINTS = 11_000
 DEFAULT_RANGE_S = 3600.0
-
-
-def instance_state(inst: InstanceRow, now: float, stale_after: float) -> str:
-    """up | down | stale (agent silent) | unknown."""
-    last_push = inst.get("host_last_push")
-    if last_push is None or now - float(last_push) > stale_after:
-        return "stale"
-    last_ok, last_scrape = inst.get("last_ok"), inst.get("last_scrape")
-    if last_ok is None:
-        return "down"
-    if last_scrape is not None and last_ok < last_scrape:
-        return "down"
-    if inst.get("healthy") is False:
-        return "down"
-    return "up"
 
 
 def resolve_range(now: float, start: float | None, end: float | None, step: float | None) -> tuple[float, float, float]:

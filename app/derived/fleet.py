@@ -36,8 +36,9 @@ class HostOverview(HostRow):
     stale: bool
 
 
-def instance_state(inst: InstanceRow, now: float, stale_after: float, recent_restart: bool) -> str:
-    """up | down | restarting | stale (the host's agent has not pushed for stale_after seconds)."""
+def instance_state(inst: InstanceRow, now: float, stale_after: float, recent_restart: bool = False) -> str:
+    """up | down | restarting | stale (the host's agent has not pushed for stale_after seconds).
+    "restarting" only when the caller knows of a recent restart (state_of reads the events)."""
     last_push = inst.get("host_last_push")
     if last_push is None or now - float(last_push) > stale_after:
         return "stale"

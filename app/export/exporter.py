@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent import kv_vocabulary as kv
-from app.dashboard.api import instance_state
+from app.derived.fleet import instance_state
 from app.derived.rates import rate_at
 from app.derived.series_reader import SeriesQuery, TieredSeries, read_series
 from app.storage.series_store import InstanceRow, list_instances
