@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from load import host_samples
 
 REPO = Path(__file__).resolve().parent.parent
 PROM = REPO / "tests" / "fixtures" / "vllm" / "synthetic__qwen3-8b-h200__native-cpu-offload.prom"
@@ -122,19 +123,7 @@ def typical_push() -> tuple[Callable[[int, float], bytes], int]:
 
     norm = normalise(parse(PROM.read_text(), KEEP_PREFIXES, {}))
     samples = [{"name": n, "labels": lab, "value": v} for n, lab, v in norm.samples]
-    gib = 2.0**30
-    host_samples = [
-        {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 256 * gib},
-        {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 150 * gib},
-        {
-            "name": "kvscope:pinned_offload_file_bytes",
-            "labels": {"file": "/dev/shm/vllm_offload_0.mmap"},
-            "value": 8 * gib,
-        },
-        {"name": "kvscope:gpu_count", "labels": {}, "value": 1.0},
-        {"name": "kvscope:gpu_utilization_ratio", "labels": {"gpu": "0", "name": "H200"}, "value": 0.5},
-        {"name": "kvscope:gpu_memory_used_bytes", "labels": {"gpu": "0", "name": "H200"}, "value": 120 * gib},
-    ]
+    host = host_samples(0, 0.0)  # the load bench's host readings (memory, pinned file, GPU)
 
     def batch(seq: int, ts: float) -> bytes:
         return json.dumps(
@@ -155,11 +144,11 @@ def typical_push() -> tuple[Callable[[int, float], bytes], int]:
                     }
                 ],
                 "host_ts": ts,
-                "host_samples": host_samples,
+                "host_samples": host,
             }
         ).encode()
 
-    return batch, len(samples) + len(host_samples)
+    return batch, len(samples) + len(host)
 
 
 @dataclass
