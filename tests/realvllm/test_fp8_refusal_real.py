@@ -20,7 +20,6 @@ import pytest
 from agent.failure_cause import failure_cause
 from tests.ports import free_port
 
-from .conftest import ServerPool
 from .cpu import FP8_REFUSAL
 from .server import Install, die_with_parent, serve_argv, server_env
 
@@ -36,7 +35,7 @@ except Exception:
 
 
 def test_fp8_is_refused_with_vllms_own_words_on_a_cpu_without_avx512(
-    vllm_pool: ServerPool, realvllm_install: Install, realvllm_jobs: Path
+    realvllm_install: Install, realvllm_jobs: Path
 ) -> None:
     # The pool's server (if any) stays up, idle, for the next module: this vLLM stops at engine start.
     job = realvllm_jobs / "fp8-refusal"
