@@ -3,10 +3,12 @@
 Every test here carries the `realvllm` marker. When tests/realvllm/setup.sh did not (or could
 not) set the install up, they SKIP with the reason, so the summary line counts them.
 
-At most one vLLM runs at a time (2 cores; under pytest-xdist these tests all run on one worker):
-`vllm_pool.get(flags)` reuses the running server when the flags match and otherwise stops it
-before starting the next one (modules with the same flags share one start); the server is
-stopped after the last real-vLLM test, and at the end of the session whatever happens.
+At most one vLLM runs at a time per pytest process: `vllm_pool.get(flags)` reuses the running
+server when the flags match and otherwise stops it before starting the next one (modules with the
+same flags share one start); the server is stopped after the last real-vLLM test, and at the end
+of the session whatever happens. Under pytest-xdist (tests/scheduling.py) the controller stack's
+module is one work unit and every other module here another, each on one worker: two vLLMs at
+most, side by side.
 """
 
 from __future__ import annotations
