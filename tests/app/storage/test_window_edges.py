@@ -4,12 +4,13 @@ at the last scrape before it), on the raw tier in the database, on fetched raw p
 1-minute rollups for windows on minute edges. Runs on SQLite and PostgreSQL.
 
 The oracle is computed from the recorded counters alone (tests/app/pages/recorded.py): per scrape,
-the new value minus the previous one, or the new value right after the known restart.
+the new value minus the previous one, or the new value right after the known restart. The
+recorded batches go in through the real IngestWriter once per session (tests/fed_databases.py);
+each test reads (and rolls up) its own copy of that database.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
@@ -18,12 +19,11 @@ import pytest
 from app.derived.grid_math import range_increase
 from app.derived.panels import make_scope
 from app.derived.series_reader import SeriesQuery, read_series
-from app.ingest.parse import parse_batch
-from app.storage.ingest_store import IngestWriter
 from app.storage.raw_store import counter_increases, series_meta
 from app.storage.rollups import run_rollups
 from app.storage.series_store import list_instances
 from tests.app.pages.recorded import recorded_batches
+from tests.fed_databases import Feed
 
 T0 = 1_800_000_000.0
 N = 160
@@ -51,13 +51,14 @@ def _vllm_delta(batches: list[dict[str, Any]], src: str, start: float, end: floa
     return total
 
 
+# the recorded batches written by the real IngestWriter, once per session; each test gets a copy
+RECORDED = Feed("window-edges", lambda: recorded_batches(T0, N, interval=5.0, reset_at=RESET_AT), via="writer")
+pytestmark = pytest.mark.fed_database(RECORDED)
+
+
 @pytest.fixture
 def fed(engine: Any) -> tuple[Any, list[dict[str, Any]], dict[str, int]]:
-    batches = recorded_batches(T0, N, interval=5.0, reset_at=RESET_AT)
-    writer = IngestWriter(engine)
-    for b in batches:
-        batch = parse_batch(json.dumps(b).encode(), b["sent_at"], max_future_skew_s=300, max_past_age_s=1e9)
-        writer.write(batch, b["sent_at"])
+    batches = RECORDED.batches()
     inst = list_instances(engine)[0]
     metas = series_meta(engine, ["vllm:prompt_tokens_by_source_total"], instance_id=int(inst["id"]))
     ids = {str(m.labels["source"]): m.id for m in metas}
