@@ -19,10 +19,17 @@ import pytest
 from tests.browser.conftest import LiveApp
 from tests.conftest import api_token
 from tests.ports import free_port
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHARTS = ["tokens", "hitrates", "transfer", "pinned", "tiers", "latency", "gpu"]
-FEED_S = 25.0
+FEED_BOUND_S = 120.0  # a bound on a stuck pipeline; the fixture moves on as soon as every chart has data
+
+
+def _filled(traces: list[dict[str, Any]]) -> bool:
+    """Every trace but the event markers has at least one non-null point (what the test asserts)."""
+    data = [t for t in traces if t.get("name") != "events"]
+    return bool(data) and all(any(v is not None for v in t.get("y") or []) for t in data)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -142,15 +149,28 @@ def sim_fed(tmp_path_factory: Any, chromium_context: Any) -> Iterator[tuple[Live
         )
         traffic = Traffic(sim_url, "qwen3-4b", rate=6.0, workers=3, seed=3, max_requests=2000)
         traffic.start()
-        deadline = time.monotonic() + FEED_S
-        while time.monotonic() < deadline:
+        auth = {"Authorization": "Bearer " + api_token(app.engine, "viewer")}
+
+        def fed() -> str | None:
+            """The instance's id once every chart's JSON has data in each of its traces."""
             if procs[1].poll() is not None:
                 pytest.fail(f"agent exited: {agent_log.read_text()[-2000:]}")
-            time.sleep(0.5)
-        auth = {"Authorization": "Bearer " + api_token(app.engine, "viewer")}
-        instances = httpx.get(app.url + "/api/v1/instances", headers=auth).json()["instances"]
-        assert instances, f"no instance reached the app; agent log: {agent_log.read_text()[-2000:]}"
-        yield app, str(instances[0]["id"])
+            instances = httpx.get(app.url + "/api/v1/instances", headers=auth).json()["instances"]
+            if not instances:
+                return None
+            iid = str(instances[0]["id"])
+            for key in CHARTS:
+                url = f"{app.url}/api/v1/instances/{iid}/charts/{key}"
+                fig = httpx.get(url, headers=auth, params={"range": "15m"}).json()["figure"]
+                if not fig or not _filled(fig["data"]):
+                    return None
+            return iid
+
+        try:
+            iid = wait_until(fed, "every chart to have data", timeout=FEED_BOUND_S, interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; agent log: {agent_log.read_text()[-2000:]}") from None
+        yield app, iid
     finally:
         if traffic is not None:
             traffic.stop()
