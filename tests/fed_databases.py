@@ -13,6 +13,11 @@ the first test that asks for a feed pays for it once, later ones get a copy:
   ingest API once per session, not once per test and backend; ingest itself on PostgreSQL is tested
   batch by batch in tests/app/test_ingest.py and tests/app/api.
 
+Under pytest-xdist the SQLite files (fed and migrated-empty) are built once for all workers: in
+the session's common temp folder, under a file lock per database, the first worker to ask builds
+it and the others wait for it and copy it (each worker still has its own PostgreSQL cluster, so
+its PostgreSQL template is made from that shared file).
+
 A test asks with `@pytest.mark.fed_database(FEED)`: tests/conftest.py's `db_url` then yields a
 copy of the fed database instead of an empty migrated one, and the usual `settings`, `engine`,
 `app`, `client`, `token` fixtures run on it. The copy is the database the test would have built
@@ -21,7 +26,9 @@ itself, so its assertions are unchanged (an app opened on it is an app restarted
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -77,23 +84,36 @@ def feed_database(feed: Feed, data_dir: Path, database_url: str | None) -> None:
 class FedDatabases:
     """The session's fed databases: built on first use, copied for every test."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, shared: Path | None = None) -> None:
         self.base = base
+        # where the SQLite masters are built: the folder every xdist worker of the session sees
+        self.shared = shared if shared is not None else shared_folder(base)
         self._sqlite: dict[str, Path] = {}
         self._pg: dict[str, str] = {}
         self._migrated: Path | None = None
+
+    def _master(self, key: str, build: Callable[[Path], Path]) -> Path:
+        """The SQLite file `build(folder)` writes (and returns) for `key`, built once for all
+        workers: under an exclusive lock on its own lock file, the first caller builds and
+        checkpoints it and marks it done; a later caller (or another worker) finds it done."""
+        folder = self.shared / key
+        done = self.shared / f"{key}.done"
+        self.shared.mkdir(parents=True, exist_ok=True)
+        with open(self.shared / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way
+                folder.mkdir(parents=True)
+                path = build(folder)
+                _checkpoint(path)
+                done.write_text(str(path))
+            return Path(done.read_text())
 
     def copy_migrated_sqlite(self, dest: Path) -> None:
         """Write a copy of an empty SQLite file migrated to all heads to dest: the migration runs
         once per session, not once per test (the app's start-up upgrade then finds it at head)."""
         if self._migrated is None:
-            from app.storage.engine import open_database
-
-            master = self.base / "sqlite-migrated" / "kvscope.db"
-            master.parent.mkdir(parents=True)
-            open_database(f"sqlite:///{master}").dispose()
-            _checkpoint(master)
-            self._migrated = master
+            self._migrated = self._master("migrated", _migrated_sqlite)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(self._migrated, dest)
 
@@ -101,10 +121,7 @@ class FedDatabases:
         """Write a copy of feed's fed SQLite file to dest (built first if this is the first ask)."""
         master = self._sqlite.get(feed.name)
         if master is None:
-            data_dir = self.base / f"sqlite-{feed.name}"
-            feed_database(feed, data_dir, None)
-            master = data_dir / "kvscope.db"
-            _checkpoint(master)
+            master = self._master("feed-" + re.sub(r"\W", "_", feed.name), lambda d: _fed_sqlite(feed, d))
             self._sqlite[feed.name] = master
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(master, dest)
@@ -119,6 +136,29 @@ class FedDatabases:
             copy_rows(f"sqlite:///{master}", cluster.url(template))
             self._pg[feed.name] = template
         return str(cluster.new_database(template=template))
+
+
+def shared_folder(base: Path) -> Path:
+    """The folder for databases every worker of the session may use. An xdist worker's temp
+    folders live under <session root>/popen-<worker id>/ (base is one of them): their common
+    parent is the session's. Outside xdist (or laid out otherwise) it is base itself."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and base.parent.name == f"popen-{worker}":
+        return base.parent.parent / "fed-databases-shared"
+    return base / "shared"
+
+
+def _migrated_sqlite(folder: Path) -> Path:
+    from app.storage.engine import open_database
+
+    path = folder / "kvscope.db"
+    open_database(f"sqlite:///{path}").dispose()
+    return path
+
+
+def _fed_sqlite(feed: Feed, folder: Path) -> Path:
+    feed_database(feed, folder, None)
+    return folder / "kvscope.db"
 
 
 def _checkpoint(path: Path) -> None:
