@@ -1,8 +1,9 @@
 """The truth test: every plotted rate and ratio equals an independent PromQL-style computation.
 
 A recorded sequence of scrapes (jittered gaps, a counter restart half-way) goes through the real
-ingest API; the instance charts are read back from /api/v1/instances/{id}/charts/{key}; each
-plotted value is recomputed by tests/app/promql_oracle.py from the recorded scrapes themselves.
+ingest API (once per session, tests/fed_databases.py: the module reads a copy); the instance charts
+are read back from /api/v1/instances/{id}/charts/{key}; each plotted value is recomputed by
+tests/app/promql_oracle.py from the recorded scrapes themselves.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pytest
 
 from app.derived.grid import MIN_RATE_WINDOW_S
 from tests.app import promql_oracle as o
-from tests.app.pages.recorded import fed_app, recorded_batches
+from tests.app.pages.recorded import recorded_batches
+from tests.fed_databases import Feed
 
 TOL = 1e-9
 
@@ -30,11 +32,33 @@ def _close(a: float | None, b: float | None) -> bool:
 T0 = 1_800_000_000.0
 
 
+# the recorded scrapes through the ingest API, fed once per session (for every xdist worker)
+RECORDED = Feed("truth", lambda: recorded_batches(T0 - 4000, 600, interval=5.0, reset_at=330))
+
+
 @pytest.fixture(scope="module")
-def fed(tmp_path_factory: Any) -> Any:
-    batches = recorded_batches(T0 - 4000, 600, interval=5.0, reset_at=330)
-    with fed_app(tmp_path_factory.mktemp("truth"), batches, T0) as (app, client, _clock):
-        yield app, client, batches
+def fed(tmp_path_factory: Any, fed_databases: Any) -> Any:
+    """The module's app, opened on a copy of the fed database (an app restarted on that data),
+    its clock where pushing the batches left it."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.storage.engine import open_database
+    from tests.conftest import FakeClock, api_token
+
+    batches = RECORDED.batches()
+    data_dir = tmp_path_factory.mktemp("truth")
+    fed_databases.copy_sqlite(RECORDED, data_dir / "kvscope.db")
+    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
+    engine = open_database(settings.effective_database_url)
+    app = create_app(settings, engine=engine, clock=FakeClock(batches[-1]["sent_at"] + 3), start_jobs=False)
+    try:
+        with TestClient(app) as client:
+            client.headers["Authorization"] = "Bearer " + api_token(engine)
+            yield app, client, batches
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
