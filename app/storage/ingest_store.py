@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -36,6 +36,12 @@ INFO_OFFLOAD = "vllm:kv_offload_config_info"
 # Labels that identify the sample rather than describe the config.
 _ID_LABELS = frozenset({"model_name", "engine"})
 MAX_DROPPED_LISTED = 20  # dropped samples named in a reply / event; the count covers all
+# PostgreSQL: a push's samples in one INSERT, duplicates (replayed scrapes) ignored
+_PG_INSERT_SAMPLES = text(
+    "INSERT INTO samples (series_id, ts_ms, value) "
+    "SELECT * FROM unnest(CAST(:ids AS integer[]), CAST(:ts AS bigint[]), CAST(:values AS double precision[])) "
+    "ON CONFLICT DO NOTHING"
+)
 
 __all__ = ["IngestWriter", "SeriesCapExceeded", "SeriesLimits", "WriteResult", "labels_key", "sample_kind"]
 
@@ -209,11 +215,13 @@ class IngestWriter:
             # The hot path: one driver-level executemany, duplicates (replayed scrapes) ignored.
             conn.exec_driver_sql("INSERT OR IGNORE INTO samples (series_id, ts_ms, value) VALUES (?, ?, ?)", rows)
             return
-        dicts = [{"series_id": a, "ts_ms": b, "value": c} for a, b, c in rows]
         if self.dialect == "postgresql":
-            conn.execute(postgresql.insert(SampleRow).on_conflict_do_nothing(), dicts)
-        else:
-            conn.execute(insert(SampleRow), dicts)
+            # one statement with the rows as three arrays: psycopg's executemany sends a statement
+            # per row (80 per scrape of a vLLM server), each parsed and planned by the server
+            ids, ts, values = zip(*rows, strict=True)
+            conn.execute(_PG_INSERT_SAMPLES, {"ids": list(ids), "ts": list(ts), "values": list(values)})
+            return
+        conn.execute(insert(SampleRow), [{"series_id": a, "ts_ms": b, "value": c} for a, b, c in rows])
 
     def _host(self, conn: Connection, batch: PushBatch, now: float) -> int:
         hid = self._hosts.get(batch.host)
