@@ -1,4 +1,4 @@
-"""Moves experiments forward, one small step per tick (a function of `now`; nothing here blocks).
+"""Moves experiments forward on each tick, a step at a time (a function of `now`; nothing here blocks).
 
     pending -> running: switch (rollout to the run's profile: a restart, even onto the same profile)
                         -> switching (wait for the rollout: healthy, or the arm failed)
@@ -33,6 +33,10 @@ from app.storage.ab_rows import ExperimentRow, RunRow
 
 log = logging.getLogger("kvscope.ab")
 FAILED_ROLLOUT_STATES = frozenset({"rolled_back", "failed", "refused", "cancelled", "expired"})
+# Steps of a running experiment that act at once (they wait for nothing): a tick that reaches one
+# takes it too, up to MAX_STEPS_PER_TICK steps per experiment and tick.
+READY_STEPS = frozenset({"switch", "run"})
+MAX_STEPS_PER_TICK = 4
 
 
 @dataclass
@@ -74,7 +78,7 @@ class Orchestrator:
     def tick(self, now: float) -> None:
         for exp in st.claim_experiments(self.engine, self.owner, now, self.lease_s):
             try:
-                self.advance(exp, now)
+                self._advance_while_ready(exp, now)
             except Exception as exc:  # one broken experiment never stops the others
                 log.exception("A/B experiment %s step failed", exp["id"])
                 msg = f"internal error in step {exp['step']!r}: {type(exc).__name__}: {exc}"
@@ -82,6 +86,20 @@ class Orchestrator:
                     self._finish(exp, now, "failed", msg)
                 else:
                     self._fail(exp, now, msg)
+
+    def _advance_while_ready(self, exp: ExperimentRow, now: float) -> None:
+        """One step, then the next ones at once while they wait for nothing (starting a switch or a
+        run): an experiment does not idle a tick between a healthy rollout and its run, or between
+        one run's record and the next run's switch."""
+        for _ in range(MAX_STEPS_PER_TICK):
+            before = (exp["state"], exp["step"], exp["current_run"])
+            self.advance(exp, now)
+            nxt = st.get_experiment(self.engine, int(exp["id"]))
+            if nxt is None or (nxt["state"], nxt["step"], nxt["current_run"]) == before:
+                return  # waiting (a rollout, a run, a busy controller) or gone
+            if nxt["state"] != "running" or nxt["step"] not in READY_STEPS:
+                return
+            exp = nxt
 
     def advance(self, exp: ExperimentRow, now: float) -> None:
         state = exp["state"]

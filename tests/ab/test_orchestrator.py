@@ -190,3 +190,31 @@ def test_a_run_with_foreign_traffic_is_flagged_and_left_out_of_the_verdict(setup
     assert v["excluded"] == [{"idx": 1, "arm": "B", "reason": runs[1]["summary"]["contaminated"]}]
     assert v["runs_used"] == {"A": 3, "B": 2} and v["call"] == "inconclusive: too few runs"
     assert "(1 left out as contaminated)" in v["summary"]
+
+
+def test_a_tick_takes_every_step_that_waits_for_nothing(setup: dict[str, Any], clock: Any) -> None:
+    """Start -> switch (the rollout requested) in one tick; rollout healthy -> run started in the
+    next; the run's record -> the next run's switch requested in the one after: no tick is spent
+    idling between a step that is done and one that can start."""
+    ctx, iid, host_id = setup["ctx"], setup["iid"], setup["host_id"]
+    orch = Orchestrator(ctx.engine, RolloutsPort(ctx), ModelExecutor(ctx, iid), Limits(n_boot=200))
+    eid = start_experiment(ctx, instance_id=iid, profile_b="offload-0.5", workload=SPEC, runs_per_arm=2)
+
+    def tick() -> dict[str, Any]:
+        orch.tick(clock())
+        exp = st.get_experiment(ctx.engine, eid)
+        assert exp is not None
+        clock.advance(1.0)
+        return dict(exp)
+
+    exp = tick()  # pending -> running, and the first switch requested at once
+    assert (exp["state"], exp["step"], exp["current_run"]) == ("running", "switching", 0)
+    agent_step(ctx, host_id, clock())  # the agent reports the rollout healthy
+    exp = tick()  # healthy -> run -> the workload started (the model executor answers at once)
+    assert (exp["step"], exp["current_run"]) == ("running", 0)
+    exp = tick()  # the record -> run 2's switch requested in the same tick
+    assert (exp["step"], exp["current_run"]) == ("switching", 1)
+    run0 = st.get_run(ctx.engine, eid, 0)
+    assert run0 is not None and run0["state"] == "done"
+    exp = drive(orch, ctx, host_id, clock, eid)
+    assert exp["state"] == "completed", exp["message"]
