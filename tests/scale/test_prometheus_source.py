@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
+import functools
 import http.server
-import json
 import math
 import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ from app.export.prometheus_source import (
     scrape_interval,
     selector,
 )
+from tests.fed_databases import Feed
+from tests.ports import free_port
+from tests.waits import wait_until
 
 from .prom import PromServer, backfill, binaries, openmetrics
 
@@ -183,28 +187,92 @@ def _to_openmetrics(batches: list[dict[str, Any]]) -> str:
     )
 
 
-@pytest.fixture
-def backfilled(
-    client: Any, token: str, clock: Any, tmp_path: Path, prom_bins: tuple[str, str]
-) -> Iterator[tuple[list[dict[str, Any]], PromServer]]:
-    t0 = float(math.floor(time.time() / 60) * 60 - 4 * 3600)  # recent past: Prometheus keeps it
-    batches = recorded(t0, 240)
-    for b in batches:
-        clock.t = b["sent_at"]
-        r = client.post(
-            "/api/v1/ingest",
-            content=json.dumps(b),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )
-        assert r.status_code == 200, r.text
-    clock.t = batches[-1]["sent_at"] + 2
-    server = PromServer(prom_bins[0], tmp_path)
-    backfill(prom_bins[1], _to_openmetrics(batches), server.storage, tmp_path)
-    server.start()
+# Minute-aligned, in the past; a constant, so every xdist worker makes the same batches (the
+# fed database may be built by another worker than the one that backfills its Prometheus).
+T0 = 1_700_000_040.0
+# The scrape interval of the module's Prometheus for the live targets.
+SCRAPE_S = 0.5
+
+
+@functools.cache
+def _recorded() -> list[dict[str, Any]]:
+    """The module's recorded scrapes, the same in the store and in the backfilled Prometheus."""
+    return recorded(T0, 240)
+
+
+# The store side: the batches POSTed through the ingest API once per session, each test's
+# database a copy (tests/fed_databases.py).
+RECORDED = Feed("prometheus-source-recorded", _recorded)
+
+
+class _Exposition(http.server.BaseHTTPRequestHandler):
+    """A static exposition server: a real vLLM capture, with its counters advanced per request."""
+
+    body = (REPO / "tests" / "fixtures" / "vllm" / "real__vllm-0.32.0-cpu__tiny-llama__prefix-cache.prom").read_text()
+    hits = 0
+
+    def do_GET(self) -> None:
+        if self.path != "/metrics":
+            self.send_error(404)
+            return
+        type(self).hits += 1
+        extra = f'kvscope_test_scrapes_total{{model_name="tiny"}} {type(self).hits}\n'
+        data = (self.body + extra).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class ModulePrometheus:
+    """The module's one Prometheus: `server` holds the recorded batches (backfilled with promtool)
+    and scrapes, every SCRAPE_S, the exposition server at `exposition_url` and whatever listens
+    on `sim_port` (the sim test's `kvscope sim`). Prometheus 2.42 applies a new target set only
+    every 5 s, so both targets are in its configuration from the start: the scraping tests find
+    them scraped already, or up on their next scrape. No test writes to it."""
+
+    server: PromServer
+    exposition_url: str
+    sim_port: int
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: Any, prom_bins: tuple[str, str]) -> Iterator[ModulePrometheus]:
+    work = tmp_path_factory.mktemp("prometheus")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    port, sim_port = httpd.server_address[1], free_port()
+    server = PromServer(
+        prom_bins[0],
+        work,
+        scrape_interval=f"{round(SCRAPE_S * 1000)}ms",
+        scrape_configs=(
+            f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}', '127.0.0.1:{sim_port}']\n"
+        ),
+    )
     try:
-        yield batches, server
+        backfill(prom_bins[1], _to_openmetrics(_recorded()), server.storage, work)
+        server.start()
+        yield ModulePrometheus(server, f"http://127.0.0.1:{port}", sim_port)
     finally:
         server.stop()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def backfilled(clock: Any, prometheus: ModulePrometheus) -> tuple[list[dict[str, Any]], PromServer]:
+    """(batches, Prometheus) for a test marked fed_database(RECORDED); the app's clock just
+    after the last batch."""
+    batches = _recorded()
+    clock.t = batches[-1]["sent_at"] + 2
+    return batches, prometheus.server
 
 
 def _panel_values(panel: Any) -> list[tuple[str, list[float | None]]]:
@@ -219,6 +287,7 @@ def _same(a: list[float | None], b: list[float | None]) -> bool:
     )
 
 
+@pytest.mark.fed_database(RECORDED)
 def test_charts_identical_from_store_and_prometheus(app: Any, backfilled: Any) -> None:
     from app.derived.instance_charts import CHARTS
     from app.derived.panels import make_scope
@@ -251,6 +320,7 @@ def test_charts_identical_from_store_and_prometheus(app: Any, backfilled: Any) -
     assert compared > 1000  # the comparison is not vacuous
 
 
+@pytest.mark.fed_database(RECORDED)
 def test_prometheus_chart_api(client: Any, app: Any, backfilled: Any) -> None:
     batches, server = backfilled
     first, last = batches[0]["sent_at"], batches[-1]["sent_at"]
@@ -341,85 +411,37 @@ def test_long_ranges_use_query_range_under_the_point_limit() -> None:
     assert src.last_mode == "raw" and [s["path"] for s in seen] == ["/api/v1/query", "/api/v1/query"]
 
 
-class _Exposition(http.server.BaseHTTPRequestHandler):
-    """A static exposition server: a real vLLM capture, with its counters advanced per request."""
+def test_reads_a_prometheus_that_scrapes_a_live_server(prometheus: ModulePrometheus) -> None:
+    src = PrometheusSource(prometheus.server.url)
+    url = prometheus.exposition_url
+    names = ["kvscope_test_scrapes_total", "vllm:prompt_tokens_total", "vllm:cache_config_info"]
 
-    body = ""
-    hits = 0
+    def scraped() -> list[Any]:
+        now = time.time()
+        got = src.fetch(names, url, now - 120, now)
+        pts = next((s.points for s in got if s.name == "kvscope_test_scrapes_total"), [])
+        return got if len(pts) >= 4 else []
 
-    def do_GET(self) -> None:
-        if self.path != "/metrics":
-            self.send_error(404)
-            return
-        type(self).hits += 1
-        extra = f'kvscope_test_scrapes_total{{model_name="tiny"}} {type(self).hits}\n'
-        data = (self.body + extra).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-def test_reads_a_prometheus_that_scrapes_a_live_server(tmp_path: Path, prom_bins: tuple[str, str]) -> None:
-    fixture = REPO / "tests" / "fixtures" / "vllm" / "real__vllm-0.32.0-cpu__tiny-llama__prefix-cache.prom"
-    _Exposition.body = fixture.read_text()
-    _Exposition.hits = 0
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exposition)
-    port = httpd.server_address[1]
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    server = PromServer(
-        prom_bins[0],
-        tmp_path,
-        scrape_interval="1s",
-        scrape_configs=(f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
+    got = wait_until(scraped, "Prometheus to scrape the server 4 times", timeout=60, interval=0.1)
+    by = {s.name: s for s in got}
+    scrapes = by["kvscope_test_scrapes_total"]
+    # every real sample, with its own time: values count the scrapes, one per scrape interval
+    vals = [v for _, v in scrapes.points]
+    assert vals == sorted(vals) and len(set(vals)) == len(vals)
+    gaps = [b[0] - a[0] for a, b in zip(scrapes.points, scrapes.points[1:], strict=False)]
+    assert all(0.5 * SCRAPE_S < g < 3.0 * SCRAPE_S for g in gaps), gaps
+    assert scrapes.kind == "counter" and scrapes.labels == {"model_name": "tiny"}
+    # vLLM's own labels come through, Prometheus' target labels do not
+    pt = by["vllm:prompt_tokens_total"]
+    assert "instance" not in pt.labels and "job" not in pt.labels and pt.labels.get("model_name")
+    want = next(
+        float(line.rsplit(" ", 1)[1])
+        for line in _Exposition.body.splitlines()
+        if line.startswith("vllm:prompt_tokens_total{")
     )
-    try:
-        server.start()
-        url = f"http://127.0.0.1:{port}"
-        src = PrometheusSource(server.url)
-        deadline = time.monotonic() + 60
-        got: list[Any] = []
-        while time.monotonic() < deadline:
-            now = time.time()
-            got = src.fetch(
-                ["kvscope_test_scrapes_total", "vllm:prompt_tokens_total", "vllm:cache_config_info"],
-                url,
-                now - 120,
-                now,
-            )
-            pts = next((s.points for s in got if s.name == "kvscope_test_scrapes_total"), [])
-            if len(pts) >= 4:
-                break
-            time.sleep(0.5)
-        by = {s.name: s for s in got}
-        scrapes = by["kvscope_test_scrapes_total"]
-        assert len(scrapes.points) >= 4, "Prometheus did not scrape the server"
-        # every real sample, with its own time: values count the scrapes, about one per second
-        vals = [v for _, v in scrapes.points]
-        assert vals == sorted(vals) and len(set(vals)) == len(vals)
-        gaps = [b[0] - a[0] for a, b in zip(scrapes.points, scrapes.points[1:], strict=False)]
-        assert all(0.5 < g < 3.0 for g in gaps), gaps
-        assert scrapes.kind == "counter" and scrapes.labels == {"model_name": "tiny"}
-        # vLLM's own labels come through, Prometheus' target labels do not
-        pt = by["vllm:prompt_tokens_total"]
-        assert "instance" not in pt.labels and "job" not in pt.labels and pt.labels.get("model_name")
-        want = next(
-            float(line.rsplit(" ", 1)[1])
-            for line in _Exposition.body.splitlines()
-            if line.startswith("vllm:prompt_tokens_total{")
-        )
-        assert pt.points[-1][1] == want
-        info = by["vllm:cache_config_info"]
-        assert info.labels.get("enable_prefix_caching") == "True"
-    finally:
-        server.stop()
-        httpd.shutdown()
-        httpd.server_close()
+    assert pt.points[-1][1] == want
+    info = by["vllm:cache_config_info"]
+    assert info.labels.get("enable_prefix_caching") == "True"
 
 
 def _by_source(text: str) -> dict[str, float]:
@@ -431,43 +453,33 @@ def _by_source(text: str) -> dict[str, float]:
     return out
 
 
-def test_reads_a_prometheus_that_scrapes_kvscope_sim(tmp_path: Path, prom_bins: tuple[str, str]) -> None:
-    """Prometheus scrapes a `kvscope sim` every second while requests with a shared prefix run;
+def test_reads_a_prometheus_that_scrapes_kvscope_sim(tmp_path: Path, prometheus: ModulePrometheus) -> None:
+    """Prometheus scrapes a `kvscope sim` every SCRAPE_S while requests with a shared prefix run;
     the source reads back the by-source token counters the sim reports."""
-    from tests.ports import free_port
-
     from .sim import running_sim
 
-    port = free_port()
-    with running_sim(port, tmp_path / "sim") as sim_url:
-        server = PromServer(
-            prom_bins[0],
-            tmp_path,
-            scrape_interval="1s",
-            scrape_configs=(f"  - job_name: vllm\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"),
-        )
+    with running_sim(prometheus.sim_port, tmp_path / "sim") as sim_url:
+        doc = " ".join(f"word{i}" for i in range(600))
+        with httpx.Client(base_url=sim_url, timeout=30) as c:
+            for i in range(6):
+                r = c.post("/v1/completions", json={"model": "tiny", "prompt": f"{doc} question {i}", "max_tokens": 4})
+                assert r.status_code == 200, r.text
+            want = _by_source(c.get("/metrics").text)
+        assert want.get("local_cache_hit", 0) > 0 and want.get("local_compute", 0) > 0
+        src = PrometheusSource(prometheus.server.url)
+        got: list[Any] = []
+        last: dict[str, float] = {}
+
+        def caught_up() -> bool:
+            nonlocal got, last
+            now = time.time()
+            got = src.fetch(["vllm:prompt_tokens_by_source_total"], sim_url, now - 300, now)
+            last = {s.labels.get("source", ""): s.points[-1][1] for s in got if s.points}
+            return all(last.get(k) == v for k, v in want.items())
+
         try:
-            server.start()
-            doc = " ".join(f"word{i}" for i in range(600))
-            with httpx.Client(base_url=sim_url, timeout=30) as c:
-                for i in range(6):
-                    r = c.post(
-                        "/v1/completions", json={"model": "tiny", "prompt": f"{doc} question {i}", "max_tokens": 4}
-                    )
-                    assert r.status_code == 200, r.text
-                want = _by_source(c.get("/metrics").text)
-            assert want.get("local_cache_hit", 0) > 0 and want.get("local_compute", 0) > 0
-            src = PrometheusSource(server.url)
-            deadline = time.monotonic() + 60
-            last: dict[str, float] = {}
-            while time.monotonic() < deadline:
-                now = time.time()
-                got = src.fetch(["vllm:prompt_tokens_by_source_total"], sim_url, now - 300, now)
-                last = {s.labels.get("source", ""): s.points[-1][1] for s in got if s.points}
-                if all(last.get(k) == v for k, v in want.items()):
-                    break
-                time.sleep(0.5)
-            assert last == want
-            assert all(s.labels.get("model_name") == "tiny" for s in got)
-        finally:
-            server.stop()
+            wait_until(caught_up, "Prometheus to scrape the sim's counters", timeout=60, interval=0.1)
+        except AssertionError:
+            pass  # the comparison below says what differs
+        assert last == want
+        assert all(s.labels.get("model_name") == "tiny" for s in got)
