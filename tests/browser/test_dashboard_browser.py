@@ -28,8 +28,10 @@ def live(tmp_path_factory: Any, chromium_context: Any) -> Iterator[LiveApp]:
     app.login(chromium_context)
     try:
         now = time.time()
-        # 50 minutes of scrapes ending now, through the real HTTP ingest API
-        batches = recorded_batches(now - 3000, 600, interval=5.0, reset_at=420, simulated=True)
+        # 50 minutes of scrapes ending now, every 10 s (what the charts of 15 min to 1 h need:
+        # each has many points per trace), with a restart 35 minutes in, through the real HTTP
+        # ingest API
+        batches = recorded_batches(now - 3000, 300, interval=10.0, reset_at=210, simulated=True)
         shift = now - 1 - batches[-1]["sent_at"]
         with httpx.Client(base_url=app.url, headers={"Authorization": f"Bearer {app.token}"}) as c:
             for b in batches:
