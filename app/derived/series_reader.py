@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
 from app.derived.series_types import Point
@@ -98,23 +98,26 @@ def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
     tier = q.chosen_tier()
     if q.everywhere and (tier != "raw" or q.live is not None):
         raise ValueError("everywhere reads the raw tier only")
-    metas = series_meta(engine, q.names, instance_id=q.instance_id, host_id=q.host_id, everywhere=q.everywhere)
-    if not metas:
-        return []
-    lo = q.start - q.lookback
-    if tier == "raw":
-        if q.live is not None:
-            return _read_live(engine, q, q.live, metas)
-        if q.everywhere:  # one query by name, however many instances
-            points = raw_points_named(engine, q.names, lo, q.end)
-        else:
-            points = raw_points_from(engine, dict.fromkeys((m.id for m in metas), lo), q.end)
-        return [
-            TieredSeries(m.id, m.name, m.labels, m.kind, "raw", 0.0, points.get(m.id, []), [], m.host_id, m.instance_id)
-            for m in metas
-        ]
-    counters = {m.id for m in metas if m.kind == "counter"}
-    buckets = rollup_buckets(engine, [m.id for m in metas], counters, tier, lo, q.end, lean=q.lean)
+    with engine.connect() as conn:  # the series and their points: one checkout, one snapshot
+        metas = series_meta(conn, q.names, instance_id=q.instance_id, host_id=q.host_id, everywhere=q.everywhere)
+        if not metas:
+            return []
+        lo = q.start - q.lookback
+        if tier == "raw":
+            if q.live is not None:
+                return _read_live(engine, conn, q, q.live, metas)
+            if q.everywhere:  # one query by name, however many instances
+                points = raw_points_named(conn, q.names, lo, q.end)
+            else:
+                points = raw_points_from(conn, dict.fromkeys((m.id for m in metas), lo), q.end)
+            return [
+                TieredSeries(
+                    m.id, m.name, m.labels, m.kind, "raw", 0.0, points.get(m.id, []), [], m.host_id, m.instance_id
+                )
+                for m in metas
+            ]
+        counters = {m.id for m in metas if m.kind == "counter"}
+        buckets = rollup_buckets(conn, [m.id for m in metas], counters, tier, lo, q.end, lean=q.lean)
     res = TIER_RES[tier]
     return [
         TieredSeries(m.id, m.name, m.labels, m.kind, tier, res, [], buckets[m.id], m.host_id, m.instance_id)
@@ -130,8 +133,11 @@ def by_name(series: Iterable[TieredSeries], names: Iterable[str] = ()) -> dict[s
     return out
 
 
-def _read_live(engine: Engine, q: SeriesQuery, live: LiveRead, metas: list[SeriesMeta]) -> list[TieredSeries]:
-    """Raw series with only the points past their memoised final values (see app.derived.live)."""
+def _read_live(
+    engine: Engine, conn: Connection, q: SeriesQuery, live: LiveRead, metas: list[SeriesMeta]
+) -> list[TieredSeries]:
+    """Raw series with only the points past their memoised final values (see app.derived.live),
+    read on `conn`; a series' full points, when a computation needs them, later from `engine`."""
     memo = live.values
     generation = memo.generation(live.host_id)
     full_lo = q.start - q.lookback
@@ -143,7 +149,7 @@ def _read_live(engine: Engine, q: SeriesQuery, live: LiveRead, metas: list[Serie
         sid: (full_lo if cold else math.inf) if f is None else max(full_lo, f + live.step - q.lookback)
         for sid, f in finals.items()
     }
-    points = raw_points_from(engine, {sid: t for sid, t in starts.items() if t < math.inf}, q.end)
+    points = raw_points_from(conn, {sid: t for sid, t in starts.items() if t < math.inf}, q.end)
     out: list[TieredSeries] = []
     for m in metas:
         sid = m.id

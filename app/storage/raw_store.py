@@ -7,15 +7,27 @@ read through the driver is three times faster than its window functions).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from itertools import pairwise
 from typing import NamedTuple
 
-from sqlalchemy import Engine, bindparam, select, text
+from sqlalchemy import Connection, Engine, bindparam, select, text
 
 from app.storage.models import SampleRow, Series
 
 Point = tuple[float, float]  # (ts seconds, value)
+
+
+@contextmanager
+def connected(bind: Engine | Connection) -> Iterator[Connection]:
+    """`bind` itself when it is a connection (a reader's several reads share one checkout and one
+    snapshot), else a connection of the engine for this read."""
+    if isinstance(bind, Connection):
+        yield bind
+        return
+    with bind.connect() as conn:
+        yield conn
 
 
 class SeriesMeta(NamedTuple):
@@ -28,7 +40,7 @@ class SeriesMeta(NamedTuple):
 
 
 def series_meta(
-    engine: Engine,
+    engine: Engine | Connection,
     names: Sequence[str],
     *,
     instance_id: int | None = None,
@@ -48,7 +60,7 @@ def series_meta(
         q = q.where(s.c.host_id == host_id, s.c.instance_id.is_(None))
     else:
         raise ValueError("instance_id or host_id is required")
-    with engine.connect() as conn:
+    with connected(engine) as conn:
         rows = conn.execute(q).all()
     return sorted(
         SeriesMeta(int(sid), str(name), dict(labels or {}), str(kind), int(host), None if inst is None else int(inst))
@@ -56,13 +68,13 @@ def series_meta(
     )
 
 
-def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> dict[int, list[Point]]:
+def raw_points_from(engine: Engine | Connection, starts: Mapping[int, float], end: float) -> dict[int, list[Point]]:
     """Raw points of each series in `starts` over [its start, end], ascending; one query per
     distinct start (the series of one chart usually share theirs)."""
     hi = int(end * 1000)
     out: dict[int, list[Point]] = {sid: [] for sid in starts}
     t = SampleRow.__table__
-    with engine.connect() as conn:
+    with connected(engine) as conn:
         if conn.dialect.name == "sqlite":
             # the hot read: one primary-key range scan per series through the driver's cursor; rows
             # come back as (seconds, value) tuples built in C (SQLite divides: the same IEEE result)
@@ -92,7 +104,9 @@ def raw_points_from(engine: Engine, starts: Mapping[int, float], end: float) -> 
     return out
 
 
-def raw_points_named(engine: Engine, names: Sequence[str], start: float, end: float) -> dict[int, list[Point]]:
+def raw_points_named(
+    engine: Engine | Connection, names: Sequence[str], start: float, end: float
+) -> dict[int, list[Point]]:
     """Raw points over [start, end] of every series named in `names`, of every instance and host,
     ascending; in one query however many instances there are (series without points are absent)."""
     s = Series.__table__
@@ -103,7 +117,7 @@ def raw_points_named(engine: Engine, names: Sequence[str], start: float, end: fl
         .order_by(SampleRow.series_id, SampleRow.ts_ms)
     )
     out: dict[int, list[Point]] = {}
-    with engine.connect() as conn:
+    with connected(engine) as conn:
         for sid, ts, v in conn.execute(q):
             out.setdefault(int(sid), []).append((ts / 1000.0, float(v)))
     return out

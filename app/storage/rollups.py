@@ -18,6 +18,7 @@ from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.storage.models import SampleRow, Series
+from app.storage.raw_store import connected
 from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, Bucket, bucket_row, fold_hours, fold_minutes, watermark
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
 from app.storage.series_retention import delete_idle_series
@@ -226,7 +227,7 @@ def _group_by_series(result: Iterable[Any]) -> Iterable[tuple[int, list[tuple[in
 
 # ------------------------------------------------------------------ reading buckets
 def rollup_buckets(
-    engine: Engine,
+    engine: Engine | Connection,
     ids: Sequence[int],
     counters: set[int],
     tier: str,
@@ -238,7 +239,7 @@ def rollup_buckets(
     """Buckets of `tier` (1m | 1h) of each series in `ids` over [start, end], ascending by time
     (`counters`: the ids that are counters). `lean`: buckets carry only the increase (min/max/
     mean/last are 0), and only whole buckets (the one still filling at `end` is left out)."""
-    with engine.connect() as conn:
+    with connected(engine) as conn:
         return _rollup_buckets(conn, sorted(ids), counters, tier, int(start * 1000), int(end * 1000), lean)
 
 
