@@ -3,12 +3,13 @@ message naming the field), and the agent never runs an out-of-range probe a comm
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agent.probe import PROBE_LIMITS, PROBE_MAX_WORDS, ProbeConfig
-from tests.conftest import make_batch
+from tests.conftest import TEST_HOSTS, FakeClock, api_token, make_batch
 
 
 def _instance(client: Any, token: str, clock: Any) -> int:
@@ -16,6 +17,36 @@ def _instance(client: Any, token: str, clock: Any) -> int:
     r = client.post("/api/v1/ingest", json=batch, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200, r.text
     return int(client.get("/api/v1/instances").json()["instances"][0]["id"])
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory: Any, fed_databases: Any) -> Iterator[tuple[Any, int]]:
+    """(client, instance id) of one app shared by the tests whose every request must be refused
+    (so none stores anything another would see; the rollout ones check that nothing was). The
+    app has an instance and the profiles fp8, a and b, made once, not once per test."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.storage.engine import open_database
+    from app.storage.tokens import create_token
+
+    data = tmp_path_factory.mktemp("bounds") / "data"
+    fed_databases.copy_migrated_sqlite(data / "kvscope.db")
+    settings = load_settings(None, data_dir=str(data), run_scheduler=False, allowed_hosts=TEST_HOSTS)
+    engine = open_database(settings.effective_database_url)
+    clock = FakeClock(1_800_000_000.0)
+    token = create_token(engine, "test-agent", clock(), host="rig1")
+    try:
+        with TestClient(create_app(settings, engine=engine, clock=clock, start_jobs=False)) as client:
+            client.headers["Authorization"] = "Bearer " + api_token(engine)
+            iid = _instance(client, token, clock)
+            for name, spec in (("fp8", {"kv_cache_dtype": "fp8"}), ("a", {}), ("b", {"kv_cache_dtype": "fp8"})):
+                r = client.post("/api/v1/profiles", json={"name": name, "spec": spec})
+                assert r.status_code in (200, 201), r.text
+            yield client, iid
+    finally:
+        engine.dispose()
 
 
 BAD_PROBES = [
@@ -37,10 +68,9 @@ BAD_PROBES = [
 
 @pytest.mark.parametrize(("probe", "fragment"), BAD_PROBES, ids=[str(p)[:40] for p, _f in BAD_PROBES])
 def test_rollout_probe_settings_out_of_range_are_refused_with_422(
-    client: Any, token: str, clock: Any, probe: Any, fragment: str
+    refusing: tuple[Any, int], probe: Any, fragment: str
 ) -> None:
-    iid = _instance(client, token, clock)
-    client.post("/api/v1/profiles", json={"name": "fp8", "spec": {"kv_cache_dtype": "fp8"}})
+    client, iid = refusing
     r = client.post("/api/v1/rollouts", json={"instance": iid, "profile": "fp8", "probe": probe})
     assert r.status_code == 422, r.text
     assert fragment in r.text
@@ -95,11 +125,9 @@ WORKLOAD_BAD = [
 
 @pytest.mark.parametrize(("field", "value"), WORKLOAD_BAD, ids=[f"{f}={v}" for f, v in WORKLOAD_BAD])
 def test_ab_workload_settings_out_of_range_are_refused_with_422(
-    client: Any, token: str, clock: Any, field: str, value: float
+    refusing: tuple[Any, int], field: str, value: float
 ) -> None:
-    iid = _instance(client, token, clock)
-    for name, spec in (("a", {}), ("b", {"kv_cache_dtype": "fp8"})):
-        client.post("/api/v1/profiles", json={"name": name, "spec": spec})
+    client, iid = refusing
     kind = "prefix-repetition" if field in ("num_prefixes", "suffix_tokens", "requests", "zipf_s") else "probe"
     kind = "observe" if field == "window_s" else kind
     body = {"instance": iid, "a": "a", "b": "b", "workload": {"kind": kind, field: value}}
@@ -109,11 +137,7 @@ def test_ab_workload_settings_out_of_range_are_refused_with_422(
 
 
 @pytest.mark.parametrize(("field", "value"), [("runs", 10**6), ("seed", 2**63), ("seed", -1)])
-def test_ab_runs_and_seed_out_of_range_are_refused_with_422(
-    client: Any, token: str, clock: Any, field: str, value: int
-) -> None:
-    iid = _instance(client, token, clock)
-    for name, spec in (("a", {}), ("b", {"kv_cache_dtype": "fp8"})):
-        client.post("/api/v1/profiles", json={"name": name, "spec": spec})
+def test_ab_runs_and_seed_out_of_range_are_refused_with_422(refusing: tuple[Any, int], field: str, value: int) -> None:
+    client, iid = refusing
     r = client.post("/api/v1/experiments", json={"instance": iid, "a": "a", "b": "b", field: value})
     assert r.status_code == 422, r.text
