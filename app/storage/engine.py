@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,34 @@ def upgrade(engine: Engine, revision: str = "heads") -> None:
         raise UserError(f"cannot open or migrate the database: {exc.orig}") from None
 
 
+@functools.cache
+def _script_heads() -> frozenset[str]:
+    """The head revisions of the migration scripts (read once per process: they do not change
+    while it runs)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    return frozenset(ScriptDirectory.from_config(cfg).get_heads())
+
+
+def _at_head(engine: Engine) -> bool:
+    """Whether the database's stored revisions are exactly the scripts' heads (nothing to apply)."""
+    from alembic.runtime.migration import MigrationContext
+
+    try:
+        with engine.connect() as conn:
+            current = frozenset(MigrationContext.configure(conn).get_current_heads())
+    except OperationalError as exc:
+        raise UserError(f"cannot open or migrate the database: {exc.orig}") from None
+    return current == _script_heads()
+
+
 def open_database(url: str) -> Engine:
+    """The engine of `url`, its database migrated to the head revision. A database already at the
+    head is only checked (one read of its version table), not handed to Alembic's upgrade run."""
     engine = make_engine(url)
-    upgrade(engine)
+    if not _at_head(engine):
+        upgrade(engine)
     return engine
