@@ -6,6 +6,7 @@ TOML file (``--config`` or ``KVSCOPE_CONFIG``), defaults.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from pathlib import Path
@@ -241,15 +242,10 @@ class Settings(BaseSettings):
             )
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build the settings once, at start-up. Bad values become a one-line UserError."""
-    path = config_file or os.environ.get("KVSCOPE_CONFIG")
-    if path is not None:
-        path = Path(path).expanduser()
-        if not path.is_file():
-            raise UserError(f"config file {path} not found: fix --config / KVSCOPE_CONFIG")
-
-    toml_path = path
+@functools.lru_cache(maxsize=16)
+def _settings_class(toml_path: Path | None) -> type[Settings]:
+    """Settings read from init arguments, then KVSCOPE_* env, then the TOML file if any. One class
+    per file (pydantic builds a class's validators once); the file is read at each instantiation."""
 
     class _Settings(Settings):
         @classmethod
@@ -266,9 +262,19 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
                 sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
             return tuple(sources)
 
+    return _Settings
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings once, at start-up. Bad values become a one-line UserError."""
+    given = config_file or os.environ.get("KVSCOPE_CONFIG")
+    path = Path(given).expanduser() if given is not None else None
+    if path is not None and not path.is_file():
+        raise UserError(f"config file {path} not found: fix --config / KVSCOPE_CONFIG")
+
     clean = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return _Settings(**clean)
+        return _settings_class(path)(**clean)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
