@@ -17,6 +17,8 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from math import floor
 from statistics import NormalDist
 
 # A statistic of a sorted, non-empty sample.
@@ -100,13 +102,46 @@ def _pool(runs: list[list[float]]) -> list[float]:
     return sorted(v for r in runs for v in r)
 
 
-def _resample(runs: list[list[float]], rng: random.Random) -> list[float]:
-    drawn = rng.choices(runs, k=len(runs))
-    out: list[float] = []
-    for r in drawn:
-        out.extend(rng.choices(r, k=len(r)) if len(r) > 1 else r)
-    out.sort()
-    return out
+Resampler = Callable[[random.Random], list[float]]
+
+
+def _resampler(runs: list[list[float]]) -> Resampler:
+    """Draws one sorted hierarchical resample of `runs` from a generator: len(runs) runs with
+    replacement, then len(r) observations with replacement within each drawn run r of more than
+    one.
+
+    The draws are exactly `rng.choices(runs, k=len(runs))`, then `rng.choices(r, k=len(r))` for each
+    drawn run in order (`random.choices` without weights is `population[floor(random() * n)]`, k
+    times, with n a float), written out so the bootstrap's hot loop makes no call per run: the same
+    random stream, the same resamples, the same intervals (tests/ab/test_stats.py compares the
+    two)."""
+    n = len(runs)
+    nf = float(n)
+    if all(len(r) == 1 for r in runs):  # one value per run: the plain run-level bootstrap
+        vals = [r[0] for r in runs]
+
+        def run_level(rng: random.Random) -> list[float]:
+            rnd = rng.random
+            out = [vals[floor(rnd() * nf)] for _ in repeat(None, n)]
+            out.sort()
+            return out
+
+        return run_level
+
+    plan = [(r, len(r), float(len(r))) for r in runs]
+
+    def hierarchical(rng: random.Random) -> list[float]:
+        rnd = rng.random
+        out: list[float] = []
+        for r, m, mf in [plan[floor(rnd() * nf)] for _ in repeat(None, n)]:
+            if m > 1:
+                out += [r[floor(rnd() * mf)] for _ in repeat(None, m)]
+            else:
+                out += r
+        out.sort()
+        return out
+
+    return hierarchical
 
 
 def bootstrap_diffs(
@@ -131,10 +166,11 @@ def bootstrap_diffs(
         return None
     pa, pb = _pool(a), _pool(b)
     rng = random.Random(seed)
+    resample_a, resample_b = _resampler(a), _resampler(b)
     diffs: list[list[float]] = [[] for _ in stats]
     rels: list[list[float]] = [[] for _ in stats]
     for _ in range(max(1, n_boot)):
-        sa, sb = _resample(a, rng), _resample(b, rng)
+        sa, sb = resample_a(rng), resample_b(rng)
         for i, fn in enumerate(stats):
             va, vb = fn(sa), fn(sb)
             diffs[i].append(vb - va)
