@@ -29,7 +29,7 @@ from app.settings import Settings
 from app.sizing import install as install_sizing
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
-from app.web import field_memo, jobs
+from app.web import jobs
 from app.web.docs import install_docs
 from app.web.selfmetrics import SelfMetrics
 from app.web.templating import make_templates
@@ -56,7 +56,6 @@ def create_app(
     settings: Settings, *, engine: Engine | None = None, clock: Clock = time.time, start_jobs: bool | None = None
 ) -> FastAPI:
     engine = engine or open_database(settings.effective_database_url)
-    field_memo.install()  # routes declaring the same parameter share its validator
     ctx = AppContext(
         settings=settings,
         engine=engine,
