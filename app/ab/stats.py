@@ -117,17 +117,6 @@ def _resampler(runs: list[list[float]]) -> Resampler:
     two)."""
     n = len(runs)
     nf = float(n)
-    if all(len(r) == 1 for r in runs):  # one value per run: the plain run-level bootstrap
-        vals = [r[0] for r in runs]
-
-        def run_level(rng: random.Random) -> list[float]:
-            rnd = rng.random
-            out = [vals[floor(rnd() * nf)] for _ in repeat(None, n)]
-            out.sort()
-            return out
-
-        return run_level
-
     plan = [(r, len(r), float(len(r))) for r in runs]
 
     def hierarchical(rng: random.Random) -> list[float]:
