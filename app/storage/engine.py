@@ -75,13 +75,20 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK)
 
 
-def upgrade(engine: Engine, revision: str = "heads") -> None:
-    """Apply Alembic migrations up to `revision` on this engine."""
-    from alembic import command
+def _alembic_config() -> Any:
+    """Alembic's configuration: the migration scripts of this install."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "heads") -> None:
+    """Apply Alembic migrations up to `revision` on this engine."""
+    from alembic import command
+
+    cfg = _alembic_config()
     try:
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
@@ -94,12 +101,9 @@ def upgrade(engine: Engine, revision: str = "heads") -> None:
 def _script_heads() -> frozenset[str]:
     """The head revisions of the migration scripts (read once per process: they do not change
     while it runs)."""
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    return frozenset(ScriptDirectory.from_config(cfg).get_heads())
+    return frozenset(ScriptDirectory.from_config(_alembic_config()).get_heads())
 
 
 def _at_head(engine: Engine) -> bool:
