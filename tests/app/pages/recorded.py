@@ -9,6 +9,7 @@ input, never shown as real measurements.
 from __future__ import annotations
 
 import random
+from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,8 @@ TTFT_LE = [
     "+Inf",
 ]
 ITL_LE = ["0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "+Inf"]
+TTFT_BOUNDS = [float(le) for le in TTFT_LE]
+ITL_BOUNDS = [float(le) for le in ITL_LE]
 BYTES_PER_TOKEN = 147_456
 ID = {"model_name": "qwen3-8b", "engine": "0"}
 CACHE_CONFIG = {
@@ -94,6 +97,7 @@ class Engine:
 
     def reset(self) -> None:
         self.c: dict[str, float] = {}
+        # observations per bucket (not cumulative): samples() sums them into Prometheus' le buckets
         self.ttft = [0.0] * len(TTFT_LE)
         self.itl = [0.0] * len(ITL_LE)
         self.ttft_sum = self.itl_sum = 0.0
@@ -124,23 +128,26 @@ class Engine:
             self.add("store_t", stored * BYTES_PER_TOKEN / 10e9)
             self.add("prefill_s", compute / 23_000.0 + 0.002)
             ttft = 0.01 + compute / 23_000.0 + external / 110_000.0 + r.expovariate(30)
-            self._observe(self.ttft, TTFT_LE, ttft)
+            self.ttft[bisect_left(TTFT_BOUNDS, ttft)] += 1
             self.ttft_sum += ttft
             for _ in range(r.randint(5, 40)):
                 itl = r.uniform(0.012, 0.09) if r.random() > 0.05 else r.uniform(0.1, 0.45)
-                self._observe(self.itl, ITL_LE, itl)
+                self.itl[bisect_left(ITL_BOUNDS, itl)] += 1
                 self.itl_sum += itl
         if r.random() < 0.1:
             self.add("preempt", r.randint(1, 3))
 
     @staticmethod
-    def _observe(counts: list[float], les: list[str], v: float) -> None:
-        for i, le in enumerate(les):
-            if v <= float(le):
-                counts[i] += 1
+    def _cumulative(counts: list[float]) -> list[float]:
+        out, total = [], 0.0
+        for n in counts:
+            total += n
+            out.append(total)
+        return out
 
     def samples(self) -> list[dict[str, Any]]:
         c = self.c.get
+        ttft, itl = self._cumulative(self.ttft), self._cumulative(self.itl)
         out: list[tuple[str, dict[str, str], float]] = [
             ("vllm:cache_config_info", CACHE_CONFIG, 1.0),
             ("vllm:prompt_tokens_total", ID, c("prompt", 0.0)),
@@ -160,15 +167,15 @@ class Engine:
             ("vllm:kv_cache_usage_perc", ID, self.rng.uniform(0.2, 0.95)),
             ("vllm:kv_offload_cpu_cache_usage_perc", ID, self.rng.uniform(0.0, 0.05)),
             ("vllm:time_to_first_token_seconds_sum", ID, self.ttft_sum),
-            ("vllm:time_to_first_token_seconds_count", ID, self.ttft[-1]),
+            ("vllm:time_to_first_token_seconds_count", ID, ttft[-1]),
             ("vllm:inter_token_latency_seconds_sum", ID, self.itl_sum),
-            ("vllm:inter_token_latency_seconds_count", ID, self.itl[-1]),
+            ("vllm:inter_token_latency_seconds_count", ID, itl[-1]),
         ]
         for src in ("local_compute", "local_cache_hit", "external_kv_transfer"):
             out.append(("vllm:prompt_tokens_by_source_total", {**ID, "source": src}, c(src, 0.0)))
-        for le, n in zip(TTFT_LE, self.ttft, strict=True):
+        for le, n in zip(TTFT_LE, ttft, strict=True):
             out.append(("vllm:time_to_first_token_seconds_bucket", {**ID, "le": le}, n))
-        for le, n in zip(ITL_LE, self.itl, strict=True):
+        for le, n in zip(ITL_LE, itl, strict=True):
             out.append(("vllm:inter_token_latency_seconds_bucket", {**ID, "le": le}, n))
         return [{"name": n, "labels": dict(lab), "value": float(v)} for n, lab, v in out]
 
