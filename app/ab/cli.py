@@ -187,6 +187,8 @@ def plan_text(exp: dict[str, Any]) -> str:
         f"primary metric: {(plan.get('primary') or {}).get('label', '?')}",
         f"test: {plan.get('test', '?')}",
     ]
+    if exp.get("after"):
+        lines.append(f"after the runs: {exp['after']}")
     if exp.get("quick_look"):
         lines.append(
             f"note: {exp.get('runs_per_arm')} runs per arm is a quick look: the verdict will be "

@@ -52,8 +52,8 @@ def start_experiment(
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
         raise ExperimentError(f"no instance {instance_id} (see /api/v1/instances)", 404)
+    current = rs.instance_profiles(ctx.engine, instance_id)["current"]
     if not profile_a:
-        current = rs.instance_profiles(ctx.engine, instance_id)["current"]
         if current is None:
             raise ExperimentError(
                 "the instance has no known current profile: name profile A explicitly (or apply one first)", 422
@@ -100,10 +100,24 @@ def start_experiment(
                 "executor": executor,
                 # fixed now, before any run: what the verdict will test, and how
                 "plan": experiment_plan(spec.kind, max_foreign_share=max_foreign_share),
+                "after": after_runs(None if current is None else str(current["name"]), profile_b),
             },
         )
     except st.ExperimentConflict as exc:
         raise ExperimentError(str(exc), 409) from None
+
+
+def after_runs(current: str | None, profile_b: str) -> str:
+    """Where the instance ends up, said before the first run: every way out of an experiment goes
+    back to the profile it runs now; an instance kvscope never switched (it runs its launcher's own
+    flags) has no profile to go back to."""
+    if current is not None:
+        return f"back to {current}, the profile the instance runs now"
+    return (
+        "the instance runs its launcher's own flags (no kvscope profile was ever applied to it), so there "
+        f"is nothing to go back to: it stays on the last run's profile ({profile_b}, unless the experiment "
+        "ends early); apply a profile first to come back to it"
+    )
 
 
 def default_executor(url: str, agent_host: str, this_host: str | None = None) -> str:
@@ -173,6 +187,7 @@ def experiment_view(
     out["plan"] = out["options"].get("plan") or experiment_plan(str(wl.get("kind", "probe")))
     out["quick_look"] = int(exp["runs_per_arm"]) < int(out["plan"].get("min_runs") or MIN_RUNS)
     out["notes"] = list(out["options"].get("notes") or [])
+    out["after"] = out["options"].get("after")
     if runs is not None:
         out["runs"] = [run_view(r, with_record=with_records) for r in runs]
     return out

@@ -212,10 +212,32 @@ def test_cli_runs_an_experiment_to_the_verdict(
     assert "2 runs per arm: a quick look" in page and "Verdict: inconclusive: too few runs" in page
     assert "not called: too few runs" in page
     assert "run 2 B done" in out.out and "observed, not a verdict" in out.out
+    assert "after the runs: back to no-offload, the profile the instance runs now" in out.err
+    assert "back to no-offload, the profile the instance runs now" in page
     rc = main(["ab", "--instance", str(setup["iid"]), "--b", "nope"])
     assert rc != 0 and "no profile named 'nope'" in capsys.readouterr().err
     rc = main(["ab", "--instance", str(setup["iid"])])
     assert rc != 0 and "--b PROFILE" in capsys.readouterr().err
+
+
+def test_an_instance_never_switched_by_kvscope_is_told_before_any_run_that_it_stays_on_b(
+    client: Any, token: str, batch_factory: Any, clock: Any
+) -> None:
+    """An instance its launcher started with its own flags has no profile to go back to: the plan
+    says so before the first run (API, page), instead of the experiment leaving it on B unsaid."""
+    r = client.post("/api/v1/ingest", json=batch_factory(1, clock()), headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
+    for name, spec in (("no-offload", {}), ("offload-0.5", {"offload_size_gib": 0.5})):
+        assert client.post("/api/v1/profiles", json={"name": name, "spec": spec}).status_code == 201
+    assert client.get(f"/api/v1/instances/{iid}/profile").json()["current"] is None
+    r = client.post("/api/v1/experiments", json={"instance": iid, "a": "no-offload", "b": "offload-0.5"})
+    assert r.status_code == 201, r.text
+    after = r.json()["after"]
+    assert "launcher's own flags" in after and "stays on the last run's profile (offload-0.5" in after, after
+    assert "apply a profile first" in after
+    page = client.get(f"/experiments/{r.json()['id']}").text
+    assert "after the runs" in page and "launcher&#39;s own flags" in page
 
 
 def test_cli_pieces(tmp_path: Any) -> None:

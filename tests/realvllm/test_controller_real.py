@@ -235,6 +235,7 @@ def test_ab_no_tier_vs_disk_tier_shows_the_reload_source_only_in_b(stack: Stack,
     out = proc.stdout
     assert proc.returncode == 0, f"kvscope ab exited {proc.returncode}:\n{out[-3000:]}\n{proc.stderr[-2000:]}"
     assert "primary metric: TTFT p50 on evicted prefixes" in proc.stderr  # the plan, before the runs
+    assert f"after the runs: back to {before}, the profile the instance runs now" in proc.stderr
     exp = json.loads(out[out.index("\n{") + 1 :] if not out.startswith("{") else out)
     assert exp["state"] == "completed", exp.get("message")
     runs = exp["runs"]
