@@ -1,7 +1,5 @@
-"""The suite runs with bytecode cached (scripts/test): machines of this kind set
-PYTHONDONTWRITEBYTECODE=1 and uv installs without .pyc files unless asked, and then every Python
-process the tests start compiles the project and its dependencies from source again (a CI run
-took 683 s instead of 566-613 s)."""
+"""The suite runs with bytecode cached: scripts/test installs the venv compiled and unsets
+PYTHONDONTWRITEBYTECODE (its comment says why); these check it did, when run through it."""
 
 from __future__ import annotations
 

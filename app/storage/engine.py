@@ -94,7 +94,11 @@ def upgrade(engine: Engine, revision: str = "heads") -> None:
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
     except OperationalError as exc:
-        raise UserError(f"cannot open or migrate the database: {exc.orig}") from None
+        raise _cannot_open(exc) from None
+
+
+def _cannot_open(exc: OperationalError) -> UserError:
+    return UserError(f"cannot open or migrate the database: {exc.orig}")
 
 
 @functools.cache
@@ -114,7 +118,7 @@ def _at_head(engine: Engine) -> bool:
         with engine.connect() as conn:
             current = frozenset(MigrationContext.configure(conn).get_current_heads())
     except OperationalError as exc:
-        raise UserError(f"cannot open or migrate the database: {exc.orig}") from None
+        raise _cannot_open(exc) from None
     return current == _script_heads()
 
 

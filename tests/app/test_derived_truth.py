@@ -17,7 +17,7 @@ import pytest
 
 from app.derived.grid import MIN_RATE_WINDOW_S
 from tests.app import promql_oracle as o
-from tests.app.pages.recorded import recorded_batches
+from tests.app.pages.recorded import opened_app, recorded_batches
 from tests.fed_databases import Feed
 
 TOL = 1e-9
@@ -40,25 +40,13 @@ RECORDED = Feed("truth", lambda: recorded_batches(T0 - 4000, 600, interval=5.0, 
 def fed(tmp_path_factory: Any, fed_databases: Any) -> Any:
     """The module's app, opened on a copy of the fed database (an app restarted on that data),
     its clock where pushing the batches left it."""
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
-    from app.settings import load_settings
-    from app.storage.engine import open_database
-    from tests.conftest import FakeClock, api_token
+    from tests.conftest import FakeClock
 
     batches = RECORDED.batches()
     data_dir = tmp_path_factory.mktemp("truth")
     fed_databases.copy_sqlite(RECORDED, data_dir / "kvscope.db")
-    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False)
-    engine = open_database(settings.effective_database_url)
-    app = create_app(settings, engine=engine, clock=FakeClock(batches[-1]["sent_at"] + 3), start_jobs=False)
-    try:
-        with TestClient(app) as client:
-            client.headers["Authorization"] = "Bearer " + api_token(engine)
-            yield app, client, batches
-    finally:
-        engine.dispose()
+    with opened_app(data_dir, FakeClock(batches[-1]["sent_at"] + 3)) as (app, client):
+        yield app, client, batches
 
 
 @pytest.fixture

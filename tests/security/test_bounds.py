@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from agent.probe import PROBE_LIMITS, PROBE_MAX_WORDS, ProbeConfig
-from tests.conftest import TEST_HOSTS, FakeClock, api_token, make_batch
+from tests.app.pages.recorded import opened_app
+from tests.conftest import TEST_HOSTS, FakeClock, make_batch
 
 
 def _instance(client: Any, token: str, clock: Any) -> int:
@@ -24,29 +25,18 @@ def refusing(tmp_path_factory: Any, fed_databases: Any) -> Iterator[tuple[Any, i
     """(client, instance id) of one app shared by the tests whose every request must be refused
     (so none stores anything another would see; the rollout ones check that nothing was). The
     app has an instance and the profiles fp8, a and b, made once, not once per test."""
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
-    from app.settings import load_settings
-    from app.storage.engine import open_database
     from app.storage.tokens import create_token
 
     data = tmp_path_factory.mktemp("bounds") / "data"
     fed_databases.copy_migrated_sqlite(data / "kvscope.db")
-    settings = load_settings(None, data_dir=str(data), run_scheduler=False, allowed_hosts=TEST_HOSTS)
-    engine = open_database(settings.effective_database_url)
     clock = FakeClock(1_800_000_000.0)
-    token = create_token(engine, "test-agent", clock(), host="rig1")
-    try:
-        with TestClient(create_app(settings, engine=engine, clock=clock, start_jobs=False)) as client:
-            client.headers["Authorization"] = "Bearer " + api_token(engine)
-            iid = _instance(client, token, clock)
-            for name, spec in (("fp8", {"kv_cache_dtype": "fp8"}), ("a", {}), ("b", {"kv_cache_dtype": "fp8"})):
-                r = client.post("/api/v1/profiles", json={"name": name, "spec": spec})
-                assert r.status_code in (200, 201), r.text
-            yield client, iid
-    finally:
-        engine.dispose()
+    with opened_app(data, clock, allowed_hosts=TEST_HOSTS) as (app, client):
+        token = create_token(app.state.ctx.engine, "test-agent", clock(), host="rig1")
+        iid = _instance(client, token, clock)
+        for name, spec in (("fp8", {"kv_cache_dtype": "fp8"}), ("a", {}), ("b", {"kv_cache_dtype": "fp8"})):
+            r = client.post("/api/v1/profiles", json={"name": name, "spec": spec})
+            assert r.status_code in (200, 201), r.text
+        yield client, iid
 
 
 BAD_PROBES = [

@@ -263,30 +263,43 @@ def push_all(client: Any, token: str, batches: list[dict[str, Any]], clock: Any 
 
 
 @contextmanager
+def opened_app(
+    data_dir: Path, clock: Any, *, database_url: str | None = None, allowed_hosts: list[str] | None = None
+) -> Iterator[tuple[Any, Any]]:
+    """A real app on the database in data_dir (or at database_url), opened as `kvscope serve`
+    opens it, with an admin client (API token). Yields (app, client); the engine is disposed after."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import load_settings
+    from app.storage.engine import open_database
+
+    settings = load_settings(
+        None, data_dir=str(data_dir), run_scheduler=False, database_url=database_url, allowed_hosts=allowed_hosts
+    )
+    engine = open_database(settings.effective_database_url)
+    try:
+        app = create_app(settings, engine=engine, clock=clock, start_jobs=False)
+        with TestClient(app) as client:
+            client.headers["Authorization"] = "Bearer " + api_token(engine)
+            yield app, client
+    finally:
+        engine.dispose()
+
+
+@contextmanager
 def fed_app(
     data_dir: Path, batches: list[dict[str, Any]], t0: float, database_url: str | None = None
 ) -> Iterator[tuple[Any, Any, Any]]:
     """A real app on its own SQLite file (or on database_url) with `batches` pushed through the
     ingest API: for module-scoped fixtures, so a test module pays for the pushing once, and for the
     session's fed databases (tests/fed_databases.py). Yields (app, client, clock)."""
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
-    from app.settings import load_settings
-    from app.storage.engine import open_database
     from app.storage.tokens import create_token
     from tests.conftest import FakeClock
 
-    settings = load_settings(None, data_dir=str(data_dir), run_scheduler=False, database_url=database_url)
-    engine = open_database(settings.effective_database_url)
     clock = FakeClock(t0)
-    token = create_token(engine, "fed", clock(), host="rig1")
-    app = create_app(settings, engine=engine, clock=clock, start_jobs=False)
-    try:
-        with TestClient(app) as client:
-            client.headers["Authorization"] = "Bearer " + api_token(engine)
-            push_all(client, token, batches, clock)
-            clock.t = batches[-1]["sent_at"] + 3
-            yield app, client, clock
-    finally:
-        engine.dispose()
+    with opened_app(data_dir, clock, database_url=database_url) as (app, client):
+        token = create_token(app.state.ctx.engine, "fed", clock(), host="rig1")
+        push_all(client, token, batches, clock)
+        clock.t = batches[-1]["sent_at"] + 3
+        yield app, client, clock
