@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.tiers import unavailable
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_FIXTURES = REPO / "tests" / "fixtures"
 # Host headers the in-process test clients send (TestClient: "testserver"), for every app a test
@@ -94,7 +96,7 @@ def pg_cluster() -> Iterator[Any]:
     try:
         cluster = start_cluster()
     except LookupError as exc:
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
+        unavailable("postgres", f"PostgreSQL unavailable: {exc}")
     try:
         yield cluster
     finally:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.ports import free_port
+from tests.tiers import unavailable
 
 CONFIG = """\
 global:
@@ -60,9 +60,10 @@ class Alertmanager:
 def alertmanager(tmp: Path) -> Iterator[Alertmanager]:
     binary = find_alertmanager()
     if binary is None:
-        pytest.skip(
+        unavailable(
+            "alertmanager",
             "prometheus-alertmanager is not installed (scripts/setup.d/30-alertmanager.sh could not "
-            "install it: apt-get install prometheus-alertmanager)"
+            "install it: apt-get install prometheus-alertmanager)",
         )
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "alertmanager.yml").write_text(CONFIG)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.ports import free_port
+from tests.tiers import unavailable
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -77,11 +78,11 @@ class LiveApp:
 @pytest.fixture(scope="module")
 def chromium_context(tmp_path_factory: Any) -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        pytest.skip("Debian chromium is not installed (scripts/setup.d/20-chromium.sh installs it)")
+        unavailable("browser", "Debian chromium is not installed (scripts/setup.d/20-chromium.sh installs it)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("the playwright Python package is not installed")
+        unavailable("browser", "the playwright Python package is not installed")
     shutil.which("chromium")
     pw = sync_playwright().start()
     try:

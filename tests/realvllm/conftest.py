@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
+from tests.tiers import unavailable
 
 from .server import IN_PROCESS_ENGINE, Install, Server, default_install
 from .workload import POOL_BLOCKS
@@ -41,11 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def realvllm_install() -> Install:
     if os.environ.get("KVSCOPE_REALVLLM", "1") == "0":
-        pytest.skip("KVSCOPE_REALVLLM=0: real vLLM tests switched off on purpose")
+        unavailable("realvllm", "KVSCOPE_REALVLLM=0: real vLLM tests switched off on purpose")
     install = default_install()
     problem = install.problem()
     if problem:
-        pytest.skip(f"no real vLLM here: {problem}")
+        unavailable("realvllm", f"no real vLLM here: {problem}")
     return install
 
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.ports import free_port
+from tests.tiers import unavailable
 from tests.waits import wait_until
 
 from .netns import TestLab, why_not_available
@@ -58,7 +59,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     reason = why_not_available()
     if reason:
-        pytest.skip(f"network namespaces unavailable: {reason}")
+        unavailable("netns", f"network namespaces unavailable: {reason}")
     net = TestLab(N_HOSTS)
     procs: list[subprocess.Popen[bytes]] = []
     logs = []

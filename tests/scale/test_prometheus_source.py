@@ -35,6 +35,7 @@ from app.export.prometheus_source import (
 )
 from tests.fed_databases import Feed
 from tests.ports import free_port
+from tests.tiers import unavailable
 from tests.waits import wait_until
 
 from .prom import PromServer, backfill, binaries, openmetrics
@@ -70,7 +71,10 @@ CACHE_CFG = {**LAB, "block_size": "16", "kv_offloading_size": "8", "cache_dtype"
 def prom_bins() -> tuple[str, str]:
     b = binaries()
     if b is None:
-        pytest.skip("prometheus/promtool not installed (apt-get install prometheus; scripts/setup.d/45-prometheus.sh)")
+        unavailable(
+            "prometheus",
+            "prometheus/promtool not installed (apt-get install prometheus; scripts/setup.d/45-prometheus.sh)",
+        )
     return b
 
 
