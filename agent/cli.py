@@ -14,6 +14,7 @@ from typing import Any
 
 from agent.engines import ENGINES
 from agent.engines.options import split_url
+from agent.private_files import private_dir
 from kvscope.errors import UserError
 
 DEFAULT_STATE = "~/.local/state/kvscope-agent"
@@ -146,7 +147,7 @@ def build_agent(args: argparse.Namespace, *, server: str | None, token: str | No
 
     state = _state_dir(args)
     try:
-        state.mkdir(parents=True, exist_ok=True)
+        private_dir(state)
     except OSError as exc:
         raise UserError(f"cannot create the state folder {state}: {exc.strerror}; pass --state-dir") from None
     cfg = AgentConfig(

@@ -26,6 +26,7 @@ from agent.commands_poll import DEFAULT_WAIT_S, CommandPoller
 from agent.fetch import Fetcher, HttpxFetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
 from agent.instance_gpus import InstanceGpus
+from agent.private_files import private_dir, write_private_text
 from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
@@ -66,8 +67,8 @@ def load_agent_id(state_dir: Path) -> str:
     except OSError:
         pass
     value = str(uuid.uuid4())
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(value + "\n")
+    private_dir(state_dir)
+    write_private_text(path, value + "\n")
     return value
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.private_files import open_private, private_dir
+
 _SUFFIX = ".json"
 
 
@@ -31,7 +33,7 @@ class Spool:
         self.dir = directory
         self.max_bytes = max_bytes
         self.fsync = fsync
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         self._lock = threading.Lock()  # the loop appends while the sender thread pops
         self._entries: list[SpoolEntry] = []
         self._bytes = 0
@@ -66,7 +68,7 @@ class Spool:
         data = json.dumps(batch, separators=(",", ":"), allow_nan=False).encode("utf-8")
         path = self.dir / f"{seq:020d}{_SUFFIX}"
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        with open_private(tmp) as f:
             f.write(data)
             if self.fsync:
                 f.flush()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.private_files import private_dir
 from kvscope.errors import UserError
 
 GIB = 1024**3
@@ -282,7 +283,7 @@ def run_demo(args: argparse.Namespace) -> int:
         shutil.rmtree(data_dir)
     for sub in ("agent", "controller", "sim-state", "logs"):
         try:
-            (data_dir / sub).mkdir(parents=True, exist_ok=True)
+            private_dir(data_dir / sub)
         except OSError as exc:
             raise UserError(f"cannot create {data_dir / sub}: {exc.strerror}; pass --data-dir") from None
     settings = load_settings(None, data_dir=str(data_dir), host=args.host, port=args.port)

@@ -31,6 +31,7 @@ from typing import IO, Any
 from agent.launcher import process_identity as pid_id
 from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
+from agent.private_files import open_private, private_dir, write_private_text
 
 
 class SubprocessLauncher:
@@ -69,7 +70,7 @@ class SubprocessLauncher:
         self._log_path: Path | None = None
         self._log_file: IO[bytes] | None = None
         self._exit: str | None = None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         if adopt:
             self._adopt()
 
@@ -108,7 +109,7 @@ class SubprocessLauncher:
             if not path.exists():
                 break
             n += 1
-        log = path.open("ab")
+        log = open_private(path, "ab")
         log.write(f"# kvscope: starting {json.dumps(argv)}\n".encode())
         log.flush()
         try:
@@ -247,7 +248,7 @@ class SubprocessLauncher:
             **pid_id.identity(pid, self.proc_root),  # boot_id, start_ticks: what the process is
         }
         try:
-            self._pidfile.write_text(json.dumps(data))
+            write_private_text(self._pidfile, json.dumps(data))
         except OSError:
             pass
 

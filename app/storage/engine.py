@@ -11,6 +11,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
+from agent.private_files import private_dir, tighten
 from app.web.paths import migrations_dir
 from kvscope.errors import UserError
 
@@ -40,7 +41,7 @@ def make_engine(url: str) -> Engine:
         if db and db != ":memory:":
             path = Path(db)
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                private_dir(path.parent)
             except OSError as exc:
                 raise UserError(
                     f"cannot create the data folder {path.parent}: {exc.strerror}; "
@@ -128,4 +129,15 @@ def open_database(url: str) -> Engine:
     engine = make_engine(url)
     if not _at_head(engine):
         upgrade(engine)
+    _keep_private(engine)
     return engine
+
+
+def _keep_private(engine: Engine) -> None:
+    """A SQLite file holds password and token hashes: 0600, with its WAL and shared-memory files
+    (SQLite creates those with the database's mode; an older kvscope left the database 0644)."""
+    db = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or not db or db == ":memory:":
+        return
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        tighten(Path(db + suffix))
