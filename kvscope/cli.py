@@ -1,54 +1,111 @@
 """The `kvscope` console script.
 
-Every sub-command lives in the module that owns it and exposes ``register(subparsers)``.
-Those modules import only the standard library at module level, so `kvscope agent` never pulls
-in the app's stack (fastapi, sqlalchemy, plotly ...): heavy imports happen inside the handlers.
+Every sub-command lives in the module that owns it and exposes ``register(subparsers)``; a
+sub-command imports only that module (`COMMANDS`), so `kvscope agent` loads the agent and nothing
+of the app or the simulator. Those modules import only the standard library at module level:
+heavy imports (fastapi, sqlalchemy, plotly ...) happen inside the handlers.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from agent import cli as agent_cli
-from app import cli as app_cli
-from app.ab import cli as ab_cli
-from app.auth import cli as auth_cli
-from app.controller import cli as controller_cli
-from kvscope import __version__, demo, up
+from kvscope import __version__
 from kvscope.errors import UserError
-from simulator import cli as simulator_cli
 
-# The modules that register sub-commands, in the order `kvscope --help` lists them. Each imports
-# only the standard library at module level; an import error here is an error.
-COMMAND_MODULES: tuple[ModuleType, ...] = (
-    app_cli,  # serve
-    auth_cli,  # user, token
-    agent_cli,  # agent
-    simulator_cli,  # sim
-    demo,  # demo
-    up,  # up
-    controller_cli,  # profile, apply
-    ab_cli,  # ab
+
+# The modules that register sub-commands, in the order `kvscope --help` lists them, each with the
+# names it registers. A sub-command imports only its own module (`kvscope agent` loads the agent and
+# nothing of the app or the simulator); `kvscope --help` and an unknown name import them all. Each
+# imports only the standard library at module level; an import error here is an error.
+def _app_cli() -> ModuleType:
+    from app import cli
+
+    return cli
+
+
+def _auth_cli() -> ModuleType:
+    from app.auth import cli
+
+    return cli
+
+
+def _agent_cli() -> ModuleType:
+    from agent import cli
+
+    return cli
+
+
+def _simulator_cli() -> ModuleType:
+    from simulator import cli
+
+    return cli
+
+
+def _demo() -> ModuleType:
+    from kvscope import demo
+
+    return demo
+
+
+def _up() -> ModuleType:
+    from kvscope import up
+
+    return up
+
+
+def _controller_cli() -> ModuleType:
+    from app.controller import cli
+
+    return cli
+
+
+def _ab_cli() -> ModuleType:
+    from app.ab import cli
+
+    return cli
+
+
+COMMANDS: tuple[tuple[tuple[str, ...], Callable[[], ModuleType]], ...] = (
+    (("serve",), _app_cli),
+    (("user", "token"), _auth_cli),
+    (("agent",), _agent_cli),
+    (("sim",), _simulator_cli),
+    (("demo",), _demo),
+    (("up",), _up),
+    (("profile", "apply"), _controller_cli),
+    (("ab",), _ab_cli),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_modules(argv: Sequence[str] | None = None) -> list[ModuleType]:
+    """The modules to register for `argv`: the one that owns its sub-command, else all of them."""
+    first = next(iter(argv), None) if argv is not None else None
+    for names, load in COMMANDS:
+        if first in names:
+            return [load()]
+    return [load() for _, load in COMMANDS]
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvscope",
         description="See and steer vLLM's KV-cache offloading: dashboard, agent, controller, simulator.",
     )
     parser.add_argument("--version", action="version", version=f"kvscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in COMMAND_MODULES:
+    for mod in command_modules(argv):
         mod.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

@@ -78,3 +78,33 @@ def test_token_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "rig1" in listed and tok not in listed  # never shows the secret again
     assert main(["token", "revoke", "rig1", "--data-dir", d]) == 0
     assert main(["token", "revoke", "rig1", "--data-dir", d]) == 2
+
+
+def test_each_command_module_registers_exactly_the_names_the_table_gives_it() -> None:
+    import argparse
+
+    from kvscope.cli import COMMANDS
+
+    for names, load in COMMANDS:
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        load().register(sub)
+        assert tuple(sub.choices) == names, load
+
+
+def test_the_agents_entry_point_imports_only_the_agent() -> None:
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json\n"
+        "from kvscope.cli import main\n"
+        "try:\n    main(['agent', '--help'])\nexcept SystemExit:\n    pass\n"
+        "mods = sorted(m for m in sys.modules if m.split('.')[0] in ('app', 'simulator', 'kvscope', 'agent'))\n"
+        "print(json.dumps(mods), file=sys.stderr)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    mods = json.loads(p.stderr.strip().splitlines()[-1])
+    foreign = [m for m in mods if m.split(".")[0] in ("app", "simulator") or m in ("kvscope.demo", "kvscope.up")]
+    assert foreign == [] and "agent.cli" in mods, mods
