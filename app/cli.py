@@ -63,7 +63,10 @@ def run_serve(args: argparse.Namespace) -> int:
     from app.main import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.storage.backup import hold_serving_lock
+
     app = create_app(settings)
+    hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
     print(f"kvscope: serving on http://{settings.host}:{settings.port}  (data: {settings.effective_database_url})")
     uvicorn.run(
         app,

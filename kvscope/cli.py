@@ -63,6 +63,12 @@ def _controller_cli() -> ModuleType:
     return cli
 
 
+def _backup_cli() -> ModuleType:
+    from app.backup import cli
+
+    return cli
+
+
 def _ab_cli() -> ModuleType:
     from app.ab import cli
 
@@ -78,6 +84,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], Callable[[], ModuleType]], ...] = (
     (("up",), _up),
     (("profile", "apply"), _controller_cli),
     (("ab",), _ab_cli),
+    (("backup", "restore"), _backup_cli),
 )
 
 

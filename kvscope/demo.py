@@ -273,6 +273,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from app.cli import check_port_free
     from app.main import create_app
     from app.settings import default_data_dir, load_settings
+    from app.storage.backup import hold_serving_lock
     from app.storage.engine import open_database
     from app.storage.tokens import create_token
     from kvscope.app_thread import start_app_thread
@@ -302,6 +303,7 @@ def run_demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     engine = open_database(settings.effective_database_url)
+    hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
     now = time.time()
     token = create_token(engine, f"kvscope-demo-{int(now * 1000)}", now, host=DEMO_HOST)
     access = local_access.prepare(engine, data_dir, now)

@@ -57,6 +57,7 @@ def run_up(args: argparse.Namespace) -> int:
     from app.auth import local_access
     from app.cli import check_port_free, settings_from_args
     from app.main import create_app
+    from app.storage.backup import hold_serving_lock
     from app.storage.engine import open_database
     from kvscope.app_thread import start_app_thread
 
@@ -70,6 +71,7 @@ def run_up(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     engine = open_database(settings.effective_database_url)
+    hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
     host_name = socket.gethostname()
     token = _local_token(engine, time.time(), host_name)
     access = local_access.prepare(engine, Path(settings.data_dir), time.time())

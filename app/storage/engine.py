@@ -102,6 +102,13 @@ def _cannot_open(exc: OperationalError) -> UserError:
     return UserError(f"cannot open or migrate the database: {exc.orig}")
 
 
+def script_revisions() -> frozenset[str]:
+    """Every revision the migration scripts know (a stored revision outside it is from a newer kvscope)."""
+    from alembic.script import ScriptDirectory
+
+    return frozenset(r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions())
+
+
 @functools.cache
 def _script_heads() -> frozenset[str]:
     """The head revisions of the migration scripts (read once per process: they do not change

@@ -1,0 +1,1 @@
+"""`kvscope backup` and `kvscope restore`: consistent copies of a running SQLite store."""
