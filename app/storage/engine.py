@@ -102,6 +102,7 @@ def _cannot_open(exc: OperationalError) -> UserError:
     return UserError(f"cannot open or migrate the database: {exc.orig}")
 
 
+@functools.cache
 def script_revisions() -> frozenset[str]:
     """Every revision the migration scripts know (a stored revision outside it is from a newer kvscope)."""
     from alembic.script import ScriptDirectory
@@ -118,23 +119,32 @@ def _script_heads() -> frozenset[str]:
     return frozenset(ScriptDirectory.from_config(_alembic_config()).get_heads())
 
 
-def _at_head(engine: Engine) -> bool:
-    """Whether the database's stored revisions are exactly the scripts' heads (nothing to apply)."""
+def _stored_revisions(engine: Engine) -> frozenset[str]:
+    """The revisions the database's version table holds (empty for a new database)."""
     from alembic.runtime.migration import MigrationContext
 
     try:
         with engine.connect() as conn:
-            current = frozenset(MigrationContext.configure(conn).get_current_heads())
+            return frozenset(MigrationContext.configure(conn).get_current_heads())
     except OperationalError as exc:
         raise _cannot_open(exc) from None
-    return current == _script_heads()
 
 
 def open_database(url: str) -> Engine:
     """The engine of `url`, its database migrated to the head revision. A database already at the
-    head is only checked (one read of its version table), not handed to Alembic's upgrade run."""
+    head is only checked (one read of its version table), not handed to Alembic's upgrade run. One
+    a newer kvscope wrote (a revision these scripts do not know) is refused, never touched."""
     engine = make_engine(url)
-    if not _at_head(engine):
+    stored = _stored_revisions(engine)
+    if stored != _script_heads():
+        unknown = sorted(stored - script_revisions())
+        if unknown:
+            engine.dispose()
+            raise UserError(
+                f"the database {engine.url.render_as_string()} was written by a newer kvscope (schema revision "
+                f"{', '.join(unknown)}, unknown to this one): upgrade kvscope, or restore a backup taken "
+                "before the upgrade (docs/operations.md)"
+            )
         upgrade(engine)
     _keep_private(engine)
     return engine
