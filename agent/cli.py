@@ -187,7 +187,7 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.launcher_config:
         agent.sink = _launcher_sink(Path(args.launcher_config))
     if getattr(args, "kv_events", "off") == "auto":
-        agent.reuse_source = _kv_events(agent)
+        agent.reuse_source = kv_events_source(agent)
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: Any) -> None:
@@ -204,7 +204,8 @@ def run_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kv_events(agent: Any) -> Any:
+def kv_events_source(agent: Any) -> Any:
+    """The windows of vLLM's KV-cache events for the agent's push (GET /kv_event_sources per server)."""
     try:
         from agent.kvevents.collector import KvEventsCollector
     except ModuleNotFoundError as exc:

@@ -33,6 +33,13 @@ def register(sub: Any) -> None:
     p.add_argument("--state-dir", help="agent spool folder (default <data dir>/agent)")
     p.add_argument("--no-gpu", action="store_true", help="skip GPU readings")
     p.add_argument("--nvidia-smi", help="nvidia-smi executable for the fallback")
+    p.add_argument(
+        "--kv-events",
+        choices=["auto", "off"],
+        default="auto",
+        help="auto (default): follow each server's KV-cache events (GET /kv_event_sources) for the sizing page; "
+        "off: do not subscribe",
+    )
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_up)
 
@@ -53,7 +60,7 @@ def run_up(args: argparse.Namespace) -> int:
     import signal
     import socket
 
-    from agent.cli import build_agent, parse_interval
+    from agent.cli import build_agent, kv_events_source, parse_interval
     from app.auth import local_access
     from app.cli import check_port_free, settings_from_args
     from app.main import create_app
@@ -90,6 +97,8 @@ def run_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         agent = build_agent(agent_args, server=url, token=token)
+        if args.kv_events == "auto":  # the sizing page's curve: off only when asked
+            agent.reuse_source = kv_events_source(agent)
     except BaseException:
         served.stop(timeout=10)
         raise
@@ -103,6 +112,8 @@ def run_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     urls = ", ".join(r.base_url for r in agent.readers)
     print(f"kvscope up: dashboard {url}  (agent reading {urls}; data: {settings.effective_database_url})")
+    if args.kv_events == "auto":
+        print("kvscope up: following KV-cache events where the servers publish them (--kv-events off to stop)")
     print(f"kvscope up: log in once with {url}{access.login_path}  (valid 24 h, one use)")
     if access.admin_created:
         print("kvscope up: created the user 'admin'; set its password with `kvscope user passwd admin`")
