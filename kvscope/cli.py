@@ -69,6 +69,12 @@ def _backup_cli() -> ModuleType:
     return cli
 
 
+def _service() -> ModuleType:
+    from kvscope import service
+
+    return service
+
+
 def _ab_cli() -> ModuleType:
     from app.ab import cli
 
@@ -85,6 +91,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], Callable[[], ModuleType]], ...] = (
     (("profile", "apply"), _controller_cli),
     (("ab",), _ab_cli),
     (("backup", "restore"), _backup_cli),
+    (("service",), _service),
 )
 
 
