@@ -75,6 +75,7 @@ class BodyLimit:
         started = False
         answered = False
         checked = False
+        body_done = False
 
         async def refuse(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
             # Answer here (FastAPI turns an error raised while it reads a body into a 400), then tell
@@ -86,9 +87,11 @@ class BodyLimit:
             return {"type": "http.disconnect"}
 
         async def limited_receive() -> Any:
-            nonlocal seen, checked
+            nonlocal seen, checked, body_done
             if answered:
                 return {"type": "http.disconnect"}
+            if body_done:  # after the body: a long-poll waits here for the client to hang up
+                return await receive()
             if not checked:  # the route is known now (scope["route"]), no byte of the body read yet
                 checked = True
                 refusal = await self._authorize(scope)
@@ -106,6 +109,7 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > cap:
                     return await refuse(413, f"request body over the {cap}-byte cap")
+                body_done = not message.get("more_body", False)
             return message
 
         async def guarded_send(message: Any) -> None:

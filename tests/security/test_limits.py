@@ -341,3 +341,35 @@ def test_x_forwarded_for_counts_only_from_a_trusted_proxy_and_right_most_untrust
     assert client_address(scope("127.0.0.1", "6.6.6.6, 203.0.113.9"), nginx) == "203.0.113.9"  # forged left part
     assert client_address(scope("127.0.0.1", "203.0.113.9, 10.1.2.3"), nginx) == "203.0.113.9"
     assert client_address(scope("198.51.100.1", "1.2.3.4"), nginx) == "198.51.100.1"  # not a proxy
+
+
+def test_after_its_body_a_long_poll_still_waits_for_the_client_past_the_body_deadline(app: Any) -> None:
+    from app.auth.bodylimit import BodyLimit
+
+    ctx = app.state.ctx
+    t = [1000.0]
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}, {"type": "http.disconnect"}]
+    got: list[str] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        t[0] += 10 * ctx.settings.body_timeout_s  # the poll holds well past the body deadline
+        got.append((await receive())["type"])  # the real disconnect, not a made-up 408
+
+    async def receive() -> Any:
+        return messages.pop(0)
+
+    async def send(msg: Any) -> None:
+        got.append(msg["type"])
+
+    token = api_token(ctx.engine, "operator")
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/profiles",
+        "headers": [(b"authorization", f"Bearer {token}".encode()), (b"content-length", b"2")],
+        "client": ("127.0.0.1", 1),
+        "query_string": b"",
+    }
+    _run(BodyLimit(inner, ctx, clock=lambda: t[0])(scope, receive, send))
+    assert got == ["http.disconnect"] and messages == []
