@@ -60,6 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from app.auth.serving import uvicorn_options
     from app.main import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -74,6 +75,6 @@ def run_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         access_log=False,
-        timeout_graceful_shutdown=3,
+        **uvicorn_options(settings.trusted_proxies),  # header, keep-alive and body deadlines (app/auth/serving.py)
     )
     return 0

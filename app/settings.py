@@ -48,7 +48,15 @@ class Settings(BaseSettings):
         max_length=4096,
     )
     agent_token: str | None = Field(
-        None, description="Optional static agent token accepted besides those from `kvscope token create`."
+        None,
+        description="Optional static agent token accepted besides those from `kvscope token create` "
+        "(32+ characters off loopback).",
+        max_length=4096,
+    )
+    agent_token_host: str | None = Field(
+        None,
+        max_length=255,
+        description="The host the static agent token may speak for; required with KVSCOPE_AGENT_TOKEN off loopback.",
     )
     # --- ingest
     max_batch_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted push body.")
@@ -182,6 +190,21 @@ class Settings(BaseSettings):
     login_max_failures: int = Field(
         5, ge=1, le=1000, description="Failed logins per client address and per user name in 5 minutes before 429."
     )
+    bearer_max_failures: int = Field(
+        20, ge=1, le=100_000, description="Failed bearer tokens per client address in 5 minutes before 429."
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Addresses or networks of reverse proxies whose X-Forwarded-For is believed (the "
+        "right-most untrusted hop is the client); empty: none.",
+    )
+    max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest request body outside pushes (those have max_batch_bytes)."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="A request body not fully received within this gets 408."
+    )
     cookie_secure: bool | None = Field(
         None, description="Mark cookies Secure; default: when the request came over https (behind a TLS proxy)."
     )
@@ -205,6 +228,16 @@ class Settings(BaseSettings):
         description="vLLM flags profiles' extra_args may carry beyond kvscope's allow-list (the agents' "
         "launcher configs must allow them too: each agent's preflight is the final word).",
     )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{p[:64]!r} is not an IP address or network") from None
+        return v
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -239,6 +272,16 @@ class Settings(BaseSettings):
             raise UserError(
                 f"binding to {self.host} with KVSCOPE_AGENT_TOKEN at a placeholder: "
                 "create one with `kvscope token create NAME` or unset it"
+            )
+        if self.agent_token is not None and len(self.agent_token.strip()) < 32:
+            raise UserError(
+                f"binding to {self.host} needs KVSCOPE_AGENT_TOKEN of 32 characters or more "
+                "(or unset it and use `kvscope token create HOST`)"
+            )
+        if self.agent_token is not None and not self.agent_token_host:
+            raise UserError(
+                f"binding to {self.host} with KVSCOPE_AGENT_TOKEN needs KVSCOPE_AGENT_TOKEN_HOST: "
+                "the one host that token may speak for"
             )
 
 

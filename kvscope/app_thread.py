@@ -28,8 +28,12 @@ def start_app_thread(app: Any, host: str, port: int, log_level: str, start_timeo
     """Start serving `app`; return once it accepts connections (UserError if it cannot)."""
     import uvicorn
 
+    from app.auth.serving import uvicorn_options
+
+    ctx = getattr(getattr(app, "state", None), "ctx", None)
+    trusted = list(ctx.settings.trusted_proxies) if ctx is not None else []
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=3)
+        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(trusted))
     )
     thread = threading.Thread(target=server.run, name="kvscope-app", daemon=True)
     thread.start()

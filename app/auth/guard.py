@@ -5,12 +5,15 @@ every request, so a revoked token or a deleted user stops at once."""
 from __future__ import annotations
 
 import hmac
+import math
 from typing import Any
 
 from fastapi import HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from app.auth import sessions
+from app.auth.client_addr import client_address, networks
+from app.auth.limiter import WindowLimiter
 from app.auth.roles import AGENT, ANONYMOUS, PUBLIC, VIEWER, Principal, role_needed
 from app.context import AppContext
 from app.storage.tokens import lookup_token, touch_token
@@ -35,15 +38,34 @@ def bearer(request: Request) -> str | None:
     return token.strip() or None
 
 
+class BearerLimiter(WindowLimiter):
+    """Failed bearer tokens per client address (the app's one instance: ctx.state)."""
+
+
+def bearer_limiter(ctx: AppContext) -> BearerLimiter:
+    return ctx.state(BearerLimiter, lambda: BearerLimiter(ctx.settings.bearer_max_failures))
+
+
 def resolve(ctx: AppContext, request: Request) -> Principal:
     """The principal of a request: its bearer token, else its session cookie, else anonymous."""
     token = bearer(request)
     if token is not None:
+        limiter = bearer_limiter(ctx)
+        addr = client_address(request.scope, networks(ctx.settings.trusted_proxies))
+        now = ctx.now()
+        wait = limiter.retry_after(addr, now)
+        if wait > 0:
+            raise HTTPException(
+                429,
+                f"too many failed bearer tokens: try again in {math.ceil(wait)} s",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
         static = ctx.settings.agent_token
         if static and hmac.compare_digest(static.encode(), token.encode()):
-            return Principal(kind="agent", name="static", role=AGENT, host=None)
+            return Principal(kind="agent", name="static", role=AGENT, host=ctx.settings.agent_token_host)
         info = lookup_token(ctx.engine, token)
         if info is None:
+            limiter.failed(addr, now)
             raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
         if info.role == AGENT:
             return Principal(kind="agent", name=info.name, role=AGENT, host=info.host)

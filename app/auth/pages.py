@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -9,6 +10,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.auth import sessions
+from app.auth.client_addr import client_address, networks
 from app.auth.limiter import LoginLimiter
 from app.auth.passwords import verify_password
 from app.auth.roles import PUBLIC, VIEWER, principal_of, requires
@@ -27,8 +29,8 @@ def safe_next(value: Any) -> str:
     return v
 
 
-def _client(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+def _client(ctx: AppContext, request: Request) -> str:
+    return client_address(request.scope, networks(ctx.settings.trusted_proxies))
 
 
 def start_session(ctx: AppContext, request: Request, response: Response, user_id: int, epoch: int) -> None:
@@ -69,18 +71,18 @@ def router(ctx: AppContext) -> APIRouter:
         password = str(form.get("password") or "")
         nxt = safe_next(form.get("next"))
         now = ctx.now()
-        keys = (f"addr:{_client(request)}", f"name:{name.lower()}")
-        wait = limiter.retry_after(keys, now)
+        addr, who = _client(ctx, request), name.lower()
+        wait = limiter.begin(addr, who, now)  # counted before the password check
         if wait > 0:
             resp = page(request, 429, error=f"Too many failed logins: try again in {wait:.0f} s.", name=name, next=nxt)
-            resp.headers["Retry-After"] = str(int(wait) + 1)
+            resp.headers["Retry-After"] = str(math.ceil(wait))
             return resp
         user = await run_in_threadpool(user_by_name, ctx.engine, name)
         ok = await run_in_threadpool(verify_password, user.password_hash if user else None, password)
         if user is None or not ok:
-            limiter.failed(keys, now)
+            limiter.failed(addr, who, now)
             return page(request, 401, error="Wrong user name or password.", name=name, next=nxt)
-        limiter.succeeded(keys)
+        limiter.succeeded(addr, who, now)
         await run_in_threadpool(record_login, ctx.engine, user.id, now)
         resp = RedirectResponse(nxt, status_code=303)
         start_session(ctx, request, resp, user.id, user.session_epoch)
