@@ -132,3 +132,34 @@ def test_unbounded_strings_of_the_push_are_refused_with_422(
         b["reuse"] = [{"instance": "u" * 100_000, "start": clock() - 1, "end": clock()}]
     r = _push(client, token, b)
     assert r.status_code == 422 and fragment in r.json()["error"]
+
+
+# ---------------------------------------------------------------- the agent's token off the command line
+
+
+def _agent_args(argv: list[str]) -> Any:
+    import argparse
+
+    from agent import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["agent", *argv])
+
+
+def test_the_agent_reads_its_token_from_a_file_or_the_environment_and_warns_about_token_on_the_command_line(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.cli import agent_token
+
+    monkeypatch.delenv("KVSCOPE_AGENT_TOKEN", raising=False)
+    f = tmp_path / "token"
+    f.write_text("kvs_secret\n")
+    assert agent_token(_agent_args(["--token-file", str(f)])) == "kvs_secret"
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("KVSCOPE_AGENT_TOKEN", "from-env")
+    assert agent_token(_agent_args([])) == "from-env"
+    assert capsys.readouterr().err == ""
+    assert agent_token(_agent_args(["--token", "on-cli"])) == "on-cli"  # still works
+    err = capsys.readouterr().err
+    assert "visible" in err and "ps" in err and err.count("\n") == 1
