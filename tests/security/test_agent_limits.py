@@ -163,3 +163,51 @@ def test_the_agent_reads_its_token_from_a_file_or_the_environment_and_warns_abou
     assert agent_token(_agent_args(["--token", "on-cli"])) == "on-cli"  # still works
     err = capsys.readouterr().err
     assert "visible" in err and "ps" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- huge numbers at the API boundary
+
+
+def _an_instance(client: Any, token: str, clock: Any) -> int:
+    assert _push(client, token, make_batch(1, clock())).status_code == 200
+    return int(client.get("/api/v1/instances").json()["instances"][0]["id"])
+
+
+@pytest.mark.parametrize("start", ["-1e308", "1e308", "-1"])
+def test_a_series_range_outside_plausible_unix_times_is_a_400_with_a_message(
+    client: Any, token: str, clock: Any, start: str
+) -> None:
+    iid = _an_instance(client, token, clock)
+    r = client.get(f"/api/v1/series?instance={iid}&metric=vllm:prompt_tokens_total&start={start}")
+    assert r.status_code == 400 and "Unix time in seconds" in r.text
+    r = client.get(f"/api/v1/events?start={start}")
+    assert r.status_code == 422
+
+
+@pytest.mark.parametrize("raw", ["1" + "0" * 30, "1e308", "-5", "true"])
+def test_a_rollout_for_an_instance_id_out_of_range_is_a_422_with_a_message(
+    client: Any, token: str, clock: Any, raw: str
+) -> None:
+    _an_instance(client, token, clock)
+    body = '{"instance": ' + raw + ', "profile": "fp8"}'
+    r = client.post("/api/v1/rollouts", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "instance must be an instance id" in r.text
+
+
+@pytest.mark.parametrize("raw", ["1" + "0" * 30, "1e308", "0", "1.5"])
+def test_a_silence_for_an_instance_id_out_of_range_is_a_400_with_a_message(client: Any, raw: str) -> None:
+    body = '{"minutes": 60, "instance": ' + raw + "}"
+    r = client.post("/api/v1/alerts/silences", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "instance must be an id" in r.text
+
+
+@pytest.mark.parametrize("raw", ["1" + "0" * 400, "1e400", "-1"])
+def test_a_sizing_profile_of_an_absurd_size_is_a_422_with_a_message(
+    client: Any, token: str, clock: Any, raw: str
+) -> None:
+    iid = _an_instance(client, token, clock)
+    body = '{"offload_gib": ' + raw + "}"
+    r = client.post(
+        f"/api/v1/instances/{iid}/sizing/profile", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 422 and "offload_gib must be > 0" in r.text
