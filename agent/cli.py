@@ -67,7 +67,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("agent", help="run the agent beside vllm serve (scrape, GPU, host memory, push)")
     _common(p, sub=False)
     p.add_argument("--server", help="kvscope app URL, e.g. http://central:8080 ($KVSCOPE_SERVER)")
-    p.add_argument("--token", help="agent token from `kvscope token create` ($KVSCOPE_AGENT_TOKEN)")
+    p.add_argument(
+        "--token-file",
+        help="file holding the agent token from `kvscope token create` (or set $KVSCOPE_AGENT_TOKEN)",
+    )
+    p.add_argument("--token", help="agent token on the command line: visible in ps; prefer --token-file")
     p.add_argument("--interval", type=parse_interval, default=1.0, help="tick interval (default 1s)")
     p.add_argument("--host-name", help="name of this host in the app (default: hostname)")
     p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool bound in MB (default 256)")
@@ -166,19 +170,48 @@ def build_agent(args: argparse.Namespace, *, server: str | None, token: str | No
     return Agent(cfg, client, host=HostCollector(build_host_sources(args)), push_client=push_client)
 
 
+def agent_token(args: argparse.Namespace) -> str | None:
+    """The agent token: --token-file, else --token (with a warning: every user of the host sees a
+    command line in ps), else $KVSCOPE_AGENT_TOKEN."""
+    path = getattr(args, "token_file", None)
+    if path:
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8") as f:
+                text = f.read(4096)
+        except OSError as exc:
+            raise UserError(f"--token-file {path}: {exc.strerror or exc}") from None
+        token = text.strip()
+        if not token:
+            raise UserError(f"--token-file {path} is empty")
+        return token
+    if getattr(args, "token", None):
+        print(
+            "kvscope agent: warning: --token is visible to every user in ps; use --token-file or $KVSCOPE_AGENT_TOKEN",
+            file=sys.stderr,
+        )
+        return str(args.token)
+    env = os.environ.get("KVSCOPE_AGENT_TOKEN")
+    if env:
+        return env.strip() or None
+    return None
+
+
 def run_agent(args: argparse.Namespace) -> int:
     import logging
     import signal
     import threading
 
     server = args.server or os.environ.get("KVSCOPE_SERVER")
-    token = args.token or os.environ.get("KVSCOPE_AGENT_TOKEN")
+    token = agent_token(args)
     if not server:
         raise UserError("--server URL is required (the kvscope app), or use `kvscope agent once --print`")
     if not server.startswith(("http://", "https://")):
         raise UserError(f"--server {server!r} must start with http:// or https://")
     if not token:
-        raise UserError("--token is required: create one with `kvscope token create NAME` on the app's host")
+        raise UserError(
+            "an agent token is required: --token-file PATH or $KVSCOPE_AGENT_TOKEN (create one with "
+            "`kvscope token create NAME` on the app's host)"
+        )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     agent = build_agent(args, server=server, token=token)
     import gc

@@ -49,7 +49,9 @@ class AppContext:
     command_providers: list[CommandProvider] = field(default_factory=list)
     push_hooks: list[PushHook] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
-    agent_urls: dict[str, set[str]] = field(default_factory=dict)  # controller: agent id -> scraped URLs
+    # controller: (host id, agent id) -> scraped URLs; keyed by host too, so that an agent of
+    # another host (another token) sending the same agent_id cannot steer this host's commands
+    agent_urls: dict[tuple[int, str], set[str]] = field(default_factory=dict)
     _state: dict[type, object] = field(default_factory=dict, repr=False)
 
     def state(self, cls: type[S], make: Callable[[], S]) -> S:

@@ -220,6 +220,13 @@ class Settings(BaseSettings):
     max_new_series_per_push: int = Field(
         20_000, ge=100, le=10_000_000, description="New series one push may create; more is refused (422)."
     )
+    max_instances_per_host: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="vLLM instances (distinct URLs) one host may have; a push creating more is refused "
+        "(422), known instances keep pushing.",
+    )
 
     # --- flags (agent/flag_policy.py): profiles' extra_args beyond the allow-list
     allow_flags: list[str] = Field(

@@ -17,6 +17,7 @@ from app.alerts.silencing import is_silenced
 from app.context import AppContext
 from app.storage import alerts_store as store
 from app.storage.alert_rows import AlertRow, SilenceRow
+from app.web.ids import MAX_DB_ID
 
 MAX_SILENCE_MIN = 60 * 24 * 30
 
@@ -135,9 +136,12 @@ def create_silence(
         if v in (None, ""):
             return None
         try:
-            return int(v)
-        except (TypeError, ValueError):
+            n = int(v)
+        except (TypeError, ValueError, OverflowError):
             raise HTTPException(400, f"{what} must be an id (integer)") from None
+        if isinstance(v, bool) or (not isinstance(v, str) and n != v) or not 1 <= n <= MAX_DB_ID:
+            raise HTTPException(400, f"{what} must be an id from 1 to {MAX_DB_ID}")
+        return n
 
     from app.storage.series_store import get_instance, list_hosts
 

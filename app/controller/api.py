@@ -18,7 +18,7 @@ from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileDetail, RolloutRow
 from app.storage.series_store import InstanceRow, get_instance, list_instances
 from app.web import csrf
-from app.web.ids import DbId, OptionalDbIdQuery
+from app.web.ids import MAX_DB_ID, DbId, OptionalDbIdQuery
 from app.web.jobs import register_job
 from app.web.json_body import read_json
 
@@ -265,10 +265,13 @@ def api_router(ctx: AppContext) -> APIRouter:
         body = await _json(request)
         if not isinstance(body, dict):
             raise HTTPException(422, "body must be a JSON object")
+        raw = body.get("instance")
         try:
-            instance_id = int(body.get("instance"))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+            instance_id = int(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
             raise HTTPException(422, "instance must be an instance id (see /api/v1/instances)") from None
+        if isinstance(raw, bool) or not 1 <= instance_id <= MAX_DB_ID:
+            raise HTTPException(422, f"instance must be an instance id from 1 to {MAX_DB_ID} (see /api/v1/instances)")
         rid = _request(
             ctx,
             instance_id,

@@ -145,7 +145,7 @@ def command_provider(ctx: AppContext) -> Any:
     def provide(host_id: int, agent_id: str, now: float) -> list[dict[str, Any]]:
         # Only the agent that scrapes an instance gets its rollouts (several agents may share a host
         # name); unknown until that agent's first push since the app started: no filter then.
-        urls = ctx.agent_urls.get(agent_id)
+        urls = ctx.agent_urls.get((host_id, agent_id))
         return [
             {"id": c["id"], "kind": "rollout", "instance": c["instance"], "payload": c["payload"]}
             for c in rs.claim_for_host(ctx.engine, host_id, agent_id, now, urls=urls)
@@ -159,7 +159,7 @@ def push_hook(ctx: AppContext) -> Any:
         scraped = {str(s.instance) for s in getattr(batch, "scrapes", None) or []}
         if scraped:
             known = ctx.agent_urls
-            known[str(batch.agent_id)] = scraped
+            known[(host_id, str(batch.agent_id))] = scraped
         for u in getattr(batch, "rollout_updates", None) or []:
             ok = rs.apply_update(
                 ctx.engine,

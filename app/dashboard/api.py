@@ -19,6 +19,7 @@ from app.storage.series_store import get_instance, list_instances
 from app.web.ids import MAX_DB_ID, OptionalDbIdQuery
 
 MAX_POINTS = 11_000
+MAX_UNIX_TS = float(2**32)  # year 2106: past it (or before 1970) a time is a typo, not a range
 DEFAULT_RANGE_S = 3600.0
 
 
@@ -26,8 +27,8 @@ def resolve_range(now: float, start: float | None, end: float | None, step: floa
     end_v = now if end is None else end
     start_v = end_v - DEFAULT_RANGE_S if start is None else start
     for name, v in (("start", start_v), ("end", end_v)):
-        if not math.isfinite(v):
-            raise HTTPException(400, f"{name} must be a finite Unix time in seconds")
+        if not math.isfinite(v) or not 0.0 <= v <= MAX_UNIX_TS:
+            raise HTTPException(400, f"{name} must be a Unix time in seconds, 0 to {MAX_UNIX_TS:.0f}")
     if start_v >= end_v:
         raise HTTPException(400, "start must be before end")
     step_v = step if step is not None else max(1.0, (end_v - start_v) / 300.0)
@@ -104,8 +105,8 @@ def router(ctx: AppContext) -> APIRouter:
     @r.get("/api/v1/events")
     def events(
         instance: OptionalDbIdQuery = None,
-        start: float | None = None,
-        end: float | None = None,
+        start: float | None = Query(None, ge=0, le=MAX_UNIX_TS, description="Unix time in seconds"),
+        end: float | None = Query(None, ge=0, le=MAX_UNIX_TS, description="Unix time in seconds"),
         limit: int = Query(500, ge=1, le=10_000),
     ) -> JSONResponse:
         return JSONResponse(

@@ -27,6 +27,7 @@ def _store(ctx: AppContext, request: Request, body: bytes, now: float) -> tuple[
     limits = SeriesLimits(
         per_instance=ctx.settings.max_series_per_instance,
         new_per_push=ctx.settings.max_new_series_per_push,
+        instances_per_host=ctx.settings.max_instances_per_host,
         fresh_ms=round(min(12.0, ctx.settings.raw_retention_h / 4) * 3600 * 1000),
     )
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -26,6 +27,10 @@ MAX_MODEL = 512  # instances.model
 MAX_MODEL_ROOT = 1024  # instances.model_root
 MAX_STATE = 32  # controller_rollouts.state
 MAX_EVENT_MESSAGE = 10_000
+MAX_SCRAPE_ERROR = 2_000  # scrapes[].error: longer is truncated (refusing would lose the samples)
+MAX_ROLLOUT_MESSAGE = 10_000  # rollout_updates[].message: longer is truncated
+MAX_TYPES = 10_000  # entries of scrapes[].types / host_types
+TRUNCATED = " [truncated by kvscope]"
 MAX_SEQ = 2**63 - 1  # ingest_batches.seq is BIGINT
 MAX_INT32 = 2**31 - 1  # INTEGER columns (PostgreSQL: 4 bytes): ids, max_model_len
 MAX_UNIX_TS = float(2**32)  # year 2106
@@ -117,10 +122,29 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
             raise BadBatch(f"rollout_updates.{i}.state must be at most {MAX_STATE} printable characters")
         if "\x00" in u.message:
             raise BadBatch(f"rollout_updates.{i}.message has a NUL character")
+        if len(u.message) > MAX_ROLLOUT_MESSAGE:
+            u.message = _truncate(u.message, MAX_ROLLOUT_MESSAGE)
         _check_ts(u.ts, now, f"rollout_updates.{i}.ts", max_future_skew_s, max_past_age_s)
         _check_json_numbers(u.data, f"rollout_updates.{i}.data")
+    _check_types(batch.host_types, "host_types")
+    for i, w in enumerate(batch.reuse):
+        if not w.instance or len(w.instance) > 1024 or _CONTROL.search(w.instance):
+            raise BadBatch(f"reuse.{i}.instance must be 1-1024 printable characters")
     if total > MAX_SAMPLES:
         raise BadBatch(f"{total} samples in one batch; at most {MAX_SAMPLES}: push more often")
+
+
+def _truncate(text: str, cap: int) -> str:
+    """At most `cap` characters, the marker included, so a reader sees that text was cut."""
+    return text[: cap - len(TRUNCATED)] + TRUNCATED
+
+
+def _check_types(types: Mapping[str, str], where: str) -> None:
+    if len(types) > MAX_TYPES:
+        raise BadBatch(f"{where} has {len(types)} entries; at most {MAX_TYPES}")
+    for name in types:
+        if len(name) > MAX_NAME:
+            raise BadBatch(f"{where} names a family over {MAX_NAME} characters")
 
 
 def _check_json_numbers(data: Any, where: str) -> None:
@@ -145,6 +169,9 @@ def _check_scrape_fields(scrape: Scrape, where: str) -> None:
             raise BadBatch(f"{where}.{attr} must be at most {cap} printable characters")
     if scrape.error is not None and "\x00" in scrape.error:
         raise BadBatch(f"{where}.error has a NUL character")
+    if scrape.error is not None and len(scrape.error) > MAX_SCRAPE_ERROR:
+        scrape.error = _truncate(scrape.error, MAX_SCRAPE_ERROR)
+    _check_types(scrape.types, where + ".types")
     if scrape.max_model_len is not None and not 0 <= scrape.max_model_len <= MAX_INT32:
         raise BadBatch(f"{where}.max_model_len must be 0 to {MAX_INT32}")
 

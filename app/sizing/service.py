@@ -177,6 +177,8 @@ def profile_for_size(ctx: AppContext, instance_id: int, offload_gib: Any, *, aut
     """A profile like the instance's current one with this offload size; its name (created if new)."""
     try:
         gib = float(offload_gib)
+    except OverflowError:  # an integer of hundreds of digits (10**400): no float holds it
+        raise SizingError(f"offload_gib must be > 0 and <= {MAX_OFFLOAD_GIB:g}", 422) from None
     except (TypeError, ValueError):
         raise SizingError("offload_gib must be a number of GiB", 422) from None
     if not math.isfinite(gib) or not 0 < gib <= MAX_OFFLOAD_GIB:

@@ -119,6 +119,7 @@ class IngestWriter:
                     return result
                 host_id = self._host(conn, batch, now)
                 result.host_id = host_id
+                self._check_instance_cap(conn, host_id, batch, limits)  # raises: rolled back, nothing kept
                 url_to_id: dict[str, int] = {}
                 for scrape in batch.scrapes:
                     iid = self._instance(conn, host_id, scrape.instance, now)
@@ -251,6 +252,27 @@ class IngestWriter:
             .values(last_push=now, agent_id=batch.agent_id, agent_version=batch.agent_version)
         )
         return hid
+
+    def _check_instance_cap(self, conn: Connection, host_id: int, batch: PushBatch, limits: SeriesLimits) -> None:
+        """SeriesCapExceeded when the push would take the host past its instance cap (one token
+        could otherwise create instances without end: 30,000 made the overview take 92 s)."""
+        new = {u for u in _instance_urls(batch) if (host_id, u) not in self._instances}
+        if not new:
+            return
+        have = {
+            str(u)
+            for (u,) in conn.execute(select(Instance.url).where(Instance.host_id == host_id, Instance.url.in_(new)))
+        }
+        new -= have
+        if not new:
+            return
+        count = int(conn.execute(select(func.count()).where(Instance.host_id == host_id)).scalar_one())
+        cap = limits.instances_per_host
+        if count + len(new) > cap:
+            raise SeriesCapExceeded(
+                f"host {batch.host!r} has {count} instance(s) and this push adds {len(new)}: the cap is {cap} "
+                "instances per host (KVSCOPE_MAX_INSTANCES_PER_HOST); known instances keep pushing"
+            )
 
     def _instance(self, conn: Connection, host_id: int, url: str, now: float) -> int:
         key = (host_id, url)
@@ -446,9 +468,20 @@ def _is_monotonic(name: str, kind: str) -> bool:
     return kind == "counter" and not name.endswith("_sum")
 
 
+def _instance_urls(batch: PushBatch) -> set[str]:
+    """The instance URLs a push names (scrapes and events): each one not known is a new instance."""
+    return {s.instance for s in batch.scrapes} | {e.instance for e in batch.events if e.instance}
+
+
 def _check_scrape_sizes(batch: PushBatch, limits: SeriesLimits) -> None:
     """A scrape with more samples than an instance may have series is refused before any lookup
-    (each series has one sample per scrape)."""
+    (each series has one sample per scrape); so is a push naming more instances than a host may have."""
+    urls = _instance_urls(batch)
+    if len(urls) > limits.instances_per_host:
+        raise SeriesCapExceeded(
+            f"push names {len(urls)} instances; the cap is {limits.instances_per_host} instances per host "
+            "(KVSCOPE_MAX_INSTANCES_PER_HOST)"
+        )
     for i, scrape in enumerate(batch.scrapes):
         if len(scrape.samples) > limits.per_instance:
             raise SeriesCapExceeded(

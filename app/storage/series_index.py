@@ -44,6 +44,7 @@ IN_CHUNK = 500  # ids per IN (...) list: well under every driver's bind limit
 class SeriesLimits:
     per_instance: int = DEFAULT_MAX_SERIES_PER_INSTANCE
     new_per_push: int = DEFAULT_MAX_NEW_SERIES_PER_PUSH
+    instances_per_host: int = 64  # distinct vLLM instance URLs one host may have
     # a cached id is trusted this long after the series' last sample: well under the raw
     # retention, after which the retention job may delete a quiet series
     fresh_ms: int = 12 * 3600 * 1000

@@ -58,7 +58,7 @@ def test_parse_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     "argv,message",
     [
         (["agent", "--token", "t"], "--server URL is required"),
-        (["agent", "--server", "http://a"], "--token is required"),
+        (["agent", "--server", "http://a"], "an agent token is required: --token-file PATH"),
         (["agent", "--server", "ftp://a", "--token", "t"], "must start with http"),
         (["agent", "--server", "http://a", "--token", "t", "--vllm-url", "localhost:8000"], "must start with http"),
     ],
