@@ -4,6 +4,7 @@ control characters in flag values, HTML in agent labels (script blocks, Plotly l
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,62 @@ def test_a_control_character_in_a_flag_value_is_refused_by_the_agent_and_the_app
         parse_profile("cr", {"extra_args": ["--max-num-seqs", f"4{ch}"]})
     with pytest.raises(ProfileError):
         parse_profile("cr", {"disk_tier": {"shared_storage_path": f"/mnt/kv{ch}"}})
+
+
+# ------------------------------------------------------------------ 10, 17: HTML in agent labels
+SCRIPT_OPENER = "<!--<script>"
+LINK = '<a href="http://evil">x</a>'
+
+
+def _push_labelled(client: Any, token: str, clock: Any, batch_factory: Any, label: str) -> None:
+    """An instance whose model and host GPU carry `label` (what a hostile agent may report)."""
+    t = clock()
+    for seq in range(1, 8):
+        b = batch_factory(
+            seq, t - 60 + seq * 5, samples=[("vllm:prompt_tokens_total", {"model_name": label}, 100.0 * seq)]
+        )
+        b["scrapes"][0]["model"] = label
+        b["host_ts"] = b["sent_at"]
+        b["host_samples"] = [
+            {"name": "kvscope:gpu_count", "labels": {}, "value": 1.0},
+            {"name": "kvscope:gpu_memory_used_bytes", "labels": {"gpu": label}, "value": 1e9 * seq},
+        ]
+        r = client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+    clock.t = t + 2
+
+
+def _scripts(html: str) -> list[str]:
+    return re.findall(r"<script[^>]*>(.*?)</script>", html, re.S)
+
+
+def test_a_label_opening_a_script_comment_cannot_reach_a_pages_script_block(
+    client: Any, token: str, clock: Any, batch_factory: Any
+) -> None:
+    _push_labelled(client, token, clock, batch_factory, SCRIPT_OPENER + "</script>")
+    page = client.get("/instances/1?range=15m").text
+    page += client.get("/instances/1/fragments/chart/gpu?range=15m").text + client.get("/").text
+    blocks = [b for b in _scripts(page) if b.strip()]
+    json_blocks = [b for b in blocks if "GPU" in b]
+    assert json_blocks, "the GPU chart's figure is embedded in a script block"
+    for body in blocks:
+        assert "<!--" not in body and "<script" not in body.lower() and "</" not in body
+    assert any("!--" in b for b in json_blocks)  # the label is there, escaped
+
+
+def test_a_label_with_a_link_is_plain_text_in_every_plotly_name_legend_hover_and_annotation(
+    client: Any, token: str, clock: Any, batch_factory: Any
+) -> None:
+    _push_labelled(client, token, clock, batch_factory, LINK)
+    fig = client.get("/api/v1/instances/1/charts/gpu?range=15m").json()["figure"]
+    names = [tr.get("name", "") for tr in fig["data"]]
+    assert any("&lt;a href" in n for n in names)  # the label reached a trace name, as text
+
+    def strings(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    assert not [s for s in strings(fig) if "<a" in s.lower()]
