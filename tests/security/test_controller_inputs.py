@@ -191,3 +191,42 @@ def test_a_label_with_a_link_is_plain_text_in_every_plotly_name_legend_hover_and
         return [node] if isinstance(node, str) else []
 
     assert not [s for s in strings(fig) if "<a" in s.lower()]
+
+
+# ------------------------------------------------------------------ 8: executor app (SSRF)
+def _remote_instance(client: Any, token: str, clock: Any, batch_factory: Any, url: str) -> int:
+    t = clock()
+    for seq in range(1, 4):
+        b = batch_factory(seq, t - 20 + seq * 5, instance=url)
+        r = client.post("/api/v1/ingest", json=b, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+    for name, spec in (("a", {}), ("b", {"kv_cache_dtype": "fp8"})):
+        assert client.post("/api/v1/profiles", json={"name": name, "spec": spec}).status_code == 201
+    listed = client.get("/api/v1/instances").json()["instances"]
+    return int(next(i["id"] for i in listed if i["url"] == url))
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254:80", "http://10.0.0.5:8000", "http://127.0.0.1:8000"])
+def test_executor_app_is_refused_for_an_instance_url_not_on_this_machines_own_loopback(
+    client: Any, token: str, clock: Any, batch_factory: Any, url: str
+) -> None:
+    # the agent's host (rig1) is not this machine: the app would send POSTs wherever it pointed
+    iid = _remote_instance(client, token, clock, batch_factory, url)
+    body = {"instance": iid, "a": "a", "b": "b", "executor": "app"}
+    r = client.post("/api/v1/experiments", json=body)
+    assert r.status_code == 422, r.text
+    assert "executor app is refused" in r.json()["error"] and "executor agent" in r.json()["error"]
+    auto = client.post("/api/v1/experiments", json={**body, "executor": "auto"})
+    assert auto.status_code == 201, auto.text
+    assert client.get(f"/api/v1/experiments/{auto.json()['id']}").json()["options"]["executor"] == "agent"
+
+
+def test_executor_app_still_runs_for_a_loopback_instance_of_this_machines_own_agent() -> None:
+    import socket
+
+    from app.ab.service import app_executor_refusal, default_executor
+
+    here = socket.gethostname()
+    assert app_executor_refusal("http://127.0.0.1:8000", here) is None
+    assert default_executor("http://127.0.0.1:8000", here) == "app"
+    assert app_executor_refusal("http://10.0.0.5:8000", here) is not None  # not loopback
