@@ -347,7 +347,7 @@ class Controller:
         disk = check_disk_tier(plan)
         checks += [c for c in (fs, disk) if c is not None]
         lkg = payload.get("lkg_argv") if isinstance(payload.get("lkg_argv"), list) else None
-        checks.append(check_flag_policy(argv, [str(a) for a in lkg or []], inst.allow_flags))
+        checks.append(check_flag_policy(argv, [str(a) for a in lkg or []], inst.allow_flags, inst.policy_limits))
         checks.append(pf.check_flags(argv, self._accepted_flags(inst)))
         return checks
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from agent import flag_policy
 from agent import preflight as pf
 from agent.launcher.base import Launcher
 from kvscope.errors import UserError
@@ -59,6 +60,8 @@ class ManagedInstance:
     state_file: Path | None = None
     lkg_args: list[str] | None = None  # last argv verified healthy on this host
     allow_flags: list[str] = field(default_factory=list)  # widens agent/flag_policy.py's list
+    # kv-events hosts beyond loopback and the tier folders' roots (agent/flag_policy.py Limits)
+    policy_limits: flag_policy.Limits = flag_policy.DEFAULT_LIMITS
     configured: frozenset[str] = frozenset()  # settings the launcher config set for this instance
 
     def deadline_for(self, payload: dict[str, Any]) -> float:
@@ -210,6 +213,13 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
             restart_on_exit=bool(spec.get("restart_on_exit", own_process)),
             state_file=state_dir / f"{name}.state.json",
             allow_flags=_strs(data.get("allow_flags"), "allow_flags") + _strs(spec.get("allow_flags"), "allow_flags"),
+            policy_limits=flag_policy.Limits.of(
+                _strs(data.get("kv_events_allowed_hosts"), "kv_events_allowed_hosts")
+                + _strs(spec.get("kv_events_allowed_hosts"), "kv_events_allowed_hosts"),
+                _strs(spec.get("tier_roots", data.get("tier_roots")), "tier_roots")
+                if "tier_roots" in spec or "tier_roots" in data
+                else None,
+            ),
             configured=frozenset(k for k in ("health_deadline_s", "probe") if k in spec),
         )
         inst.load_state()

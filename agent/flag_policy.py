@@ -28,6 +28,7 @@ definition for both. The agent is the final authority: its launcher config may w
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -186,7 +187,69 @@ TRANSFER_KEYS = frozenset({"kv_connector", "kv_role", "kv_connector_extra_config
 EVENTS_KEYS = frozenset(
     {"enable_kv_cache_events", "publisher", "endpoint", "topic", "buffer_steps", "hwm", "max_queue_size"}
 )
-ZMQ_ENDPOINT = re.compile(r"^tcp://(\*|[A-Za-z0-9.-]{1,253}|\[[0-9a-fA-F:]{2,39}\]):([0-9]{1,5})$")
+ZMQ_ENDPOINT = re.compile(r"tcp://(\*|[A-Za-z0-9.-]{1,253}|\[[0-9a-fA-F:]{2,39}\]):([0-9]{1,5})")
+IPC_ENDPOINT = re.compile(r"ipc:///[A-Za-z0-9._/-]{1,200}")
+# Where KV events may go by default: loopback only (vLLM streams every prompt's block hashes and
+# token ids there). `*` (vLLM binds on every interface) or another host only when widened.
+LOOPBACK_HOSTS = ("127.0.0.1", "[::1]", "localhost")
+DEFAULT_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
+# Where a disk / fs tier folder may be by default (vLLM writes KV files there, as the agent's user).
+DEFAULT_TIER_ROOTS = ("/mnt", "/srv", "/data", "/scratch", "/tmp", "/var/tmp", "/var/cache/kvscope", "/var/lib/kvscope")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Where a profile's JSON may point: kv-events hosts beyond loopback, tier folders' roots."""
+
+    events_hosts: tuple[str, ...] = ()  # widens LOOPBACK_HOSTS ("*" lets vLLM bind on all interfaces)
+    tier_roots: tuple[str, ...] = DEFAULT_TIER_ROOTS
+
+    @classmethod
+    def of(cls, events_hosts: Iterable[str] = (), tier_roots: Iterable[str] | None = None) -> Limits:
+        roots = DEFAULT_TIER_ROOTS if tier_roots is None else tuple(str(r) for r in tier_roots)
+        return cls(tuple(str(h) for h in events_hosts), roots)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def has_control(value: str) -> bool:
+    """A control character (CR, LF, NUL, ESC, DEL ...): refused in flag and env values (a CR or LF
+    would split a systemd unit's line or a log line)."""
+    return bool(_CONTROL.search(value))
+
+
+def endpoint_refusal(endpoint: Any, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """Why a kv-events endpoint is refused, or None: tcp://HOST:PORT (1024-65535) on loopback or
+    a widened host, or ipc:///path."""
+    text = str(endpoint)
+    if IPC_ENDPOINT.fullmatch(text):
+        return None
+    m = ZMQ_ENDPOINT.fullmatch(text)
+    if not m or not 1024 <= int(m.group(2)) <= 65535:
+        return "endpoint must be tcp://HOST:PORT with a port of 1024-65535 (or ipc:///path)"
+    host = m.group(1)
+    if host.lower() not in {h.lower() for h in (*LOOPBACK_HOSTS, *limits.events_hosts)}:
+        return (
+            f"endpoint host {host} is refused: KV events carry every prompt's token ids, so only "
+            f"loopback ({', '.join(LOOPBACK_HOSTS)}) or ipc:// unless kv_events_allowed_hosts widens it"
+        )
+    return None
+
+
+def tier_path_refusal(path: Any, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """Why a disk / fs tier folder is refused, or None: absolute, no control characters, and
+    (with `..` resolved) under one of the allowed roots."""
+    if not isinstance(path, str) or not path.startswith("/") or len(path) > 1024 or has_control(path):
+        return "must be an absolute path (one line, under 1024 characters)"
+    norm = posixpath.normpath(path)
+    for root in limits.tier_roots:
+        r = posixpath.normpath(str(root))
+        if r == "/" or norm == r or norm.startswith(r + "/"):
+            return None
+    return f"{norm} is not under an allowed root ({', '.join(limits.tier_roots) or 'none'}; see tier_roots)"
+
 
 _INT = re.compile(r"^[0-9]{1,15}$|^[0-9]{1,12}(\.[0-9]{1,6})?[kKmMgGtT]$")
 _NUM = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?([eE][-+]?[0-9]{1,3})?$")
@@ -254,7 +317,9 @@ def _why_refused(name: str, allowed: dict[str, Arity]) -> str:
     )
 
 
-def _check_value(name: str, arity: Arity, value: str) -> None:
+def _check_value(name: str, arity: Arity, value: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    if has_control(value):
+        raise FlagRefused(f"{name}: the value has a control character (CR, LF, NUL ...); refused")
     if isinstance(arity, tuple):
         if value not in arity:
             raise FlagRefused(f"{name}: {value!r} is not one of {', '.join(arity)}")
@@ -263,12 +328,14 @@ def _check_value(name: str, arity: Arity, value: str) -> None:
     elif arity == "num" and not _NUM.match(value):
         raise FlagRefused(f"{name}: {value!r} is not a number")
     elif arity == "json":
-        check_json_flag(name, value)
+        check_json_flag(name, value, limits)
     if len(value) > 16384 or "\x00" in value or "\n" in value:
         raise FlagRefused(f"{name}: the value must be one line under 16384 characters")
 
 
-def check_argv(argv: Sequence[str], *, allowed: dict[str, Arity], fields: bool = False) -> None:
+def check_argv(
+    argv: Sequence[str], *, allowed: dict[str, Arity], fields: bool = False, limits: Limits = DEFAULT_LIMITS
+) -> None:
     """Raise FlagRefused at the first item outside the policy. `fields`: the profile's own
     flags (FIELD_FLAGS) are accepted too, with their values checked (a whole rendered argv, as
     the agent receives it); without it, the argv is a profile's extra_args."""
@@ -276,6 +343,8 @@ def check_argv(argv: Sequence[str], *, allowed: dict[str, Arity], fields: bool =
     items = [str(a) for a in argv]
     while i < len(items):
         item = items[i]
+        if has_control(item):
+            raise FlagRefused(f"{item[:40]!r}: a control character (CR, LF, NUL ...) is refused in flags and values")
         if not is_option(item):
             raise FlagRefused(f"{item[:80]!r} is not a --flag (a stray value: vLLM would read it as a positional)")
         if not item.startswith("--"):
@@ -310,20 +379,22 @@ def check_argv(argv: Sequence[str], *, allowed: dict[str, Arity], fields: bool =
             continue
         else:
             raise FlagRefused(f"{flag.name} needs a value")
-        _check_value(flag.name, arity, value)
+        _check_value(flag.name, arity, value, limits)
 
 
-def refusal(argv: Sequence[str], *, allowed: dict[str, Arity], fields: bool = False) -> str | None:
+def refusal(
+    argv: Sequence[str], *, allowed: dict[str, Arity], fields: bool = False, limits: Limits = DEFAULT_LIMITS
+) -> str | None:
     """The refusal message for an argv, or None when it passes."""
     try:
-        check_argv(argv, allowed=allowed, fields=fields)
+        check_argv(argv, allowed=allowed, fields=fields, limits=limits)
     except FlagRefused as exc:
         return str(exc)
     return None
 
 
 # ---------------------------------------------------------------- the JSON flags
-def check_json_flag(name: str, raw: str) -> None:
+def check_json_flag(name: str, raw: str, limits: Limits = DEFAULT_LIMITS) -> None:
     try:
         cfg = json.loads(raw)
     except ValueError:
@@ -331,14 +402,14 @@ def check_json_flag(name: str, raw: str) -> None:
     if not isinstance(cfg, dict):
         raise FlagRefused(f"{name}: expected a JSON object")
     if name == "--kv-transfer-config":
-        check_transfer_config(cfg)
+        check_transfer_config(cfg, limits)
     elif name == "--kv-events-config":
-        check_events_config(cfg)
+        check_events_config(cfg, limits)
     else:
         raise FlagRefused(f"{name}: JSON values are refused")
 
 
-def check_transfer_config(cfg: dict[str, Any]) -> None:
+def check_transfer_config(cfg: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> None:
     if "kv_connector_module_path" in cfg:
         raise FlagRefused("--kv-transfer-config: kv_connector_module_path is refused (it loads code)")
     extra_keys = sorted(set(cfg) - TRANSFER_KEYS)
@@ -369,12 +440,22 @@ def check_transfer_config(cfg: dict[str, Any]) -> None:
         tiers = extra.get("secondary_tiers") or []
         if not isinstance(tiers, list) or any(not _fs_tier_ok(t) for t in tiers):
             raise FlagRefused("--kv-transfer-config: secondary_tiers must be fs tiers {type, root_dir, threads}")
+        for t in tiers:
+            why = tier_path_refusal(t.get("root_dir"), limits)
+            if why:
+                raise FlagRefused(f"--kv-transfer-config: secondary_tiers root_dir {why}")
     for key in ("shared_storage_path",):
-        if key in extra and not _abs_path(extra[key]):
-            raise FlagRefused(f"--kv-transfer-config: {key} must be an absolute path")
+        if key in extra:
+            why = tier_path_refusal(extra[key], limits)
+            if why:
+                raise FlagRefused(f"--kv-transfer-config: {key} {why}")
     disk = extra.get("lmcache.local_disk")
     if disk is not None and not (isinstance(disk, str) and _abs_path(disk.removeprefix("file://"))):
         raise FlagRefused("--kv-transfer-config: lmcache.local_disk must be file:///an/absolute/path")
+    if isinstance(disk, str):
+        why = tier_path_refusal(disk.removeprefix("file://"), limits)
+        if why:
+            raise FlagRefused(f"--kv-transfer-config: lmcache.local_disk {why}")
 
 
 def _abs_path(v: Any) -> bool:
@@ -390,15 +471,15 @@ def _fs_tier_ok(t: Any) -> bool:
     )
 
 
-def check_events_config(cfg: dict[str, Any]) -> None:
+def check_events_config(cfg: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> None:
     odd = sorted(set(cfg) - EVENTS_KEYS)
     if odd:
         raise FlagRefused(f"--kv-events-config: key(s) {', '.join(odd)} refused")
     if cfg.get("publisher", "zmq") not in ("zmq", "null"):
         raise FlagRefused("--kv-events-config: publisher must be zmq or null")
-    endpoint = cfg.get("endpoint", "tcp://*:5557")
-    m = ZMQ_ENDPOINT.match(str(endpoint))
-    if not m or not 1024 <= int(m.group(2)) <= 65535:
-        raise FlagRefused("--kv-events-config: endpoint must be tcp://HOST:PORT with a port of 1024-65535")
+    # vLLM's own default endpoint is tcp://*:5557 (all interfaces): an absent one is checked as that
+    why = endpoint_refusal(cfg.get("endpoint", "tcp://*:5557"), limits)
+    if why:
+        raise FlagRefused(f"--kv-events-config: {why}")
     if not isinstance(cfg.get("topic", ""), str) or len(cfg.get("topic", "")) > 128:
         raise FlagRefused("--kv-events-config: topic must be a string under 128 characters")

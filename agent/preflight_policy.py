@@ -18,11 +18,18 @@ from agent import flag_policy
 from agent.preflight import Check, OffloadPlan, gib, statvfs_free
 
 
-def check_flag_policy(argv: Sequence[str], lkg_argv: Sequence[str] | None, widen: Sequence[str] = ()) -> Check:
+def check_flag_policy(
+    argv: Sequence[str],
+    lkg_argv: Sequence[str] | None,
+    widen: Sequence[str] = (),
+    limits: flag_policy.Limits = flag_policy.DEFAULT_LIMITS,
+) -> Check:
+    """`limits`: the launcher config's kv_events_allowed_hosts and tier_roots (default loopback
+    and flag_policy.DEFAULT_TIER_ROOTS)."""
     allowed = flag_policy.allowed_flags(widen)
     nums = {"allow_flags": list(widen)}
     for what, items in (("the new argv", argv), ("the last-known-good argv", lkg_argv or [])):
-        why = flag_policy.refusal(list(items), allowed=allowed, fields=True)
+        why = flag_policy.refusal(list(items), allowed=allowed, fields=True, limits=limits)
         if why is not None:
             return Check("flag_policy", "refuse", f"{what}: {why}", {**nums, "argv": list(items)})
     return Check("flag_policy", "pass", "every flag is a profile field or on the allow-list", nums)

@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from agent.flag_policy import DEFAULT_TIER_ROOTS
 from app.alerts.channel_config import AlertChannel
 from kvscope.errors import UserError
 
@@ -234,6 +235,18 @@ class Settings(BaseSettings):
         max_length=256,
         description="vLLM flags profiles' extra_args may carry beyond kvscope's allow-list (the agents' "
         "launcher configs must allow them too: each agent's preflight is the final word).",
+    )
+    kv_events_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Hosts a profile's kv_events.endpoint may name beyond loopback and ipc:// ('*': vLLM binds "
+        "on every interface); the agents' launcher configs must allow them too.",
+    )
+    tier_roots: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TIER_ROOTS),
+        max_length=64,
+        description="Folders under which a profile's disk / fs tier folder may be (`..` resolved); the agents' "
+        "launcher configs (tier_roots) decide on their hosts.",
     )
 
     @field_validator("trusted_proxies")

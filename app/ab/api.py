@@ -111,6 +111,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
     """The KV tier of an arm's profile version, in words (e.g. 'disk tier /var/kv (ExampleConnector)');
     before the experiment pins a version, the profile's current one."""
+    from app.controller.profiles import policy_limits
     from app.controller.rollouts import version_profile
     from app.storage.rollouts_store import get_profile, get_version
 
@@ -121,7 +122,7 @@ def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
         version = None
     if version is None and name:
         version = get_profile(ctx.engine, str(name))
-    prof = version_profile(version, ctx.settings.allow_flags)
+    prof = version_profile(version, ctx.settings.allow_flags, policy_limits(ctx.settings))
     return prof.tier_label() if prof is not None else "unknown (profile not found or no longer valid)"
 
 

@@ -74,6 +74,10 @@ def start_experiment(
         executor = default_executor(str(inst["url"]), str(inst.get("host") or ""))
     if executor not in EXECUTORS:
         raise ExperimentError(f"executor must be auto, {' or '.join(EXECUTORS)} (where the workload runs)", 422)
+    if executor == "app":
+        why = app_executor_refusal(str(inst["url"]), str(inst.get("host") or ""))
+        if why is not None:
+            raise ExperimentError(why, 422)
     if not 0 <= seed < 2**31:
         raise ExperimentError("seed must be between 0 and 2^31-1", 422)
     if isinstance(workload, dict) and workload.get("trace_path"):
@@ -120,17 +124,35 @@ def after_runs(current: str | None, profile_b: str) -> str:
     )
 
 
-def default_executor(url: str, agent_host: str, this_host: str | None = None) -> str:
-    """'agent' when the instance URL is a loopback address on another machine (the app cannot reach
-    it), else 'app'."""
+def _is_loopback(url: str) -> bool:
     host = urlsplit(url).hostname or ""
-    loopback = host == "localhost"
+    if host == "localhost":
+        return True
     try:
-        loopback = loopback or ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        pass
+        return False
+
+
+def app_executor_refusal(url: str, agent_host: str, this_host: str | None = None) -> str | None:
+    """Why this app may not send an experiment's workload itself (POST /v1/completions,
+    /reset_prefix_cache) to `url`, or None. The URL is what an agent reported: sending there would
+    let any agent token point the app at any address it can reach (SSRF). The app sends only to a
+    loopback URL reported by the agent of its own machine; every other instance's workload runs on
+    its agent (executor agent), which reaches its own server."""
     here = this_host if this_host is not None else socket.gethostname()
-    return "agent" if loopback and agent_host and agent_host != here else "app"
+    if _is_loopback(url) and agent_host and agent_host == here:
+        return None
+    return (
+        f"executor app is refused for {url[:200]} (host {agent_host[:100] or '?'}): the app sends workloads only to a "
+        f"loopback URL of an agent on its own machine ({here}); use executor agent (the instance's agent runs it)"
+    )
+
+
+def default_executor(url: str, agent_host: str, this_host: str | None = None) -> str:
+    """'app' for a loopback instance whose agent is on this machine, else 'agent' (the app never
+    sends workloads to an address an agent reported: see app_executor_refusal)."""
+    return "app" if app_executor_refusal(url, agent_host, this_host) is None else "agent"
 
 
 def experiment_view(

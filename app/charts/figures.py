@@ -6,6 +6,7 @@ lines plus hoverable markers on a hidden axis; the figure is sized by the page, 
 
 from __future__ import annotations
 
+import html
 import itertools
 import math
 import re
@@ -37,6 +38,27 @@ def readable(text: object) -> str:
     return _NONE_WORDS.sub(lambda m: "not set" if m.group(1) in ("None", "null") else "n/a", str(text))
 
 
+def plain(text: object) -> str:
+    """Text for Plotly as text: it renders <a href>, <b>, <br> ... in trace names, legends,
+    hover and annotations, so an agent's label `<a href="http://evil">x</a>` would be a live link.
+    <, > and & become entities, which Plotly shows as the characters."""
+    return html.escape(str(text), quote=False)
+
+
+_TEXT_KEYS = frozenset({"name", "text", "hovertext", "title"})
+
+
+def _plain_texts(node: Any, key: str = "") -> Any:
+    """Every string under a name / text / hovertext / title key of a figure, escaped (plain)."""
+    if isinstance(node, dict):
+        return {k: _plain_texts(v, k) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain_texts(v, key) for v in node]
+    if isinstance(node, str) and key in _TEXT_KEYS:
+        return plain(node)
+    return node
+
+
 def _axis_name(row: int) -> tuple[str, str]:
     """('y', 'yaxis') for row 0, ('y2', 'yaxis2') ..."""
     return ("y", "yaxis") if row == 0 else (f"y{row + 1}", f"yaxis{row + 1}")
@@ -47,13 +69,13 @@ def _trace(t: Trace, xs: list[int]) -> dict[str, Any]:
     tr: dict[str, Any] = {
         "type": "scatter",
         "mode": "lines",
-        "name": t.name + (" (derived)" if t.derived and "derived" not in t.name else ""),
+        "name": t.name + (" (derived)" if t.derived and "derived" not in t.name else ""),  # escaped at the end
         "x": xs,
         "y": _clean(t.y),
         "yaxis": yref,
         "connectgaps": False,
         "line": {"width": 1.6, "dash": DASH.get(t.style, "solid")},
-        "hovertemplate": f"%{{y:.4g}} {t.unit}<extra>{t.name}</extra>",
+        "hovertemplate": f"%{{y:.4g}} {plain(t.unit)}<extra>{plain(t.name)}</extra>",
     }
     if t.color:
         tr["line"]["color"] = t.color
@@ -172,7 +194,8 @@ def build_figure(panel: Panel, events: list[EventRow], data_since: float | None 
             }
         )
     _add_events(layout, data, events, g.start, g.end)
-    return {"data": data, "layout": layout}
+    # labels come from agents: no HTML of theirs reaches Plotly (names, legends, hover, annotations)
+    return {"data": _plain_texts(data), "layout": _plain_texts(layout)}
 
 
 def _add_events(
@@ -287,7 +310,7 @@ def sparkline(xs: list[float], ys: list[float | None], unit: str, color: str) ->
                 "y": clean,
                 "line": {"width": 1.4, "color": color},
                 "marker": {"size": 5, "color": color},
-                "hovertemplate": f"%{{x|%H:%M:%S}} UTC: %{{y:.3g}} {unit}<extra></extra>",
+                "hovertemplate": f"%{{x|%H:%M:%S}} UTC: %{{y:.3g}} {plain(unit)}<extra></extra>",
                 "connectgaps": False,
             }
         ],

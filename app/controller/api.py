@@ -10,10 +10,11 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from agent import flag_policy
 from app.auth.roles import requester
 from app.context import AppContext
 from app.controller import rollouts
-from app.controller.profiles import ProfileError, parse_profile
+from app.controller.profiles import ProfileError, parse_profile, policy_limits
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileDetail, RolloutRow
 from app.storage.series_store import InstanceRow, get_instance, list_instances
@@ -52,10 +53,17 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
 
 # ---------------------------------------------------------------- helpers
-def profile_view(p: ProfileDetail, allow_flags: list[str] | None = None) -> dict[str, Any]:
+def _policy(ctx: AppContext) -> tuple[list[str], flag_policy.Limits]:
+    """The app's flag allow-list widening and its kv-events hosts / tier roots."""
+    return ctx.settings.allow_flags, policy_limits(ctx.settings)
+
+
+def profile_view(
+    p: ProfileDetail, allow_flags: list[str] | None = None, limits: flag_policy.Limits | None = None
+) -> dict[str, Any]:
     """A profile as the API and the pages show it (a JSON body)."""
     try:
-        prof = parse_profile(str(p["name"]), dict(p["spec"]), allow_flags=allow_flags or ())
+        prof = parse_profile(str(p["name"]), dict(p["spec"]), allow_flags=allow_flags or (), limits=limits)
         argv, error, tier = prof.to_argv(), None, prof.tier_label()
     except ProfileError as exc:
         argv, error, tier = [], str(exc), None
@@ -212,7 +220,7 @@ def api_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/profiles")
     def profiles() -> JSONResponse:
-        out = [profile_view({**p, "versions": []}, ctx.settings.allow_flags) for p in rs.list_profiles(ctx.engine)]
+        out = [profile_view({**p, "versions": []}, *_policy(ctx)) for p in rs.list_profiles(ctx.engine)]
         return JSONResponse({"profiles": out})
 
     @r.post("/profiles")
@@ -225,7 +233,7 @@ def api_router(ctx: AppContext) -> APIRouter:
         p = rs.get_profile(ctx.engine, name)
         if p is None:
             raise HTTPException(404, f"no profile named {name!r}")
-        return JSONResponse(profile_view(p, ctx.settings.allow_flags))
+        return JSONResponse(profile_view(p, *_policy(ctx)))
 
     @r.put("/profiles/{name}")
     async def edit(name: str, request: Request) -> JSONResponse:
@@ -313,7 +321,7 @@ def _save(
     ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create: bool, author: str = "api"
 ) -> JSONResponse:
     try:
-        prof = parse_profile(name, spec, allow_flags=ctx.settings.allow_flags)
+        prof = parse_profile(name, spec, allow_flags=ctx.settings.allow_flags, limits=policy_limits(ctx.settings))
     except ProfileError as exc:
         raise HTTPException(422, f"invalid profile: {exc}") from None
     try:
@@ -325,7 +333,7 @@ def _save(
         raise HTTPException(409, str(exc)) from None
     except rs.NotFound as exc:
         raise HTTPException(404, str(exc)) from None
-    return JSONResponse(profile_view(p, ctx.settings.allow_flags), status_code=201 if create else 200)
+    return JSONResponse(profile_view(p, *_policy(ctx)), status_code=201 if create else 200)
 
 
 def _request(ctx: AppContext, instance_id: int, profile: str, override: bool, who: str, probe: Any) -> int:
@@ -353,7 +361,7 @@ def page_router(ctx: AppContext) -> APIRouter:
 
     @r.get("/profiles", response_class=HTMLResponse)
     def profiles_page(request: Request) -> Response:
-        items = [profile_view({**p, "versions": []}, ctx.settings.allow_flags) for p in rs.list_profiles(ctx.engine)]
+        items = [profile_view({**p, "versions": []}, *_policy(ctx)) for p in rs.list_profiles(ctx.engine)]
         return render(request, "controller/profiles.html", {"profiles": items, "form": {}, "error": None})
 
     @r.post("/profiles")
@@ -366,9 +374,7 @@ def page_router(ctx: AppContext) -> APIRouter:
             _save(ctx, name, spec, str(form.get("note") or ""), create=True, author="web")
         except (ProfileError, HTTPException) as exc:
             msg = exc.detail if isinstance(exc, HTTPException) else str(exc)
-            items = [
-                profile_view({**p, "versions": []}, ctx.settings.allow_flags) for p in rs.list_profiles(ctx.engine)
-            ]
+            items = [profile_view({**p, "versions": []}, *_policy(ctx)) for p in rs.list_profiles(ctx.engine)]
             return render(
                 request, "controller/profiles.html", {"profiles": items, "form": dict(form), "error": msg}, status=422
             )
@@ -382,7 +388,11 @@ def page_router(ctx: AppContext) -> APIRouter:
         return render(
             request,
             "controller/profile.html",
-            {"p": profile_view(p, ctx.settings.allow_flags), "error": None, "instances": list_instances(ctx.engine)},
+            {
+                "p": profile_view(p, *_policy(ctx)),
+                "error": None,
+                "instances": list_instances(ctx.engine),
+            },
         )
 
     @r.post("/profiles/{name}")
@@ -399,7 +409,11 @@ def page_router(ctx: AppContext) -> APIRouter:
             return render(
                 request,
                 "controller/profile.html",
-                {"p": profile_view(p, ctx.settings.allow_flags), "error": msg, "instances": list_instances(ctx.engine)},
+                {
+                    "p": profile_view(p, *_policy(ctx)),
+                    "error": msg,
+                    "instances": list_instances(ctx.engine),
+                },
                 status=422,
             )
         return RedirectResponse(f"/profiles/{name}", status_code=303)

@@ -19,16 +19,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from agent.flag_policy import ZMQ_ENDPOINT
+from agent import flag_policy
 
 GIB = 1024**3
 
 
-def _absolute(v: str, what: str) -> str:
-    if not v.startswith("/") or "\x00" in v or "\n" in v:
-        raise ValueError(f"{what} must be an absolute path")
+def limits_of(info: ValidationInfo) -> flag_policy.Limits:
+    """The app's kv-events hosts and tier roots (parse_profile's context), else the defaults."""
+    limits = (info.context or {}).get("limits")
+    return limits if isinstance(limits, flag_policy.Limits) else flag_policy.DEFAULT_LIMITS
+
+
+def _absolute(v: str, what: str, info: ValidationInfo) -> str:
+    why = flag_policy.tier_path_refusal(v, limits_of(info))
+    if why:
+        raise ValueError(why)
     return v
 
 
@@ -41,8 +48,8 @@ class DiskTier(BaseModel):
 
     @field_validator("shared_storage_path")
     @classmethod
-    def _abs(cls, v: str) -> str:
-        return _absolute(v, "disk_tier.shared_storage_path")
+    def _abs(cls, v: str, info: ValidationInfo) -> str:
+        return _absolute(v, "disk_tier.shared_storage_path", info)
 
     def transfer_config(self) -> dict[str, Any]:
         return {
@@ -63,8 +70,8 @@ class LMCache(BaseModel):
 
     @field_validator("local_disk")
     @classmethod
-    def _abs(cls, v: str | None) -> str | None:
-        return None if v is None else _absolute(v, "lmcache.local_disk")
+    def _abs(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else _absolute(v, "lmcache.local_disk", info)
 
     def transfer_config(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"lmcache.local_cpu": True, "lmcache.max_local_cpu_size": self.max_local_cpu_size_gib}
@@ -95,16 +102,16 @@ class KVEvents(BaseModel):
     """KV cache events (BlockStored / BlockRemoved) on a ZeroMQ endpoint."""
 
     model_config = ConfigDict(extra="forbid")
-    endpoint: str = Field("tcp://*:5557", max_length=300)
+    endpoint: str = Field(flag_policy.DEFAULT_EVENTS_ENDPOINT, max_length=300)
     topic: str = Field("kv-events", max_length=128)
     publisher: Literal["zmq"] = "zmq"
 
     @field_validator("endpoint")
     @classmethod
-    def _endpoint(cls, v: str) -> str:
-        m = ZMQ_ENDPOINT.match(v)
-        if not m or not 1024 <= int(m.group(2)) <= 65535:
-            raise ValueError("kv_events.endpoint must be tcp://HOST:PORT (or tcp://*:PORT) with a port of 1024-65535")
+    def _endpoint(cls, v: str, info: ValidationInfo) -> str:
+        why = flag_policy.endpoint_refusal(v, limits_of(info))
+        if why:
+            raise ValueError(f"kv_events.{why}")
         return v
 
     def events_config(self) -> dict[str, Any]:

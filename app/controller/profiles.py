@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from agent import flag_policy
-from app.controller.connectors import DiskTier, KVEvents, LMCache, MooncakeStore
+from app.controller.connectors import DiskTier, KVEvents, LMCache, MooncakeStore, limits_of
 
 GIB = 1024**3
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -53,9 +53,10 @@ class FsTier(BaseModel):
 
     @field_validator("root_dir")
     @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("fs tier root_dir must be an absolute path")
+    def _absolute(cls, v: str, info: ValidationInfo) -> str:
+        why = flag_policy.tier_path_refusal(v, limits_of(info))
+        if why:
+            raise ValueError(why)
         return v
 
 
@@ -97,10 +98,10 @@ class Profile(BaseModel):
     @classmethod
     def _extra(cls, v: list[str], info: ValidationInfo) -> list[str]:
         for item in v:
-            if len(item) > 4096 or "\x00" in item or "\n" in item:
-                raise ValueError("extra_args items must be single-line strings under 4096 characters")
+            if len(item) > 4096 or flag_policy.has_control(item):
+                raise ValueError("extra_args items must be strings under 4096 characters without control characters")
         widen = (info.context or {}).get("allow_flags") or ()
-        why = flag_policy.refusal(v, allowed=flag_policy.allowed_flags(widen))
+        why = flag_policy.refusal(v, allowed=flag_policy.allowed_flags(widen), limits=limits_of(info))
         if why is not None:
             raise ValueError(why)
         return v
@@ -253,16 +254,26 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
+def policy_limits(settings: Any) -> flag_policy.Limits:
+    """The app's settings as flag_policy limits (kv_events_allowed_hosts, tier_roots)."""
+    return flag_policy.Limits.of(settings.kv_events_allowed_hosts, settings.tier_roots)
+
+
 class ProfileError(ValueError):
     """A profile that does not validate; the message names the field."""
 
 
-def parse_profile(name: str, spec: dict[str, Any], *, allow_flags: Sequence[str] = ()) -> Profile:
+def parse_profile(
+    name: str, spec: dict[str, Any], *, allow_flags: Sequence[str] = (), limits: flag_policy.Limits | None = None
+) -> Profile:
     """Validate a stored or submitted spec; raise ProfileError with one readable line.
-    `allow_flags`: extra_args flags this app allows beyond agent/flag_policy.py's list."""
+    `allow_flags`: extra_args flags this app allows beyond agent/flag_policy.py's list; `limits`:
+    the kv-events hosts and tier roots it allows (policy_limits(settings); default: loopback and
+    flag_policy.DEFAULT_TIER_ROOTS)."""
     data = {k: v for k, v in spec.items() if k != "name"}
+    context = {"allow_flags": list(allow_flags), "limits": limits or flag_policy.DEFAULT_LIMITS}
     try:
-        return Profile.model_validate({**data, "name": name}, context={"allow_flags": list(allow_flags)})
+        return Profile.model_validate({**data, "name": name}, context=context)
     except ValidationError as exc:
         parts = []
         for err in exc.errors()[:4]:

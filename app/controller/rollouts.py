@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agent import flag_policy
 from agent import preflight as pf
 from agent.preflight_policy import check_flag_policy
 from agent.probe import probe_settings_error
 from app.context import AppContext
-from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile
+from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile, policy_limits
 from app.derived.series_reader import SeriesQuery, by_name, read_series
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
@@ -38,14 +39,16 @@ class RolloutError(Exception):
 
 
 def version_profile(
-    version: NamedVersionRow | ProfileRow | None, allow_flags: list[str] | None = None
+    version: NamedVersionRow | ProfileRow | None,
+    allow_flags: list[str] | None = None,
+    limits: flag_policy.Limits | None = None,
 ) -> Profile | None:
     """The validated profile of a stored version (or a profile's current one); None if it no
     longer validates."""
     if version is None:
         return None
     try:
-        return parse_profile(str(version["name"]), dict(version["spec"]), allow_flags=allow_flags or ())
+        return parse_profile(str(version["name"]), dict(version["spec"]), allow_flags=allow_flags or (), limits=limits)
     except ProfileError:
         return None
 
@@ -60,7 +63,7 @@ def build_payload(
     model_root: str | None,
 ) -> dict[str, Any]:
     s = ctx.settings
-    lkg_profile = version_profile(lkg, s.allow_flags)
+    lkg_profile = version_profile(lkg, s.allow_flags, policy_limits(s))
     return {
         "profile": {"name": profile.name, "version": version["version"], "version_id": version["id"]},
         "argv": profile.to_argv(),
@@ -96,7 +99,9 @@ def _instance_and_profile(
     if prof is None:
         raise RolloutError(f"no profile named {profile_name!r}", 404)
     try:
-        profile = parse_profile(profile_name, prof["spec"], allow_flags=ctx.settings.allow_flags)
+        profile = parse_profile(
+            profile_name, prof["spec"], allow_flags=ctx.settings.allow_flags, limits=policy_limits(ctx.settings)
+        )
     except ProfileError as exc:
         raise RolloutError(f"profile {profile_name!r} does not validate any more: {exc}", 422) from None
     return inst, prof, profile
@@ -239,7 +244,7 @@ def preview(
     now = ctx.now() if now is None else now
     inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     current = rs.instance_profiles(ctx.engine, instance_id)
-    cur_profile = version_profile(current["current"], ctx.settings.allow_flags)
+    cur_profile = version_profile(current["current"], ctx.settings.allow_flags, policy_limits(ctx.settings))
     before = cur_profile.to_argv() if cur_profile else []
     after = profile.to_argv()
     plan = pf.OffloadPlan.from_payload(profile.offload_summary())
@@ -248,7 +253,7 @@ def preview(
     checks = pf.check_memory(plan, mem, reclaim_bytes=reclaim)
     labels = {str(k): str(v) for k, v in (inst.get("cache_config") or {}).items()}
     checks.append(pf.check_hybrid(plan, None, labels, override=override_hybrid))
-    checks.append(check_flag_policy(after, before, ctx.settings.allow_flags))
+    checks.append(check_flag_policy(after, before, ctx.settings.allow_flags, policy_limits(ctx.settings)))
     if plan.disk_path:
         checks.append(
             pf.Check(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,13 +14,14 @@ from app.dashboard.memo import live_values
 from app.dashboard.workers import run_page_work
 from app.derived.fleet import HostOverview, InstanceOverview, overview
 from app.storage.series_store import HostRow
+from app.web.templating import script_json
 
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
 
 
 def figure_json(fig: dict[str, Any]) -> str:
-    """JSON safe to embed in a <script type="application/json"> element."""
-    return json.dumps(fig, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """JSON safe to embed in a <script type="application/json"> element (no raw <, >, &)."""
+    return str(script_json(fig))
 
 
 class InstanceCard(InstanceOverview):

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
 from app.charts.figures import readable
 from app.web.paths import templates_dir
+
+# Inside <script> the HTML parser ends the element at `</script`, and `<!--` + `<script` switch it
+# to the "double-escaped" state that swallows the rest of the page: no `<` may reach a script block
+# as itself. `>` and `&` too (CDATA-ish tricks), and U+2028/2029 (line ends in old JS parsers).
+_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def script_json(obj: Any, *, allow_nan: bool = False) -> Markup:
+    """JSON safe to embed in a <script> element (type application/json or JS): the one place the
+    pages' figure JSON goes through (`| script_json`, figure_json). Jinja's own `| tojson` escapes
+    the same way (<, >, &, ')."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=allow_nan).translate(_SCRIPT_ESCAPES)
+    return Markup(text)
 
 
 def fmt_bytes(v: Any) -> str:
@@ -55,5 +70,6 @@ def make_templates() -> Jinja2Templates:
     env.filters["bytes"] = fmt_bytes
     env.filters["utc"] = fmt_time
     env.filters["readable"] = readable
+    env.filters["script_json"] = script_json
     env.globals["fmt_ago"] = fmt_ago
     return templates

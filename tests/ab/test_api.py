@@ -272,5 +272,5 @@ def test_default_executor() -> None:
     assert default_executor("http://localhost:8000", "gpu-box", this_host="home") == "agent"
     assert default_executor("http://[::1]:8000", "gpu-box", this_host="home") == "agent"
     assert default_executor("http://127.0.0.1:8000", "home", this_host="home") == "app"
-    assert default_executor("http://10.0.0.5:8000", "gpu-box", this_host="home") == "app"
-    assert default_executor("http://gpu-box:8000", "gpu-box", this_host="home") == "app"
+    assert default_executor("http://10.0.0.5:8000", "gpu-box", this_host="home") == "agent"
+    assert default_executor("http://gpu-box:8000", "gpu-box", this_host="home") == "agent"

@@ -30,41 +30,43 @@ def _json_flag(argv: list[str], flag: str) -> dict[str, Any]:
 
 
 def test_a_disk_tier_renders_vllms_example_connector() -> None:
-    p = parse_profile("disk", {"disk_tier": {"shared_storage_path": "/var/kv-disk"}})
+    p = parse_profile("disk", {"disk_tier": {"shared_storage_path": "/srv/kv-disk"}})
     assert _json_flag(p.to_argv(), "--kv-transfer-config") == {
         "kv_connector": "ExampleConnector",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"shared_storage_path": "/var/kv-disk"},
+        "kv_connector_extra_config": {"shared_storage_path": "/srv/kv-disk"},
     }
     plan = p.offload_summary()
-    assert plan["connector"] == "ExampleConnector" and plan["disk_path"] == "/var/kv-disk"
+    assert plan["connector"] == "ExampleConnector" and plan["disk_path"] == "/srv/kv-disk"
     assert plan["pinned_bytes"] == 0 and plan["disk_min_free_bytes"] == GIB
-    assert p.tier_label() == "disk tier /var/kv-disk (ExampleConnector)"
+    assert p.tier_label() == "disk tier /srv/kv-disk (ExampleConnector)"
     assert parse_profile("none", {}).tier_label() == "no KV tier (GPU only)"
 
 
 def test_lmcache_renders_its_settings_as_lmcache_keys() -> None:
-    p = parse_profile("lmc", {"lmcache": {"max_local_cpu_size_gib": 4, "chunk_size": 256, "local_disk": "/var/lmc"}})
+    p = parse_profile("lmc", {"lmcache": {"max_local_cpu_size_gib": 4, "chunk_size": 256, "local_disk": "/srv/lmc"}})
     cfg = _json_flag(p.to_argv(), "--kv-transfer-config")
     assert cfg["kv_connector"] == "LMCacheConnectorV1"
     assert cfg["kv_connector_extra_config"] == {
         "lmcache.local_cpu": True,
         "lmcache.max_local_cpu_size": 4.0,
         "lmcache.chunk_size": 256,
-        "lmcache.local_disk": "file:///var/lmc",
+        "lmcache.local_disk": "file:///srv/lmc",
         "lmcache.max_local_disk_size": 5.0,
     }
     assert p.offload_summary()["pinned_bytes"] == 4 * GIB and p.offload_summary()["backend"] == "lmcache"
 
 
 def test_mooncake_store_and_kv_events() -> None:
-    p = parse_profile("mc", {"mooncake_store": {"load_async": False}, "kv_events": {"endpoint": "tcp://*:5600"}})
+    p = parse_profile(
+        "mc", {"mooncake_store": {"load_async": False}, "kv_events": {"endpoint": "tcp://127.0.0.1:5600"}}
+    )
     argv = p.to_argv()
     assert _json_flag(argv, "--kv-transfer-config")["kv_connector"] == "MooncakeStoreConnector"
     assert _json_flag(argv, "--kv-events-config") == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": "tcp://*:5600",
+        "endpoint": "tcp://127.0.0.1:5600",
         "topic": "kv-events",
     }
 
@@ -72,15 +74,18 @@ def test_mooncake_store_and_kv_events() -> None:
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ({"offload_size_gib": 2, "disk_tier": {"shared_storage_path": "/x"}}, "one KV connector per profile"),
-        ({"disk_tier": {"shared_storage_path": "/x"}, "lmcache": {}}, "one KV connector per profile"),
+        ({"offload_size_gib": 2, "disk_tier": {"shared_storage_path": "/mnt/x"}}, "one KV connector per profile"),
+        ({"disk_tier": {"shared_storage_path": "/mnt/x"}, "lmcache": {}}, "one KV connector per profile"),
         ({"disk_tier": {"shared_storage_path": "relative"}}, "absolute path"),
-        ({"disk_tier": {"shared_storage_path": "/x", "min_free_gib": -1}}, "min_free_gib"),
-        ({"disk_tier": {"shared_storage_path": "/x", "kv_connector_module_path": "evil"}}, "kv_connector_module_path"),
+        ({"disk_tier": {"shared_storage_path": "/mnt/x", "min_free_gib": -1}}, "min_free_gib"),
+        (
+            {"disk_tier": {"shared_storage_path": "/mnt", "kv_connector_module_path": "evil"}},
+            "kv_connector_module_path",
+        ),
         ({"lmcache": {"chunk_size": 10**9}}, "chunk_size"),
         ({"lmcache": {"local_disk": "tmp"}}, "absolute path"),
         ({"kv_events": {"endpoint": "tcp://*:22"}}, "1024-65535"),
-        ({"kv_events": {"endpoint": "ipc:///tmp/x"}}, "tcp://HOST:PORT"),
+        ({"kv_events": {"endpoint": "udp://127.0.0.1:5557"}}, "tcp://HOST:PORT"),
         ({"kv_events": {"publisher": "evil"}}, "publisher"),
         ({"extra_args": ["--kv-events-config", "{}"]}, "is a profile field"),
     ],
@@ -97,18 +102,18 @@ def test_the_form_offers_the_connectors_and_keeps_their_values(client: Any) -> N
     form = {
         "csrf": csrf.group(1),
         "name": "disk",
-        "disk_tier_path": "/var/kv-disk",
+        "disk_tier_path": "/srv/kv-disk",
         "disk_min_free_gib": "2",
         "kv_events": "on",
-        "kv_events_endpoint": "tcp://127.0.0.1:5557",
+        "kv_events_endpoint": "tcp://127.0.0.1:5558",
     }
     r = client.post("/profiles", data=form, follow_redirects=False)
     assert r.status_code == 303, r.text
     spec = client.get("/api/v1/profiles/disk").json()["spec"]
-    assert spec["disk_tier"] == {"shared_storage_path": "/var/kv-disk", "min_free_gib": 2.0}
-    assert spec["kv_events"] == {"endpoint": "tcp://127.0.0.1:5557"}
+    assert spec["disk_tier"] == {"shared_storage_path": "/srv/kv-disk", "min_free_gib": 2.0}
+    assert spec["kv_events"] == {"endpoint": "tcp://127.0.0.1:5558"}
     edit = client.get("/profiles/disk").text
-    assert 'value="/var/kv-disk"' in edit and "KV tier: disk tier /var/kv-disk (ExampleConnector)" in edit
+    assert 'value="/srv/kv-disk"' in edit and "KV tier: disk tier /srv/kv-disk (ExampleConnector)" in edit
     lm = {"csrf": csrf.group(1), "name": "lmc", "lmcache_cpu_gib": "2", "lmcache_chunk_size": "256"}
     assert client.post("/profiles", data=lm, follow_redirects=False).status_code == 303
     assert client.get("/api/v1/profiles/lmc").json()["spec"]["lmcache"] == {
@@ -124,15 +129,15 @@ def test_the_preview_names_the_tier_and_the_disk_check(client: Any, token: str, 
     batch = make_batch(1, clock(), samples=[("vllm:cache_config_info", {"kv_cache_size_tokens": "3072"}, 1.0)])
     assert client.post("/api/v1/ingest", json=batch, headers={"Authorization": f"Bearer {token}"}).status_code == 200
     iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
-    client.post("/api/v1/profiles", json={"name": "disk", "spec": {"disk_tier": {"shared_storage_path": "/var/kv"}}})
+    client.post("/api/v1/profiles", json={"name": "disk", "spec": {"disk_tier": {"shared_storage_path": "/srv/kv"}}})
     r = client.post(f"/api/v1/instances/{iid}/preview", json={"profile": "disk"})
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["tier_after"] == "disk tier /var/kv (ExampleConnector)"
+    assert out["tier_after"] == "disk tier /srv/kv (ExampleConnector)"
     names = {c["name"]: c["status"] for c in out["preflight"]}
     assert names["flag_policy"] == "pass" and names["disk_tier"] == "pass"
     page = client.get(f"/instances/{iid}/apply?profile=disk")
-    assert page.status_code == 200 and "disk tier /var/kv (ExampleConnector)" in page.text
+    assert page.status_code == 200 and "disk tier /srv/kv (ExampleConnector)" in page.text
 
 
 def _plan(path: str, min_free: int = GIB) -> OffloadPlan:
@@ -183,7 +188,7 @@ def test_the_simulator_takes_lmcache_settings_and_refuses_example_connector_clea
     lmc = parse_profile("lmc", {"lmcache": {"max_local_cpu_size_gib": 2}}).to_argv()
     cfg = config_from_argv(["--profile", "tiny", *lmc])
     assert cfg.offload is not None and cfg.offload.backend == "lmcache" and cfg.offload.cpu_bytes == 2 * GIB
-    disk = parse_profile("disk", {"disk_tier": {"shared_storage_path": "/var/kv"}}).to_argv()
+    disk = parse_profile("disk", {"disk_tier": {"shared_storage_path": "/srv/kv"}}).to_argv()
     with pytest.raises(StartupError) as ei:
         config_from_argv(["--profile", "tiny", *disk])
     assert "ExampleConnector" in ei.value.text and "needs a real vLLM" in ei.value.text
@@ -194,13 +199,13 @@ def test_the_ab_page_names_the_tier_each_arm_has(client: Any, token: str, clock:
     assert client.post("/api/v1/ingest", json=batch, headers={"Authorization": f"Bearer {token}"}).status_code == 200
     iid = client.get("/api/v1/instances").json()["instances"][0]["id"]
     client.post("/api/v1/profiles", json={"name": "gpu-only", "spec": {}})
-    client.post("/api/v1/profiles", json={"name": "disk", "spec": {"disk_tier": {"shared_storage_path": "/var/kv"}}})
+    client.post("/api/v1/profiles", json={"name": "disk", "spec": {"disk_tier": {"shared_storage_path": "/srv/kv"}}})
     r = client.post("/api/v1/experiments", json={"instance": iid, "a": "gpu-only", "b": "disk"})
     assert r.status_code == 201, r.text
     page = client.get(f"/experiments/{r.json()['id']}")
     assert page.status_code == 200
     assert "A (gpu-only): no KV tier (GPU only)" in page.text
-    assert "B (disk): disk tier /var/kv (ExampleConnector)" in page.text
+    assert "B (disk): disk tier /srv/kv (ExampleConnector)" in page.text
 
 
 def test_the_simulator_reads_the_kv_events_config_a_profile_renders() -> None:

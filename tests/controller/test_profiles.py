@@ -78,7 +78,7 @@ def test_pool_and_cache_flags() -> None:
         ({"eviction_policy": "lru"}, "need offload_size_gib"),
         ({"offload_size_gib": 2, "offload_backend": "lmcache", "store_threshold": 2}, "native-only"),
         ({"offload_size_gib": 2, "offload_spec": "tiering"}, "needs an fs_tier"),
-        ({"offload_size_gib": 2, "fs_tier": {"root_dir": "/x"}}, "needs offload_spec"),
+        ({"offload_size_gib": 2, "fs_tier": {"root_dir": "/mnt/x"}}, "needs offload_spec"),
         ({"offload_size_gib": 2, "offload_spec": "tiering", "fs_tier": {"root_dir": "rel"}}, "absolute"),
         ({"offload_size_gib": -1}, "offload_size_gib"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
