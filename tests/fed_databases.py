@@ -180,6 +180,7 @@ def copy_rows(src_url: str, dst_url: str) -> None:
     import app.storage.alert_models
     import app.storage.controller_models
     import app.storage.rollup_models
+    import app.storage.session_models
     import app.storage.sizing_models  # noqa: F401  (the models register their tables on Base)
     from app.storage.engine import make_engine
     from app.storage.models import Base

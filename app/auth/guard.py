@@ -16,6 +16,7 @@ from app.auth.client_addr import client_address, networks
 from app.auth.limiter import WindowLimiter
 from app.auth.roles import AGENT, ANONYMOUS, PUBLIC, VIEWER, Principal, role_needed
 from app.context import AppContext
+from app.storage.sessions_store import session_user_id
 from app.storage.tokens import lookup_token, touch_token
 from app.storage.users_store import user_by_id
 
@@ -70,12 +71,10 @@ def resolve(ctx: AppContext, request: Request) -> Principal:
         if info.role == AGENT:
             return Principal(kind="agent", name=info.name, role=AGENT, host=info.host)
         return Principal(kind="token", name=info.name, role=info.role)
-    claim = sessions.decode(
-        ctx.secret, request.cookies.get(sessions.COOKIE), ctx.now(), ctx.settings.session_max_age_h * 3600
-    )
-    if claim is not None:
-        user = user_by_id(ctx.engine, claim.user_id)
-        if user is not None and user.session_epoch == claim.epoch:
+    uid = session_user_id(ctx.engine, sessions.session_id_of(ctx.settings, request), ctx.now())
+    if uid is not None:
+        user = user_by_id(ctx.engine, uid)
+        if user is not None:
             return Principal(kind="user", name=user.name, role=user.role, user_id=user.id)
     return ANONYMOUS
 

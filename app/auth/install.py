@@ -13,6 +13,7 @@ from fastapi.responses import RedirectResponse
 from app.auth import admin_api, pages
 from app.auth.bodylimit import BodyLimit
 from app.auth.guard import LoginRequired
+from app.auth.no_store import NoStoreForLoggedIn
 from app.auth.perimeter import Perimeter, default_allowed_hosts
 from app.context import AppContext
 
@@ -26,5 +27,6 @@ def install(app: FastAPI, ctx: AppContext) -> None:
         return RedirectResponse("/login?next=" + quote(exc.next_path, safe="/"), status_code=303)
 
     app.add_middleware(BodyLimit, ctx=ctx)  # role check and caps before a body is read
+    app.add_middleware(NoStoreForLoggedIn)
     allowed = set(ctx.settings.allowed_hosts) or default_allowed_hosts(ctx.settings)
     app.add_middleware(Perimeter, allowed=allowed)  # added last: the outermost layer

@@ -13,7 +13,13 @@ from sqlalchemy import Engine
 
 from app.auth.passwords import hash_password
 from app.storage.tokens import create_token, list_tokens, revoke_token
-from app.storage.users_store import count_users, create_login_link, create_user, user_by_name
+from app.storage.users_store import (
+    count_users,
+    create_login_link,
+    create_user,
+    expire_unused_login_links,
+    user_by_name,
+)
 
 ADMIN_NAME = "admin"
 LINK_TTL_S = 24 * 3600.0
@@ -36,6 +42,7 @@ def prepare(engine: Engine, data_dir: Path, now: float) -> LocalAccess:
         created = True
     admin = user_by_name(engine, ADMIN_NAME)
     login_path = "/login"
+    expire_unused_login_links(engine, now)  # only the link this start prints logs in
     if admin is not None and admin.role == "admin":
         login_path = "/login/once?t=" + create_login_link(engine, admin.id, now, LINK_TTL_S)
     return LocalAccess(

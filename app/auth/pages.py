@@ -15,6 +15,7 @@ from app.auth.limiter import LoginLimiter
 from app.auth.passwords import verify_password
 from app.auth.roles import PUBLIC, VIEWER, principal_of, requires
 from app.context import AppContext
+from app.storage.sessions_store import create_session, revoke_session
 from app.storage.users_store import consume_login_link, record_login, user_by_id, user_by_name
 from app.web import csrf
 
@@ -33,15 +34,15 @@ def _client(ctx: AppContext, request: Request) -> str:
     return client_address(request.scope, networks(ctx.settings.trusted_proxies))
 
 
-def start_session(ctx: AppContext, request: Request, response: Response, user_id: int, epoch: int) -> None:
-    value = sessions.encode(ctx.secret, sessions.SessionClaim(user_id=user_id, epoch=epoch, issued_at=ctx.now()))
-    secure = ctx.settings.cookie_secure
-    if secure is None:
-        secure = request.url.scheme == "https"
+def start_session(ctx: AppContext, request: Request, response: Response, user_id: int) -> None:
+    """A new server-side session; the cookie carries only its random id."""
+    max_age_s = ctx.settings.session_max_age_h * 3600
+    value = create_session(ctx.engine, user_id, ctx.now(), max_age_s)
+    secure = sessions.is_secure(ctx.settings, request)
     response.set_cookie(
-        sessions.COOKIE,
+        sessions.cookie_name(secure, request.url.port),
         value,
-        max_age=int(ctx.settings.session_max_age_h * 3600),
+        max_age=int(max_age_s),
         httponly=True,
         samesite="lax",
         secure=secure,
@@ -85,7 +86,7 @@ def router(ctx: AppContext) -> APIRouter:
         limiter.succeeded(addr, who, now)
         await run_in_threadpool(record_login, ctx.engine, user.id, now)
         resp = RedirectResponse(nxt, status_code=303)
-        start_session(ctx, request, resp, user.id, user.session_epoch)
+        await run_in_threadpool(start_session, ctx, request, resp, user.id)
         return resp
 
     @r.get("/login/once", include_in_schema=False)
@@ -98,15 +99,19 @@ def router(ctx: AppContext) -> APIRouter:
             return page(request, 401, error="This login link is used up or expired: log in with a password.")
         record_login(ctx.engine, user.id, ctx.now())
         resp = RedirectResponse("/", status_code=303)
-        start_session(ctx, request, resp, user.id, user.session_epoch)
+        start_session(ctx, request, resp, user.id)
         return resp
 
     @r.post("/logout", include_in_schema=False)
     @requires(VIEWER)
     async def logout(request: Request) -> Response:
-        """Viewer (a live session: a cross-site post carries no SameSite=Lax cookie, so no form token)."""
+        """Viewer (a live session: a cross-site post carries no SameSite=Lax cookie, so no form token).
+        Ends the session in the database too, so a copy of the cookie stops working."""
+        sid = sessions.session_id_of(ctx.settings, request)
+        await run_in_threadpool(revoke_session, ctx.engine, sid, ctx.now())
+        secure = sessions.is_secure(ctx.settings, request)
         resp = RedirectResponse("/login", status_code=303)
-        resp.delete_cookie(sessions.COOKIE, path="/")
+        resp.delete_cookie(sessions.cookie_name(secure, request.url.port), path="/", secure=secure, httponly=True)
         return resp
 
     @r.get("/api/v1/whoami")

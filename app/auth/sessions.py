@@ -1,47 +1,43 @@
-"""The session cookie: a signed, HttpOnly, SameSite=Lax value naming the user and the epoch of
-their password. A password change (or deleting the user) ends every older session."""
+"""The session cookie: HttpOnly, SameSite=Lax, holding only a random session id. The session
+itself lives in the database (app/storage/sessions_store.py), so logout, a password change or
+deleting the user ends it at once, and it never names a user id that may be reused.
+
+The cookie's name: `__Host-kvscope_session` when the cookie is Secure (the browser then takes it
+only from https with Path=/ and no Domain, so no other port or subdomain can plant or shadow
+it); over plain http `p<port>-kvscope_session`, so two apps on one host's ports (kvscope up and
+kvscope demo, say) do not overwrite each other's login."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
-from dataclasses import dataclass
+from starlette.requests import HTTPConnection
 
-COOKIE = "kvscope_session"
-MAX_COOKIE_CHARS = 512
+from app.settings import Settings
 
-
-@dataclass(frozen=True)
-class SessionClaim:
-    user_id: int
-    epoch: int
-    issued_at: float
+COOKIE = "kvscope_session"  # the base of the name
+HOST_PREFIX = "__Host-"
+MAX_COOKIE_CHARS = 128
 
 
-def _mac(secret: str, payload: str) -> str:
-    return hmac.new(secret.encode(), b"session:" + payload.encode(), hashlib.sha256).hexdigest()
+def is_secure(settings: Settings, request: HTTPConnection) -> bool:
+    """Whether this request's session cookie is (to be) Secure: cookie_secure, else https."""
+    if settings.cookie_secure is not None:
+        return bool(settings.cookie_secure)
+    return request.url.scheme == "https"
 
 
-def encode(secret: str, claim: SessionClaim) -> str:
-    raw = json.dumps({"u": claim.user_id, "e": claim.epoch, "t": round(claim.issued_at, 3)}, separators=(",", ":"))
-    payload = base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-    return f"{payload}.{_mac(secret, payload)}"
+def cookie_name(secure: bool, port: int | None) -> str:
+    if secure:
+        return HOST_PREFIX + COOKIE
+    return COOKIE if port is None else f"p{port}-{COOKIE}"
 
 
-def decode(secret: str, value: str | None, now: float, max_age_s: float) -> SessionClaim | None:
-    """The claim of a valid, unexpired cookie value; None for anything else (never raises)."""
-    if not value or len(value) > MAX_COOKIE_CHARS or "." not in value:
+def cookie_name_for(settings: Settings, request: HTTPConnection) -> str:
+    return cookie_name(is_secure(settings, request), request.url.port)
+
+
+def session_id_of(settings: Settings, request: HTTPConnection) -> str | None:
+    """The session id the request's cookie carries; None when absent or oversized."""
+    value = request.cookies.get(cookie_name_for(settings, request))
+    if not value or len(value) > MAX_COOKIE_CHARS:
         return None
-    payload, _, mac = value.rpartition(".")
-    if not hmac.compare_digest(_mac(secret, payload), mac):
-        return None
-    try:
-        data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        claim = SessionClaim(user_id=int(data["u"]), epoch=int(data["e"]), issued_at=float(data["t"]))
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not 0 <= now - claim.issued_at <= max_age_s:
-        return None
-    return claim
+    return value

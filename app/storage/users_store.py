@@ -11,6 +11,7 @@ from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.storage.models import LoginLink, User
+from app.storage.session_models import LoginSession
 from kvscope.errors import UserError
 
 USER_ROLES = ("viewer", "operator", "admin")
@@ -81,7 +82,10 @@ def count_users(engine: Engine) -> int:
 
 
 def delete_user(engine: Engine, name: str) -> bool:
+    """Delete the user and their sessions (also by ON DELETE CASCADE, but not only: a database
+    without foreign keys enforced must not keep a session row for an id SQLite may reuse)."""
     with engine.begin() as conn:
+        conn.execute(delete(LoginSession).where(LoginSession.user_id.in_(select(User.id).where(User.name == name))))
         return bool(conn.execute(delete(User).where(User.name == name)).rowcount)
 
 
@@ -93,6 +97,7 @@ def set_password(engine: Engine, name: str, password_hash: str) -> bool:
             .where(User.name == name)
             .values(password_hash=password_hash, session_epoch=User.session_epoch + 1)
         )
+        conn.execute(delete(LoginSession).where(LoginSession.user_id.in_(select(User.id).where(User.name == name))))
     return bool(res.rowcount)
 
 
@@ -113,6 +118,13 @@ def create_login_link(engine: Engine, user_id: int, now: float, ttl_s: float) ->
             insert(LoginLink).values(token_hash=_hash(token), user_id=user_id, created_at=now, expires_at=now + ttl_s)
         )
     return token
+
+
+def expire_unused_login_links(engine: Engine, now: float) -> int:
+    """Spend every unused login link (a new start prints a new one; older ones must not stay valid)."""
+    with engine.begin() as conn:
+        res = conn.execute(update(LoginLink).where(LoginLink.used_at.is_(None)).values(used_at=now))
+    return int(res.rowcount)
 
 
 def consume_login_link(engine: Engine, token: str, now: float) -> int | None:

@@ -59,15 +59,16 @@ class LiveApp:
             time.sleep(0.05)
 
     def login(self, context: Any, role: str = "admin") -> None:
-        """Give a Chromium context a session of a new user of `role` on this app (a signed cookie,
-        as /login would set; tests/security covers the login form itself)."""
+        """Give a Chromium context a session of a new user of `role` on this app (a session row and
+        its cookie, as /login would set; tests/security covers the login form itself)."""
         from app.auth.passwords import hash_password
-        from app.auth.sessions import COOKIE, SessionClaim, encode
+        from app.auth.sessions import cookie_name
+        from app.storage.sessions_store import create_session
         from app.storage.users_store import create_user
 
         user = create_user(self.engine, f"browser-{role}-{time.time_ns()}", role, hash_password("x" * 12), time.time())
-        value = encode(self.app.state.ctx.secret, SessionClaim(user_id=user.id, epoch=0, issued_at=time.time()))
-        context.add_cookies([{"name": COOKIE, "value": value, "url": self.url}])
+        value = create_session(self.engine, user.id, time.time(), 3600.0)
+        context.add_cookies([{"name": cookie_name(False, self.port), "value": value, "url": self.url}])
 
     def stop(self) -> None:
         self.server.should_exit = True
