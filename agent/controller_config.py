@@ -125,6 +125,16 @@ def _url_port(url: str) -> int | None:
         return None
 
 
+def _env(spec: dict[str, Any]) -> dict[str, str]:
+    """The instance's env table; a control character (CR, LF, NUL ...) in a name or value is
+    refused (it would split an EnvironmentFile's or a unit's line)."""
+    env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+    for k, v in env.items():
+        if flag_policy.has_control(k) or flag_policy.has_control(v):
+            raise UserError(f"launcher config: env {k[:60]!r} has a control character (CR, LF, NUL ...)")
+    return env
+
+
 def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher:
     kind = str(spec.get("launcher", "subprocess"))
     command = _strs(spec.get("command"), "command")
@@ -133,7 +143,7 @@ def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher
 
         if not command:
             raise UserError(f"launcher config: instance {spec.get('url')} needs command = [...]")
-        env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        env = _env(spec)
         return SubprocessLauncher(
             command,
             log_dir=Path(os.path.expanduser(str(spec.get("log_dir") or state_dir / "logs"))),
@@ -201,7 +211,7 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
             start=bool(spec.get("start", own_process)),
             health_deadline_s=float(spec.get("health_deadline_s", 300)),
             help_command=_strs(spec.get("help_command"), "help_command") or None,
-            help_env={str(k): str(v) for k, v in (spec.get("env") or {}).items()},
+            help_env=_env(spec),
             probe=dict(spec.get("probe") or {}),
             headroom_bytes=int(float(spec.get("headroom_gib", headroom / pf.GIB)) * pf.GIB),
             proc_root=Path(str(spec.get("proc_root", "/proc"))),

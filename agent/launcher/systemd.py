@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.flag_policy import has_control
 from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 
@@ -80,6 +81,9 @@ class SystemdLauncher:
         return self.dropin_dir / f"{self.unit}.d" / DROPIN_NAME
 
     def render(self, extra_argv: list[str]) -> str:
+        for a in [*self.base_argv, *extra_argv]:
+            if has_control(a):  # a CR / LF would end the ExecStart= line and start another
+                raise LauncherError(f"argument {a[:60]!r} has a control character (CR, LF, NUL ...): refused")
         if self.mode == "dropin":
             words = " ".join(systemd_quote(a) for a in [*self.base_argv, *extra_argv])
             return (

@@ -230,3 +230,20 @@ def test_executor_app_still_runs_for_a_loopback_instance_of_this_machines_own_ag
     assert app_executor_refusal("http://127.0.0.1:8000", here) is None
     assert default_executor("http://127.0.0.1:8000", here) == "app"
     assert app_executor_refusal("http://10.0.0.5:8000", here) is not None  # not loopback
+
+
+def test_a_carriage_return_never_reaches_a_systemd_unit_or_the_launcher_env(tmp_path: Path) -> None:
+    from agent.launcher.base import LauncherError
+    from agent.launcher.systemd import SystemdLauncher
+    from kvscope.errors import UserError
+
+    unit = SystemdLauncher("vllm", base_argv=["vllm", "serve", "m"], dropin_dir=tmp_path, runner=lambda a: (0, ""))
+    with pytest.raises(LauncherError, match="control character"):
+        unit.render(["--max-num-seqs", "4\rExecStartPre=/bin/sh -c evil"])
+    cfg = tmp_path / "launch.toml"
+    cfg.write_text(
+        f'state_dir = "{tmp_path}"\n[[instance]]\nurl = "http://127.0.0.1:8001"\n'
+        'command = ["vllm", "serve", "m"]\nenv = { HF_HOME = "/x\\rEvil=1" }\n'
+    )
+    with pytest.raises(UserError, match="control character"):
+        load_config(cfg)
