@@ -6,7 +6,6 @@ lines plus hoverable markers on a hidden axis; the figure is sized by the page, 
 
 from __future__ import annotations
 
-import html
 import itertools
 import math
 import re
@@ -41,8 +40,9 @@ def readable(text: object) -> str:
 def plain(text: object) -> str:
     """Text for Plotly as text: it renders <a href>, <b>, <br> ... in trace names, legends,
     hover and annotations, so an agent's label `<a href="http://evil">x</a>` would be a live link.
-    <, > and & become entities, which Plotly shows as the characters."""
-    return html.escape(str(text), quote=False)
+    & and < become entities, which Plotly shows as the characters; a > alone opens nothing, so
+    names such as "load CPU->GPU" stay as they are."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;")
 
 
 _TEXT_KEYS = frozenset({"name", "text", "hovertext", "title"})
