@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent.flag_policy import has_control
+from agent.launcher.systemd import systemd_quote
+from agent.private_files import write_private_text
 from kvscope.errors import UserError
 
 ROLES = {
@@ -61,12 +64,13 @@ def default_unit_dir(user: bool) -> Path:
 
 
 def _systemd_word(arg: str) -> str:
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
+    """One ExecStart word, quoted as the systemd launcher quotes it; a control character (a CR or
+    LF would start a new unit line) and an overlong argument are refused."""
+    if has_control(arg):
         raise UserError(f"argument {arg!r} holds a control character: refused in a systemd unit")
     if len(arg) > MAX_ARG_LEN:
         raise UserError(f"an argument is longer than {MAX_ARG_LEN} characters")
-    escaped = arg.replace("%", "%%").replace("$", "$$").replace("\\", "\\\\").replace('"', '\\"')
-    return escaped if escaped and all(c.isalnum() or c in "@+=:,./_-" for c in escaped) else f'"{escaped}"'
+    return systemd_quote(arg)
 
 
 def _extra(args: argparse.Namespace) -> list[str]:
@@ -142,11 +146,9 @@ def _service_user() -> str:
 
 
 def _write_private(path: Path, text: str, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `text` to `path` through a 0600 temporary file, then give it `mode` and rename it in."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    write_private_text(tmp, text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
 
