@@ -40,8 +40,8 @@ from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 from agent.preflight_policy import check_disk_tier, check_flag_policy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
-from agent.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
+from kvcore.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 
 TERMINAL = frozenset({"healthy", "rolled_back", "failed", "refused"})
 ProbeFn = Callable[..., ProbeResult]

@@ -27,11 +27,11 @@ from agent.fetch import Fetcher, HttpxFetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
 from agent.instance_gpus import InstanceGpus
 from agent.private_files import private_dir, write_private_text
-from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
 from agent.vllm_reader import VllmReader
-from agent.wire import batch_to_wire
+from kvcore.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
+from kvcore.wire import batch_to_wire
 from kvscope import __version__
 
 log = logging.getLogger("kvscope.agent")

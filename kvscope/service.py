@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.flag_policy import has_control
 from agent.launcher.systemd import systemd_quote
 from agent.private_files import write_private_text
+from kvcore.flag_policy import has_control
 from kvscope.errors import UserError
 
 ROLES = {

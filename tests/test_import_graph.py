@@ -1,4 +1,5 @@
-"""app/ has no import cycle, counting every import: in functions and under TYPE_CHECKING too."""
+"""The layers hold: app/ and kvcore/ have no import cycle (counting every import: in functions
+and under TYPE_CHECKING too), and kvcore/ is pure (standard library only, neither agent/ nor app/)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,38 @@ def test_the_check_finds_a_cycle_hidden_in_a_function_and_under_type_checking(tm
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p import a\n")
     (pkg / "c.py").write_text("import p.a\n")
     assert cycles(import_edges(module_names(tmp_path, "p"))) == [["p.a", "p.b"]]
+
+
+def top_level_imports(package: str) -> dict[str, set[str]]:
+    """module path -> the top-level names it imports (absolute imports, anywhere in the file)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+        out[str(path.relative_to(REPO))] = names
+    return out
+
+
+def test_the_shared_core_imports_only_the_standard_library_and_itself() -> None:
+    import sys
+
+    foreign = {
+        path: sorted(n for n in names if n != "kvcore" and n not in sys.stdlib_module_names)
+        for path, names in top_level_imports("kvcore").items()
+    }
+    assert {p: n for p, n in foreign.items() if n} == {}
+
+
+def test_the_agent_and_the_app_both_import_the_shared_core_and_the_agent_never_imports_the_app() -> None:
+    agent, app = top_level_imports("agent"), top_level_imports("app")
+    assert any("kvcore" in names for names in agent.values())
+    assert any("kvcore" in names for names in app.values())
+    assert sorted(p for p, names in agent.items() if "app" in names) == []
+
+
+def test_the_shared_core_has_no_import_cycle() -> None:
+    assert cycles(import_edges(module_names(REPO, "kvcore"))) == []

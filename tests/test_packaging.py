@@ -37,7 +37,7 @@ def test_wheel_contains_templates_static_and_migrations(tmp_path: Path) -> None:
     assert any(n.startswith("app/migrations/versions/0001") for n in names)
     assert any(n.startswith("app/templates/") for n in names)
     assert any(n.startswith("app/static/") for n in names)
-    assert "kvscope/cli.py" in names and "agent/protocol.py" in names
+    assert "kvscope/cli.py" in names and "kvcore/protocol.py" in names
 
 
 def test_paths_resolve_in_a_source_checkout() -> None:

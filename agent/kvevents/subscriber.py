@@ -25,7 +25,7 @@ import zmq
 
 from agent.kvevents.decode import BadMessage, Batch, decode_message
 from agent.kvevents.tier_model import TierModel
-from agent.protocol import ReuseWindow
+from kvcore.protocol import ReuseWindow
 
 log = logging.getLogger("kvscope.kvevents")
 REPLAY_TIMEOUT_MS = 1000

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from agent import kv_vocabulary as kv
-from agent.exposition import parse
-from agent.normalise import normalise
+from kvcore import kv_vocabulary as kv
+from kvcore.exposition import parse
+from kvcore.normalise import normalise
 
 GIB = 1024**3
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.ab.results import SOURCE_LABELS, SOURCES, request_values
 from app.ab.verdict import focus_tags, headline_metrics
 from app.storage.ab_rows import RunRow
+from kvcore import kv_vocabulary as kv
 
 ARM_COLORS = {"A": "#1f77b4", "B": "#ff7f0e"}
 # headline metric key -> the per-run summary key that shows it run by run

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.ab.stats import percentile
+from kvcore import kv_vocabulary as kv
 
 # vLLM's source labels in the order the A/B pages list them, named as everywhere else
 SOURCES = tuple(src.vllm_label for src in (kv.RECOMPUTE, kv.GPU_HIT, kv.OFFLOAD_RELOAD))

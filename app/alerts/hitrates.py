@@ -1,5 +1,5 @@
 """Prefix-cache hit rates over a window, with the definitions and the one fallback order of
-agent.kv_vocabulary (vLLM's own: gpu = hits/queries, offload = external hits/queries, overall =
+kvcore.kv_vocabulary (vLLM's own: gpu = hits/queries, offload = external hits/queries, overall =
 cached/prompt tokens), plus the resets seen inside the window.
 
 Every increase is reset-corrected, so a restart inside the window neither adds negative tokens
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import kv_vocabulary as kv
 from app.alerts.series import SeriesMap, Window, window_increase
+from kvcore import kv_vocabulary as kv
 
 PROMPT_TOKENS = kv.PROMPT_TOKENS
 BY_SOURCE = kv.BY_SOURCE

@@ -2,12 +2,12 @@
 series drawn side by side never share one.
 
 Token sources (GPU hit / offload reload / recompute) and hit rates take theirs from the KV
-vocabulary (agent/kv_vocabulary.py), which the A/B charts share.
+vocabulary (kvcore/kv_vocabulary.py), which the A/B charts share.
 """
 
 from __future__ import annotations
 
-from agent import kv_vocabulary as kv
+from kvcore import kv_vocabulary as kv
 
 # Tableau 10, by role
 GREEN = "#2ca02c"
@@ -21,7 +21,7 @@ GREY = "#7f7f7f"
 OLIVE = "#bcbd22"
 CYAN = "#17becf"
 
-SOURCE_COLORS = {src.vllm_label: src.color for src in kv.SOURCES}  # defined in agent/kv_vocabulary.py
+SOURCE_COLORS = {src.vllm_label: src.color for src in kv.SOURCES}  # defined in kvcore/kv_vocabulary.py
 OTHER_SOURCE_COLORS = [PURPLE, CYAN, OLIVE, PINK, BROWN]  # sources vLLM adds later, in order
 
 HIT_RATE = {d.key: d.color for d in kv.HIT_RATES}

@@ -10,7 +10,6 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from agent import flag_policy
 from app.auth.roles import requester
 from app.context import AppContext
 from app.controller import rollouts
@@ -22,6 +21,7 @@ from app.web import csrf
 from app.web.ids import MAX_DB_ID, DbId, OptionalDbIdQuery
 from app.web.jobs import register_job
 from app.web.json_body import read_json
+from kvcore import flag_policy
 
 PROFILE_FIELDS = (
     "description",

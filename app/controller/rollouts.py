@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agent import flag_policy
 from agent import preflight as pf
 from agent.preflight_policy import check_flag_policy
 from agent.probe import probe_settings_error
@@ -25,6 +24,7 @@ from app.derived.series_reader import SeriesQuery, by_name, read_series
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
 from app.storage.series_store import InstanceRow, get_instance
+from kvcore import flag_policy
 
 log = logging.getLogger("kvscope.rollouts")
 EXPIRE_JOB = "rollout_expiry"

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.derived.fleet import instance_state
 from app.derived.rates import rate_at
 from app.derived.series_reader import SeriesQuery, TieredSeries, read_series
 from app.storage.series_store import InstanceRow, list_instances
+from kvcore import kv_vocabulary as kv
 
 PREFIX = "kvscope_"
 INSTANCE_LABELS = ("host", "vllm_url", "instance_id", "model", "simulated")

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.protocol import PROTOCOL_VERSION, PushBatch, Sample, Scrape
+from kvcore.protocol import PROTOCOL_VERSION, PushBatch, Sample, Scrape
 
 # Prometheus' grammar (fullmatch: "$" would let a trailing newline through).
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

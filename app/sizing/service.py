@@ -15,7 +15,6 @@ import math
 import re
 from typing import Any
 
-from agent.protocol import PushBatch
 from app.context import AppContext
 from app.controller.profiles import ProfileError, parse_profile
 from app.derived.rates import increase
@@ -24,6 +23,7 @@ from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier,
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance
 from app.storage.sizing_store import prune_windows, store_windows, windows_in
+from kvcore.protocol import PushBatch
 
 log = logging.getLogger("kvscope.sizing")
 MAX_WINDOWS_PER_PUSH = 64

@@ -7,11 +7,11 @@ import threading
 import time
 from typing import Any
 
-from agent.protocol import AgentEvent, Command, PushBatch
 from agent.workloads.agent_side import WorkloadRunner
 from agent.workloads.spec import WorkloadSpec
 from app.ab.agent_executor import AgentExecutor, workload_command_id
 from app.storage import ab_store as st
+from kvcore.protocol import AgentEvent, Command, PushBatch
 
 
 def _wait_events(runner: WorkloadRunner, n: int = 1) -> list[AgentEvent]:

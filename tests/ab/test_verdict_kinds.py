@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.protocol import PushBatch, Sample
 from agent.workloads.spec import WorkloadSpec
 from app.ab.charts import experiment_figures
 from app.ab.orchestrator import host_pinned_bytes
@@ -18,6 +17,7 @@ from app.ab.ports import ThreadExecutor
 from app.ab.results import summarise_run
 from app.ab.verdict import compute_verdict, describe, headline_metrics
 from app.storage.ingest_store import IngestWriter
+from kvcore.protocol import PushBatch, Sample
 
 GIB = 1024**3
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fakevllm import PROM, FakeVllm, ServedFake
 
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 from kvscope.cli import main
 
 HEAVY = ("fastapi", "sqlalchemy", "jinja2", "plotly", "pydantic", "pydantic_settings", "starlette", "uvicorn")

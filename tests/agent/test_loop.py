@@ -12,7 +12,7 @@ from fakevllm import FakeVllm
 
 from agent.host_sources import HostCollector, HostReading
 from agent.loop import Agent, AgentConfig
-from agent.protocol import AgentEvent, Command, RolloutUpdate
+from kvcore.protocol import AgentEvent, Command, RolloutUpdate
 
 
 class FlakySource:

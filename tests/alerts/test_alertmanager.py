@@ -112,9 +112,9 @@ def test_evaluated_alert_reaches_alertmanager_and_resolves(am: Alertmanager, eng
     the agent comes back -> resolved -> Alertmanager drops it."""
     from pydantic import TypeAdapter
 
-    from agent.protocol import PushBatch
     from app.alerts.evaluate import EvalConfig, Evaluator
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
 
     now = time.time()

@@ -33,9 +33,9 @@ def test_indexed_equals_plain(vals: list[float], start: float, length: float, an
 def test_cache_series_carry_a_valid_index(engine, clock) -> None:  # type: ignore[no-untyped-def]
     from pydantic import TypeAdapter
 
-    from agent.protocol import PushBatch
     from app.alerts.inputs import SeriesCache
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
 
     w = IngestWriter(engine)

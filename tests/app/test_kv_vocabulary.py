@@ -1,4 +1,4 @@
-"""One KV vocabulary (agent/kv_vocabulary.py): the same window computed through every consumer of
+"""One KV vocabulary (kvcore/kv_vocabulary.py): the same window computed through every consumer of
 the hit rates gives the same numbers. Consumers: the summary (database increases), the alert
 rules (window increases), the Prometheus exporter (rates), the A/B workload snapshots (two
 /metrics texts), the instance hit-rate chart and the overview sparkline (rates on a grid).
@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from agent import kv_vocabulary as kv
 from agent.workloads.snapshot import delta, parse_snapshot
 from app.alerts.hitrates import hit_rate
 from app.alerts.series import SeriesMap, indexed
@@ -32,6 +31,7 @@ from app.export.exporter import derive
 from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.series_store import list_instances
+from kvcore import kv_vocabulary as kv
 from tests.app.pages.recorded import TYPES, recorded_batches
 
 T0 = 1_800_000_000.0

@@ -66,11 +66,11 @@ def test_profile_commands(tmp_path: Path, capsys: Any, live: LiveServer) -> None
 
 
 def _seed_instance(tmp_path: Path) -> int:
-    from agent.protocol import PushBatch, Scrape
     from app.settings import load_settings
     from app.storage.engine import open_database
     from app.storage.ingest_store import IngestWriter
     from app.storage.series_store import list_instances
+    from kvcore.protocol import PushBatch, Scrape
 
     eng = open_database(load_settings(None, data_dir=str(tmp_path / "data")).effective_database_url)
     now = time.time()

@@ -12,7 +12,7 @@ from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult
 from agent.preflight import GIB
 from agent.probe import ProbeResult
-from agent.protocol import Command
+from kvcore.protocol import Command
 
 FIX = Path(__file__).parent / "fixtures"
 BOX = FIX / "hosts" / "box32g-cgv2"

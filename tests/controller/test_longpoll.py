@@ -19,8 +19,8 @@ import pytest
 from agent.commands_poll import CommandPoller, PollConnection
 from agent.fetch import HttpxFetcher, StdlibFetcher
 from agent.loop import Agent, AgentConfig
-from agent.protocol import AgentEvent, Command, RolloutUpdate
 from app.ingest.commands import poll_state
+from kvcore.protocol import AgentEvent, Command, RolloutUpdate
 from tests.agent.fakevllm import FakeVllm
 from tests.agent.livesrv import LiveServer
 from tests.conftest import api_token, make_batch

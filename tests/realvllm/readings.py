@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from agent.protocol import Scrape
 from agent.vllm_reader import VllmReader
+from kvcore.protocol import Scrape
 
 from .workload import complete, prompt_tokens_of
 

@@ -27,7 +27,7 @@ from agent.fetch import StdlibFetcher
 from agent.kvevents.collector import KvEventsCollector
 from agent.kvevents.decode import decode_message
 from agent.kvevents.reuse import hits_at
-from agent.protocol import ReuseWindow
+from kvcore.protocol import ReuseWindow
 
 from .captures import FIXTURES, PREFIX, UPDATE
 from .readings import AgentView, delta, send

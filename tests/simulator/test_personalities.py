@@ -11,8 +11,8 @@ from simdrive import doc_ids, engine, run
 
 from agent.engines import KEEP_PREFIXES as ENGINE_KEEP
 from agent.engines import read_engines
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 from simulator.metrics import build_registry
 from simulator.personalities import personality_registry
 

@@ -199,7 +199,7 @@ def test_the_page_shows_the_curve_the_sources_and_the_apply_form(client, token, 
 
 
 def test_a_push_without_reuse_windows_stays_as_older_agents_send_it(client, token, batch_factory, clock):
-    from agent.protocol import PushBatch, to_wire
+    from kvcore.protocol import PushBatch, to_wire
 
     wire = to_wire(PushBatch(agent_id="a", host="rig1", seq=1, sent_at=clock()))
     assert "reuse" not in wire

@@ -1,7 +1,7 @@
 """The KV vocabulary every part of kvscope speaks: where prompt tokens came from, how hit rates are
 defined (one fallback order), which offload tier reloaded them, and their colours and labels.
 
-Pure standard library, beside the wire contract (agent/protocol.py): the agent (workload
+Pure standard library, beside the wire contract (kvcore/protocol.py): the agent (workload
 snapshots, probes) and the app (charts, overview, worth, summary API, exporter, alerts, A/B)
 import the same definitions, so a hit rate or a source colour cannot drift between them.
 

@@ -11,7 +11,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Sample, Scrape
+from kvcore.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Sample, Scrape
 
 
 def _samples(samples: list[Sample]) -> list[dict[str, Any]]:
