@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kvcore.series import share
+
 # --- metric families -------------------------------------------------------------------------
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
@@ -226,13 +228,6 @@ def overall_terms(
     if prompts is None:
         prompts = by_source(None)
     return cached, prompts
-
-
-def share(part: float | None, whole: float | None) -> float | None:
-    """part / whole in 0..1; None without volume (a window without traffic has no hit rate)."""
-    if part is None or whole is None or whole <= 0:
-        return None
-    return max(0.0, min(1.0, part / whole))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import httpx
 from kvcore import kv_vocabulary as kv
 from kvcore.exposition import parse
 from kvcore.normalise import normalise
+from kvcore.series import histogram_quantile, share
 
 GIB = 1024**3
 
@@ -101,25 +102,6 @@ def parse_snapshot(text: str) -> Snapshot:
     return snap
 
 
-def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative bucket counts: linear within the bucket."""
-    items = sorted(buckets.items())
-    if not items or items[-1][1] <= 0:
-        return None
-    total = items[-1][1]
-    rank = q * total
-    prev_le, prev_count = 0.0, 0.0
-    for le, count in items:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le  # the highest finite bound, as Prometheus does
-            if count == prev_count:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
-        prev_le, prev_count = le, count
-    return prev_le
-
-
 def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]:
     """What the server counted during the run: tokens by source and shares, hit rates, transfer
     GB and GB/s, preemptions, server-side TTFT/ITL quantiles of the run, configured pinned bytes."""
@@ -147,7 +129,7 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
     out["generation_tokens"] = c["vllm:generation_tokens_total"]
     out["tokens_by_source"] = src
     total_src = sum(src.values())
-    out["share_by_source"] = {s: (v / total_src) for s, v in src.items()} if total_src > 0 else {}
+    out["share_by_source"] = {s: share(v, total_src) for s, v in src.items()} if total_src > 0 else {}
     rates = kv.hit_rates(c, src)
     out["gpu_hit_rate"] = rates.gpu
     out["external_hit_rate"] = rates.offload

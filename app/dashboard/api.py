@@ -12,11 +12,12 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.derived.fleet import instance_state
-from app.derived.rates import gauge_series, rate_series, reset_times
+from app.derived.rates import gauge_series, rate_series
 from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.events import list_events
 from app.storage.series_store import get_instance, list_instances
 from app.web.ids import MAX_DB_ID, OptionalDbIdQuery
+from kvcore.series import reset_times
 
 MAX_POINTS = 11_000
 MAX_UNIX_TS = float(2**32)  # year 2106: past it (or before 1970) a time is a typo, not a range

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from app.derived.grid import Grid, make_grid
-from app.derived.grid_math import Values, gauge_window, range_increase
+from app.derived.grid_math import gauge_window, range_increase
 from app.derived.live import LiveValues
 from app.derived.series_reader import DEFAULT_PX, LiveRead, SeriesQuery, TieredSeries, by_name, pick_tier, read_series
 from app.storage.raw_store import counter_increases, series_meta
@@ -18,6 +18,7 @@ from app.storage.rollouts_store import list_rollouts
 from app.storage.rollups import scrape_gap
 from app.storage.series_store import InstanceRow
 from kvcore import kv_vocabulary as kv
+from kvcore.series import Values
 
 Increase = tuple[dict[str, Any], float]  # (labels, increase) of one series
 

@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from app.alerts.rule_io import TargetData
-from app.alerts.series import Series, SeriesMap
+from app.alerts.series import SeriesMap
+from kvcore.series import Series
 
 from .traffic import Mix, Server
 

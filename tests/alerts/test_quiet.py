@@ -10,7 +10,8 @@ from app.alerts import expected, units
 from app.alerts.catalog import BY_NAME
 from app.alerts.params import effective
 from app.alerts.rule_io import TargetData
-from app.alerts.series import Series, SeriesMap
+from app.alerts.series import SeriesMap
+from kvcore.series import Series
 
 from .receiver import Receiver
 from .recorder import Recorder

@@ -9,7 +9,8 @@ import pytest
 from app.alerts.catalog import BY_NAME
 from app.alerts.params import effective
 from app.alerts.rule_io import TargetData
-from app.alerts.series import Series, SeriesMap, window_increase
+from app.alerts.series import SeriesMap, window_increase
+from kvcore.series import Series
 
 from .recorder import Recorder
 from .traffic import COLD, HEALTHY, UNIQUE, Mix, Server

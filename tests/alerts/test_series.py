@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.alerts.series import Series, indexed, window_increase
+from app.alerts.series import window_increase
+from kvcore.series import Series, indexed
 
 values = st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=0, max_size=60)
 

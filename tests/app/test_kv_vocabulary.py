@@ -20,7 +20,7 @@ import pytest
 
 from agent.workloads.snapshot import delta, parse_snapshot
 from app.alerts.hitrates import hit_rate
-from app.alerts.series import SeriesMap, indexed
+from app.alerts.series import SeriesMap
 from app.derived.fleet import sparklines
 from app.derived.grid import Grid
 from app.derived.instance_charts import hit_rates as hit_rate_chart
@@ -32,6 +32,7 @@ from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.series_store import list_instances
 from kvcore import kv_vocabulary as kv
+from kvcore.series import indexed
 from tests.app.pages.recorded import TYPES, recorded_batches
 
 T0 = 1_800_000_000.0
