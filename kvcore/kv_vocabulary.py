@@ -50,6 +50,20 @@ LMCACHE_PREFIX = "lmcache:"
 LMCACHE_HITS = "lmcache:num_hit_tokens_total"  # present where an LMCache engine runs in vLLM
 
 
+# --- colours ---------------------------------------------------------------------------------
+# Tableau 10, the one definition of every chart colour (app/charts/palette.py gives them roles).
+GREEN = "#2ca02c"
+BLUE = "#1f77b4"
+RED = "#d62728"
+ORANGE = "#ff7f0e"
+PURPLE = "#9467bd"
+BROWN = "#8c564b"
+PINK = "#e377c2"
+GREY = "#7f7f7f"
+OLIVE = "#bcbd22"
+CYAN = "#17becf"
+
+
 # --- token sources ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TokenSource:
@@ -59,9 +73,9 @@ class TokenSource:
     color: str
 
 
-GPU_HIT = TokenSource("gpu_hit", "local_cache_hit", "GPU prefix-cache hit", "#2ca02c")
-OFFLOAD_RELOAD = TokenSource("offload_reload", "external_kv_transfer", "offload reload", "#1f77b4")
-RECOMPUTE = TokenSource("recompute", "local_compute", "recompute", "#d62728")
+GPU_HIT = TokenSource("gpu_hit", "local_cache_hit", "GPU prefix-cache hit", GREEN)
+OFFLOAD_RELOAD = TokenSource("offload_reload", "external_kv_transfer", "offload reload", BLUE)
+RECOMPUTE = TokenSource("recompute", "local_compute", "recompute", RED)
 SOURCES: tuple[TokenSource, ...] = (GPU_HIT, OFFLOAD_RELOAD, RECOMPUTE)  # stacking order
 SOURCE_BY_LABEL: dict[str, TokenSource] = {s.vllm_label: s for s in SOURCES}
 CACHED_SOURCE_LABELS: frozenset[str] = frozenset({GPU_HIT.vllm_label, OFFLOAD_RELOAD.vllm_label})
@@ -199,7 +213,7 @@ HIT_GPU = HitRateDef("gpu", "GPU prefix cache", GPU_HIT.color, GPU_HITS, GPU_QUE
 HIT_OFFLOAD = HitRateDef(
     "offload", "offload tier", OFFLOAD_RELOAD.color, EXT_HITS, EXT_QUERIES, "external (connector) hits / queries"
 )
-HIT_OVERALL = HitRateDef("overall", "overall", "#ff7f0e", CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens")
+HIT_OVERALL = HitRateDef("overall", "overall", ORANGE, CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens")
 HIT_RATES: tuple[HitRateDef, ...] = (HIT_GPU, HIT_OFFLOAD, HIT_OVERALL)
 HIT_RATE_NOTE = "GPU = hits/queries; offload = external hits/queries; overall = cached/prompt tokens."
 # every family a hit rate may read, per rate

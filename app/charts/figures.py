@@ -177,7 +177,7 @@ def build_figure(panel: Panel, events: list[EventRow], data_since: float | None 
                 "yref": yref,
                 "y0": y,
                 "y1": y,
-                "line": {"color": "#d62728", "width": 1.5, "dash": "dashdot"},
+                "line": {"color": palette.CEILING, "width": 1.5, "dash": "dashdot"},
             }
         )
         layout["annotations"].append(
@@ -190,7 +190,7 @@ def build_figure(panel: Panel, events: list[EventRow], data_since: float | None 
                 "yanchor": "bottom",
                 "text": label,
                 "showarrow": False,
-                "font": {"size": 10, "color": "#d62728"},
+                "font": {"size": 10, "color": palette.CEILING},
             }
         )
     _add_events(layout, data, events, g.start, g.end)
@@ -209,7 +209,7 @@ def _add_events(
     colors: list[str] = []
     for e in inside:
         x = round(float(e["ts"]) * 1000)
-        color = EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f")
+        color = EVENT_COLORS.get(str(e.get("kind")), palette.EVENT_OTHER)
         layout["shapes"].append(
             {
                 "type": "line",

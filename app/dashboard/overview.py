@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.charts import palette
 from app.charts.figures import sparkline
 from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
@@ -40,9 +41,11 @@ class HostCard(HostRow):
 def _card(inst: InstanceOverview) -> InstanceCard:
     figs = {}
     if "hit" in inst["sparks"]:
-        figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", "#2ca02c"))
+        figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", palette.SPARK["hit"]))
     if "ttft95" in inst["sparks"]:
-        figs["ttft95"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e"))
+        figs["ttft95"] = figure_json(
+            sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", palette.SPARK["ttft95"])
+        )
     return {**inst, "spark_figs": figs}
 
 
