@@ -45,6 +45,19 @@ LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
 LOAD_TIME = "vllm:kv_offload_load_time_total"
 STORE_BYTES = "vllm:kv_offload_store_bytes_total"
 STORE_TIME = "vllm:kv_offload_store_time_total"
+OFFLOAD_BYTES = {"load": LOAD_BYTES, "store": STORE_BYTES}  # by direction (load: tier -> GPU)
+OFFLOAD_TIME = {"load": LOAD_TIME, "store": STORE_TIME}
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+TTFT = "vllm:time_to_first_token_seconds"  # histograms: the family name, without _bucket/_sum/_count
+ITL = "vllm:inter_token_latency_seconds"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"
 TIERING_PREFIX = "vllm:kv_offload_tiering_"
 LMCACHE_PREFIX = "lmcache:"
 LMCACHE_HITS = "lmcache:num_hit_tokens_total"  # present where an LMCache engine runs in vLLM
@@ -207,13 +220,26 @@ class HitRateDef:
     hits: str  # the numerator's family (overall: see overall_terms for its fallbacks)
     queries: str
     meaning: str
+    # the key of this rate in an A/B run's counters and summary (stored with every run, so kept as
+    # first written: "external_hit_rate" is the offload rate; the Python side says "offload")
+    run_key: str
 
 
-HIT_GPU = HitRateDef("gpu", "GPU prefix cache", GPU_HIT.color, GPU_HITS, GPU_QUERIES, "GPU prefix-cache hits / queries")
-HIT_OFFLOAD = HitRateDef(
-    "offload", "offload tier", OFFLOAD_RELOAD.color, EXT_HITS, EXT_QUERIES, "external (connector) hits / queries"
+HIT_GPU = HitRateDef(
+    "gpu", "GPU prefix cache", GPU_HIT.color, GPU_HITS, GPU_QUERIES, "GPU prefix-cache hits / queries", "gpu_hit_rate"
 )
-HIT_OVERALL = HitRateDef("overall", "overall", ORANGE, CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens")
+HIT_OFFLOAD = HitRateDef(
+    "offload",
+    "offload tier",
+    OFFLOAD_RELOAD.color,
+    EXT_HITS,
+    EXT_QUERIES,
+    "external (connector) hits / queries",
+    "external_hit_rate",
+)
+HIT_OVERALL = HitRateDef(
+    "overall", "overall", ORANGE, CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens", "overall_hit_rate"
+)
 HIT_RATES: tuple[HitRateDef, ...] = (HIT_GPU, HIT_OFFLOAD, HIT_OVERALL)
 HIT_RATE_NOTE = "GPU = hits/queries; offload = external hits/queries; overall = cached/prompt tokens."
 # every family a hit rate may read, per rate
@@ -249,6 +275,10 @@ class HitRates:
     gpu: float | None
     offload: float | None
     overall: float | None
+
+    def by_run_key(self) -> dict[str, float | None]:
+        """The three rates under the keys an A/B run stores them by (HitRateDef.run_key)."""
+        return {HIT_GPU.run_key: self.gpu, HIT_OFFLOAD.run_key: self.offload, HIT_OVERALL.run_key: self.overall}
 
 
 def hit_rates(increases: Mapping[str, float | None], by_source: Mapping[str, float]) -> HitRates:

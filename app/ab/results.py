@@ -89,9 +89,7 @@ def summarise_run(record: dict[str, Any], focus_tags: tuple[str, ...] = ()) -> d
         s[f"share_{src}"] = shares.get(src, 0.0 if shares else None)
         s[f"tokens_{src}"] = (c.get("tokens_by_source") or {}).get(src)
     for key in (
-        "gpu_hit_rate",
-        "external_hit_rate",
-        "overall_hit_rate",
+        *(d.run_key for d in kv.HIT_RATES),  # gpu_hit_rate, external_hit_rate (offload), overall_hit_rate
         "load_gbps",
         "store_gbps",
         "load_bytes",
