@@ -4,6 +4,7 @@ and under TYPE_CHECKING too), and kvcore/ is pure (standard library only, neithe
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,3 +117,37 @@ def test_the_agent_and_the_app_both_import_the_shared_core_and_the_agent_never_i
 
 def test_the_shared_core_has_no_import_cycle() -> None:
     assert cycles(import_edges(module_names(REPO, "kvcore"))) == []
+
+
+def test_test_helpers_are_imported_one_way_absolute_from_the_repository_root() -> None:
+    """`from tests.pg import ...`: no relative imports, no bare helper names, no sys.path edits. The
+    one exception is the real-vLLM smoke script (run by tests/realvllm/setup.sh outside pytest) and
+    the fallback import it needs in tests/realvllm/server.py."""
+    import sys
+
+    tests = REPO / "tests"
+    helpers = {p.stem for p in tests.rglob("*.py")} - {"__init__"} - set(sys.stdlib_module_names)
+    found: list[str] = []
+    for path in sorted(tests.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel == "tests/realvllm/smoke.py" or "fixtures" in path.parts:
+            continue
+        text = path.read_text()
+        if re.search(r"sys\.path\.(insert|append)\(", text):
+            found.append(f"{rel}: edits sys.path")
+        tree = ast.parse(text, rel)
+        fallback = {id(n) for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) for n in ast.walk(h)}
+        for node in ast.walk(tree):
+            if id(node) in fallback:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    found.append(f"{rel}:{node.lineno}: relative import")
+                elif node.module and node.module.split(".")[0] in helpers:
+                    found.append(f"{rel}:{node.lineno}: bare `from {node.module}`")
+            elif isinstance(node, ast.Import):
+                found += [f"{rel}:{node.lineno}: bare `import {a.name}`" for a in node.names if a.name in helpers]
+    assert found == []
+    assert all(
+        (d / "__init__.py").is_file() for d in [tests, *tests.rglob("*")] if d.is_dir() and any(d.glob("test_*.py"))
+    )

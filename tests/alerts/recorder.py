@@ -8,8 +8,7 @@ from typing import Any
 from app.alerts.rule_io import TargetData
 from app.alerts.series import SeriesMap
 from kvcore.series import Series
-
-from .traffic import Mix, Server
+from tests.alerts.traffic import Mix, Server
 
 
 class Recorder:

@@ -16,8 +16,7 @@ from app.storage import alerts_store as store
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
 from kvcore.protocol import PushBatch
-
-from .receiver import Receiver, receiver
+from tests.alerts.receiver import Receiver, receiver
 
 pytestmark = pytest.mark.both_databases
 

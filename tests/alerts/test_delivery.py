@@ -14,8 +14,7 @@ from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
 from app.alerts.delivery import DeliveryConfig, backoff_s, run_deliveries
 from app.storage import alerts_store as store
-
-from .receiver import Receiver, receiver
+from tests.alerts.receiver import Receiver, receiver
 
 ALERT = {
     "id": 4,

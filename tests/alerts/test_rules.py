@@ -11,9 +11,8 @@ from app.alerts.params import effective
 from app.alerts.rule_io import TargetData
 from app.alerts.series import SeriesMap, window_increase
 from kvcore.series import Series
-
-from .recorder import Recorder
-from .traffic import COLD, HEALTHY, UNIQUE, Mix, Server
+from tests.alerts.recorder import Recorder
+from tests.alerts.traffic import COLD, HEALTHY, UNIQUE, Mix, Server
 
 GIB = 1024**3
 

@@ -21,6 +21,7 @@ from kvscope.cli import main
 from kvscope.errors import UserError
 from tests.agent.livesrv import LiveServer
 from tests.ports import free_port
+from tests.waits import wait_until
 
 
 @pytest.fixture
@@ -106,10 +107,7 @@ def test_apply_wait_exit_codes(tmp_path: Path, capsys: Any, live: LiveServer) ->
     host_id = 1
 
     def agent(rid: int, final: str) -> None:  # plays the agent: claims, then reports
-        for _ in range(100):
-            if rs.claim_for_host(eng, host_id, "a", time.time()):
-                break
-            time.sleep(0.05)
+        wait_until(lambda: rs.claim_for_host(eng, host_id, "a", time.time()), "the rollout to be claimed", timeout=5.0)
         for st in ("preflight", "restarting", final):
             rs.apply_update(
                 eng, rollout_id=rid, host_id=host_id, state=st, ts=time.time(), message=st, data={}, now=time.time()

@@ -13,6 +13,7 @@ from agent.launcher.health import HealthResult
 from agent.preflight import GIB
 from agent.probe import ProbeResult
 from kvcore.protocol import Command
+from tests.waits import wait_until
 
 FIX = Path(__file__).parent / "fixtures"
 BOX = FIX / "hosts" / "box32g-cgv2"
@@ -128,6 +129,12 @@ def _cmd(rid: int, argv: list[str], pinned: int = 0, **extra: Any) -> Command:
     return Command(id=rid, kind="rollout", instance=URL, payload=payload)
 
 
+def _finished(ctl: Any, states: list[str]) -> bool:
+    """Add the rollout states the controller reported since the last call; True once it ended."""
+    states += _states(ctl)
+    return bool(states) and states[-1] in ("healthy", "failed")
+
+
 def _states(ctl: Controller) -> list[str]:
     return [u.state for u in ctl.drain_updates()]
 
@@ -221,7 +228,6 @@ def test_submit_dedups_and_refuses_unmanaged_instances() -> None:
 
 
 def test_worker_thread_runs_submitted_rollouts() -> None:
-    import time
 
     ctl = _ctl(FakeLauncher())
     ctl.supervise_every_s = 0.05
@@ -229,11 +235,7 @@ def test_worker_thread_runs_submitted_rollouts() -> None:
     try:
         ctl.submit(_cmd(11, ["--kv-cache-dtype", "fp8"], probe={"enabled": False}), 0.0)
         states: list[str] = []
-        for _ in range(200):  # bounded wait for the worker thread, not for a clock
-            states += _states(ctl)
-            if states and states[-1] in ("healthy", "failed"):
-                break
-            time.sleep(0.01)
+        wait_until(lambda: _finished(ctl, states), "the rollout to end", interval=0.01)
         assert states == ["accepted", "preflight", "restarting", "waiting_health", "healthy"]
     finally:
         ctl.stop_on_exit = False
@@ -377,7 +379,6 @@ def test_rollback_reports_the_servers_own_error_line() -> None:
 
 def test_the_servers_help_is_read_once_at_start_not_in_the_first_rollouts_preflight() -> None:
     import threading
-    import time
 
     ctl = _ctl(FakeLauncher())
     ctl.supervise_every_s = 0.05
@@ -392,20 +393,13 @@ def test_the_servers_help_is_read_once_at_start_not_in_the_first_rollouts_prefli
     ctl.help_reader = slow_help
     ctl.start_worker()  # the worker, and the warm-up beside it
     try:
-        for _ in range(500):  # bounded wait for the warm-up to be inside the read
-            if reads:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: reads, "the warm-up to be inside the read", interval=0.01)
         assert reads == [["fake-vllm", "serve", "--help"]]
         # a rollout arriving meanwhile waits for that read instead of starting a second one
         ctl.submit(_cmd(12, ["--kv-cache-dtype", "fp8"], probe={"enabled": False}), 0.0)
         gate.set()
         states: list[str] = []
-        for _ in range(500):
-            states += _states(ctl)
-            if states and states[-1] in ("healthy", "failed"):
-                break
-            time.sleep(0.01)
+        wait_until(lambda: _finished(ctl, states), "the rollout to end", interval=0.01)
         assert states[-1] == "healthy", states
         assert len(reads) == 1
     finally:

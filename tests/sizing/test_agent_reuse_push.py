@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import httpx
-from kvstreams import message, stored_map
 
 from agent.kvevents.decode import decode_message
 from agent.kvevents.tier_model import TierModel
 from agent.loop import Agent, AgentConfig
 from kvcore.protocol import PushBatch, ReuseWindow
 from kvcore.wire import batch_to_wire
+from tests.sizing.kvstreams import message, stored_map
 
 
 def quiet_vllm(req: httpx.Request) -> httpx.Response:

@@ -9,10 +9,10 @@ from dataclasses import asdict
 from typing import Any
 
 import pytest
-from kvstreams import fixture_streams, recorded_frames
 
 from agent.kvevents.decode import decode_message
 from agent.kvevents.tier_model import TierModel
+from tests.sizing.kvstreams import fixture_streams, recorded_frames
 
 INSTANCE = "http://127.0.0.1:8000"
 # vllm:cache_config_info of the tiny Llama on the CPU build with 1 GiB of KV space (REAL_VLLM.md)

@@ -7,11 +7,11 @@ import random
 from collections import OrderedDict
 
 import pytest
-from kvstreams import FIXTURES, fixture_streams, message, recorded_frames, removed_map, stored_map
 
 from agent.kvevents.decode import Stored, decode_message
 from agent.kvevents.reuse import hits_at
 from agent.kvevents.tier_model import TierModel
+from tests.sizing.kvstreams import FIXTURES, fixture_streams, message, recorded_frames, removed_map, stored_map
 
 ROTATION = next(p for p in fixture_streams() if "rotation" in p.name)
 # vLLM's counter deltas over the capture (the fixture's NOTES.md)
