@@ -287,11 +287,11 @@ def install(app: Any, ctx: Any) -> None:
             raise HTTPException(404, "no Prometheus configured: set KVSCOPE_PROMETHEUS_URL (prometheus_url)")
 
         def build() -> dict[str, Any]:
-            from app.dashboard.instance import _instance, chart_data
+            from app.dashboard.instance import chart_data, instance_or_404
             from app.dashboard.ranges import resolve
             from app.derived.fleet import state_of
 
-            inst = _instance(ctx, instance_id)
+            inst = instance_or_404(ctx, instance_id)
             tr = resolve(ctx.now(), range, start, end)
             now = ctx.now()
             sc = prometheus_scope(
