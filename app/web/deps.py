@@ -29,7 +29,16 @@ from fastapi import Depends, Query, Request
 from app.context import AppContext
 from app.web.ids import MAX_DB_ID, DbId, OptionalDbIdQuery
 
-__all__ = ["MAX_DB_ID", "CtxDep", "DbId", "OptionalDbIdQuery", "RangeQuery", "RangeQueryDep", "get_ctx"]
+__all__ = [
+    "MAX_DB_ID",
+    "MAX_RANGE_CHARS",
+    "CtxDep",
+    "DbId",
+    "OptionalDbIdQuery",
+    "RangeQuery",
+    "RangeQueryDep",
+    "get_ctx",
+]
 
 
 async def get_ctx(request: Request) -> AppContext:
@@ -41,6 +50,7 @@ async def get_ctx(request: Request) -> AppContext:
 
 
 CtxDep = Annotated[AppContext, Depends(get_ctx)]
+MAX_RANGE_CHARS = 16  # the longest range name is "custom"; a longer one is a 422, not a lookup
 
 
 @dataclass(frozen=True)
