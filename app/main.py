@@ -22,8 +22,8 @@ from app.auth.secret import effective_secret
 from app.context import AppContext, Clock, Part
 from app.controller.api import install as install_controller
 from app.dashboard import install as install_dashboard
+from app.export.api import install as install_prometheus_source
 from app.export.exporter import install as install_exporter
-from app.export.prometheus_source import install as install_prometheus_source
 from app.ingest.api import install as install_ingest
 from app.settings import Settings
 from app.sizing import install as install_sizing
