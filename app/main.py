@@ -65,8 +65,8 @@ def create_app(
         secret=effective_secret(settings),
         templates=make_templates(),
     )
-    # Every route runs the role check first (app/auth): a route states its role with @requires,
-    # else reading needs a viewer and changing needs an operator.
+    # Every route runs the role check first (app/auth): each states its role with @requires
+    # (tests/app/test_every_route.py fails on one that does not).
     app = FastAPI(
         title="kvscope",
         version=__version__,

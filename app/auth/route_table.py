@@ -38,3 +38,8 @@ def undeclared_routes(app: Any) -> list[tuple[str, str]]:
     """(method, path) of every route that does not state its role with @requires."""
     out = {(method, path) for method, path, endpoint in _walk(app.routes, "") if declared_role(endpoint) is None}
     return sorted(out, key=lambda t: (t[1], t[0]))
+
+
+def endpoints(app: Any) -> list[tuple[str, str, Any]]:
+    """(method, path, endpoint) of every route (a mount's endpoint is the app it mounts)."""
+    return sorted(_walk(app.routes, ""), key=lambda t: (t[1], t[0]))

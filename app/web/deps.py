@@ -63,7 +63,10 @@ class RangeQuery:
 
 
 async def range_query(
-    range: Annotated[str | None, Query(description="5m, 15m, 1h, 6h, 24h, 7d, 30d, or custom with start/end")] = None,
+    range: Annotated[
+        str | None,
+        Query(max_length=MAX_RANGE_CHARS, description="5m, 15m, 1h, 6h, 24h, 7d, 30d, or custom with start/end"),
+    ] = None,
     start: Annotated[float | None, Query(description="custom range start, Unix seconds")] = None,
     end: Annotated[
         float | None, Query(description="custom range end, Unix seconds (at most 400 days after start)")

@@ -54,6 +54,21 @@ def test_a_viewer_may_read_but_changes_nothing(app: Any, as_role: Any) -> None:
         assert r.status_code == 403, (method, path, r.status_code, r.text[:200])
 
 
+def test_an_agent_token_is_refused_on_every_route_not_for_agents_and_people_on_the_agent_routes(
+    app: Any, anon: Any, token: str, as_role: Any
+) -> None:
+    admin = as_role("admin")
+    for method, path, need in _routes(app):
+        if need == PUBLIC:
+            continue
+        if need == AGENT:
+            r = admin.request(method, path, follow_redirects=False)
+            assert r.status_code == 403 and "agent token" in r.json()["error"], (method, path, r.status_code)
+            continue
+        r = anon.request(method, path, headers={"Authorization": f"Bearer {token}"}, follow_redirects=False)
+        assert r.status_code == 403, (method, path, r.status_code, r.text[:200])
+
+
 def test_state_changes_found_open_are_refused_to_viewers(as_role: Any) -> None:
     viewer = as_role("viewer")
     spec = {"name": "evil", "spec": {"extra_args": ["--enforce-eager"]}}
