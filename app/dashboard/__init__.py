@@ -27,6 +27,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     live = live_values(ctx)
     ctx.push_hooks.append(lambda batch, host_id, now: live.note_push(host_id, oldest_sample_ts(batch), now))
     app.include_router(api.router)  # JSON reads: instances, series, events, summary, charts, /healthz, /metrics
+    # a mount is outside the app-wide role check: PUBLIC says so in the route table
     app.mount("/static", requires(PUBLIC)(StaticFiles(directory=str(static_dir()))), name="static")
     app.include_router(overview.router)
     app.include_router(instance.router)
