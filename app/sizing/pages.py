@@ -1,0 +1,58 @@
+"""Cache-sizing pages: the page and its curve fragment, and the "apply this size" form.
+
+- ``GET /instances/{id}/sizing`` (page) and ``/instances/{id}/sizing/curve`` (fragment): viewer.
+- ``POST /instances/{id}/sizing/profile`` (form): operator; saves the profile and opens the
+  apply page on it, where the argv diff and preflight are reviewed before the restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from app.auth.roles import OPERATOR, VIEWER, requester, requires
+from app.context import AppContext
+from app.dashboard.ranges import RANGES
+from app.sizing.chart import curve_svg
+from app.sizing.service import SizingError, profile_for_size
+from app.sizing.views import sizing_report
+from app.web import csrf
+from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
+
+
+def _page(ctx: AppContext, request: Request, name: str, instance_id: int, rq: RangeQuery) -> Response:
+    rep = sizing_report(ctx, instance_id, rq, None)
+    data: dict[str, Any] = {"rep": rep, "svg": curve_svg(rep), "ranges": list(RANGES), "simulated": rep["simulated"]}
+    return csrf.render_page(ctx, request, name, data, active_nav="overview")
+
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/instances/{instance_id}/sizing", response_class=HTMLResponse)
+@requires(VIEWER)
+def sizing_page(ctx: CtxDep, instance_id: DbId, request: Request, rq: RangeQueryDep) -> Response:
+    """How big should the offload tier be? Role: viewer."""
+    return _page(ctx, request, "sizing/page.html", instance_id, rq)
+
+
+@router.get("/instances/{instance_id}/sizing/curve", response_class=HTMLResponse)
+@requires(VIEWER)
+def sizing_fragment(ctx: CtxDep, instance_id: DbId, request: Request, rq: RangeQueryDep) -> Response:
+    """The curve fragment (htmx refresh). Role: viewer."""
+    return _page(ctx, request, "sizing/_curve.html", instance_id, rq)
+
+
+@router.post("/instances/{instance_id}/sizing/profile")
+@requires(OPERATOR)
+async def sizing_profile_form(ctx: CtxDep, instance_id: DbId, request: Request) -> Response:
+    """Save the sized profile, then review it on the apply page. Role: operator."""
+    form = await request.form()
+    csrf.check(request, form.get(csrf.FIELD), ctx.secret)
+    try:
+        name = profile_for_size(ctx, instance_id, form.get("offload_gib"), author=requester(request, None))
+    except SizingError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    return RedirectResponse(f"/instances/{instance_id}/apply?profile={name}", status_code=303)
