@@ -25,13 +25,13 @@ from app.dashboard import install as install_dashboard
 from app.export.api import install as install_prometheus_source
 from app.export.exporter import install as install_exporter
 from app.ingest.api import install as install_ingest
+from app.selfmetrics import SelfMetrics
 from app.settings import Settings
 from app.sizing import install as install_sizing
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
 from app.web import jobs
 from app.web.docs import install_docs
-from app.web.selfmetrics import SelfMetrics
 from app.web.templating import make_templates
 from kvscope import __version__
 

@@ -41,7 +41,7 @@ def test_wheel_contains_templates_static_and_migrations(tmp_path: Path) -> None:
 
 
 def test_paths_resolve_in_a_source_checkout() -> None:
-    from app.web.paths import migrations_dir, static_dir, templates_dir
+    from app.paths import migrations_dir, static_dir, templates_dir
 
     assert (migrations_dir() / "env.py").is_file()
     assert templates_dir().is_dir() and static_dir().is_dir()

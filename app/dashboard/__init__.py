@@ -18,9 +18,9 @@ from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.dashboard import api, instance, overview
 from app.dashboard.memo import live_values
+from app.paths import static_dir
 from app.storage.rollups import run_rollups
 from app.web.jobs import register_job
-from app.web.paths import static_dir
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:

@@ -11,7 +11,6 @@ from fastapi.responses import JSONResponse, Response
 
 from app.auth.roles import PUBLIC, VIEWER, requires
 from app.dashboard.instance import SUMMARY_PX, chart_data, instance_or_404
-from app.dashboard.ranges import resolve
 from app.dashboard.workers import run_page_work
 from app.derived.fleet import instance_state, state_of
 from app.derived.grid import MAX_POINTS as CHART_MAX_POINTS
@@ -22,6 +21,7 @@ from app.derived.summary import compute_summary
 from app.storage.events import list_events
 from app.storage.series_store import get_instance, list_instances
 from app.web.deps import MAX_DB_ID, CtxDep, DbId, OptionalDbIdQuery, RangeQueryDep
+from app.web.ranges import resolve
 from kvcore.series import reset_times
 
 MAX_POINTS = 11_000

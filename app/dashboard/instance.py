@@ -15,7 +15,6 @@ from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
 from app.dashboard.memo import live_values
 from app.dashboard.overview import figure_json
-from app.dashboard.ranges import RANGES, TimeRange, default_range, resolve
 from app.dashboard.workers import run_page_work
 from app.derived.fleet import describe_offload, state_of
 from app.derived.grid import MAX_POINTS
@@ -27,6 +26,7 @@ from app.storage.events import EventRow, list_events
 from app.storage.series_store import InstanceRow, get_instance
 from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
 from app.web.errors import html_error
+from app.web.ranges import RANGES, TimeRange, default_range, resolve
 
 CHART_ORDER = list(CHARTS)
 SUMMARY_PX = 100  # the summary reads increases, not a chart: a coarse grid keeps its scope cheap

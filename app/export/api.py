@@ -11,10 +11,10 @@ from fastapi.responses import JSONResponse
 from app.auth.roles import VIEWER, requires
 from app.context import AppContext
 from app.dashboard.instance import chart_data, instance_or_404
-from app.dashboard.ranges import resolve
 from app.derived.fleet import state_of
 from app.export.prometheus_source import PrometheusSource, prometheus_scope, source_from_settings
 from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
+from app.web.ranges import resolve
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:

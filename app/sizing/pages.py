@@ -14,12 +14,12 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
-from app.dashboard.ranges import RANGES
 from app.sizing.chart import curve_svg
 from app.sizing.service import SizingError, profile_for_size
 from app.sizing.views import sizing_report
 from app.web import csrf
 from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
+from app.web.ranges import RANGES
 
 
 def _page(ctx: AppContext, request: Request, name: str, instance_id: int, rq: RangeQuery) -> Response:

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.context import AppContext
-from app.dashboard.ranges import resolve
 from app.sizing.curve import Figure, model_bytes_per_token
 from app.sizing.service import SizingError, report
 from app.web.deps import RangeQuery
+from app.web.ranges import resolve
 
 MAX_LAYERS = 1024
 MAX_HEADS = 1024

@@ -10,7 +10,7 @@ A route is a plain module function on its part's module-level `APIRouter`:
 
 - `CtxDep`: the app's `AppContext` (built once in create_app, kept on `app.state.ctx`).
 - `RangeQueryDep`: the shared `range` / `start` / `end` query parameters of the dashboard's and
-  sizing's reads, resolved to a `TimeRange` by `app.dashboard.ranges.resolve` in the route.
+  sizing's reads, resolved to a `TimeRange` by `app.web.ranges.resolve` in the route.
 - `DbId` / `OptionalDbIdQuery`: database ids, 1 to 2^31-1 (app/web/ids.py), a 422 outside it.
 
 Sync or async: a route is a sync `def` (FastAPI runs it in its thread pool) unless it awaits
