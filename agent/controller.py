@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class Controller:
         help_reader: Callable[[list[str], dict[str, str]], str | None] | None = None,
         shm_free: Callable[[Path], int | None] = pf.statvfs_free,
         supervise_every_s: float = 2.0,
+        restart_backoff_s: tuple[float, float] = (1.0, 60.0),
+        backoff_reset_s: float = 60.0,
     ) -> None:
         self.instances = {i.url.rstrip("/"): i for i in instances}
         self.stop_on_exit = stop_on_exit
@@ -72,6 +75,10 @@ class Controller:
         self.help_reader = help_reader or (lambda cmd, env: pf.read_help(cmd, env=env))
         self.shm_free = shm_free
         self.supervise_every_s = supervise_every_s
+        # A server that died outside a rollout: restarted at once, then no sooner than 1, 2, 4 ...
+        # 60 s after the previous restart; the waits start over once it stays up backoff_reset_s.
+        self.restart_backoff_s = restart_backoff_s
+        self.backoff_reset_s = backoff_reset_s
         self._help_cache: dict[tuple[str, ...], set[str] | None] = {}
         self._help_lock = threading.Lock()  # one `--help` run per command, even when warm-up and a rollout race
         self._seen: set[int] = set()
@@ -85,7 +92,7 @@ class Controller:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._busy = False
-        self._backoff: dict[str, tuple[float, float]] = {}  # url -> (next try, delay)
+        self._backoff: dict[str, _Backoff] = {}  # url -> the supervised restarts in a row
         self.workloads = WorkloadRunner(clock=clock, allowed=lambda url: self._instance(url) is not None)
 
     # ------------------------------------------------------------------ CommandSink
@@ -109,7 +116,8 @@ class Controller:
             self._update(
                 command.id,
                 "failed",
-                f"{command.instance} is not in this agent's launcher config: nothing restarted",
+                f"{command.instance} is not a server this agent may restart: nothing restarted (start it "
+                "with `kvscope up -- vllm serve ...`, or list it in the agent's --launcher-config)",
                 {},
             )
             return
@@ -129,6 +137,11 @@ class Controller:
         with self._lock:
             out, self._events = self._events, []
         return out + self.workloads.drain_events()
+
+    def stop_supervising(self) -> None:
+        """No more restarts of exited servers (the agent is stopping: a server that exits now, e.g.
+        on the same Ctrl-C, stays stopped)."""
+        self._stopping.set()
 
     def close(self) -> None:
         self.workloads.close()
@@ -191,28 +204,46 @@ class Controller:
             finally:
                 self._busy = False
 
+    @property
+    def controlled_urls(self) -> list[str]:
+        """The servers this controller may restart (sent with each push: the app's pages say which
+        instances can be steered)."""
+        return sorted(self.instances)
+
     def supervise(self) -> None:
-        """Restart supervised servers that exited outside a rollout (with a growing back-off)."""
+        """Restart supervised servers that exited outside a rollout, with a growing back-off
+        (restart_backoff_s); each restart is a `restart` event on the instance's page."""
         now = self.monotonic()
+        first, cap = self.restart_backoff_s
         for url, inst in self.instances.items():
-            if not inst.restart_on_exit or inst.launcher.alive() is not False or inst.launcher.current_argv is None:
+            if self._stopping.is_set():
+                return
+            alive = inst.launcher.alive()
+            state = self._backoff.get(url)
+            if alive is True:
+                if state is not None and now - state.restarted_at >= self.backoff_reset_s:
+                    del self._backoff[url]  # it stayed up: the next death restarts at once again
                 continue
-            next_try, delay = self._backoff.get(url, (0.0, 5.0))
-            if now < next_try:
+            if not inst.restart_on_exit or alive is not False or inst.launcher.current_argv is None:
+                continue
+            if state is not None and now < state.restarted_at + state.delay:
                 continue
             argv = inst.launcher.current_argv or []
-            self._event(
-                self.clock(),
-                "note",
-                f"{url} {inst.launcher.exit_info() or 'exited'}; restarting it (next back-off {delay:.0f} s)",
-                url,
-                {"log_tail": inst.launcher.log_tail(20)},
-            )
+            n = 1 if state is None else state.count + 1
+            delay = first if state is None else min(state.delay * 2, cap)
+            why = inst.launcher.exit_info() or "exited"
+            tail = inst.launcher.log_tail(20)
             try:
                 inst.launcher.start(argv)
             except LauncherError as exc:
-                self._event(self.clock(), "note", f"restart of {url} failed: {exc}", url)
-            self._backoff[url] = (now + delay, min(delay * 2, 300.0))
+                message = f"{url} {why}; restart {n} by kvscope failed: {exc}"
+            else:
+                message = (
+                    f"{url} {why}; restarted by kvscope (restart {n} in a row; the next one waits "
+                    f"at least {delay:.0f} s)"
+                )
+            self._event(self.clock(), "restart", message, url, {"supervised_restart": n, "log_tail": tail})
+            self._backoff[url] = _Backoff(restarted_at=now, delay=delay, count=n)
 
     # ------------------------------------------------------------------ the rollout
     def run_rollout(self, cmd: Command) -> str:
@@ -407,6 +438,15 @@ class Controller:
         )
         with self._lock:
             self._events.append(ev)
+
+
+@dataclass
+class _Backoff:
+    """Supervised restarts of one server in a row: when the last one was, how long the next waits."""
+
+    restarted_at: float
+    delay: float
+    count: int
 
 
 def _labels_of(line: str) -> dict[str, str]:
