@@ -24,6 +24,7 @@ from app.ab.ports import RolloutsPort, ThreadExecutor
 from app.ab.verdict import describe
 from app.auth.roles import requester
 from app.context import AppContext
+from app.controller.control import watched_urls
 from app.storage import ab_store as st
 from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
@@ -307,6 +308,7 @@ def page_router(ctx: AppContext) -> APIRouter:
                 "form": form,
                 "error": error,
                 "simulated": any(i.get("simulated") for i in instances),
+                "watched": watched_urls(ctx, instances),
             },
             status,
         )

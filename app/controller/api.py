@@ -14,6 +14,7 @@ from agent import flag_policy
 from app.auth.roles import requester
 from app.context import AppContext
 from app.controller import rollouts
+from app.controller.control import watched_urls
 from app.controller.profiles import ProfileError, parse_profile, policy_limits
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileDetail, RolloutRow
@@ -362,7 +363,10 @@ def page_router(ctx: AppContext) -> APIRouter:
     @r.get("/profiles", response_class=HTMLResponse)
     def profiles_page(request: Request) -> Response:
         items = [profile_view({**p, "versions": []}, *_policy(ctx)) for p in rs.list_profiles(ctx.engine)]
-        return render(request, "controller/profiles.html", {"profiles": items, "form": {}, "error": None})
+        watched = watched_urls(ctx, list_instances(ctx.engine))
+        return render(
+            request, "controller/profiles.html", {"profiles": items, "form": {}, "error": None, "watched": watched}
+        )
 
     @r.post("/profiles")
     async def profiles_create(request: Request) -> Response:
@@ -435,6 +439,7 @@ def page_router(ctx: AppContext) -> APIRouter:
             "preview": None,
             "error": None,
             "override_hybrid": override_hybrid,
+            "watched": watched_urls(ctx, [inst]),
         }
         if profile:
             try:

@@ -2,27 +2,21 @@
 
 An agent with a controller (`kvscope up -- vllm serve ...`, or `kvscope agent --launcher-config`)
 lists the servers its launcher may restart in every push. The control pages (profiles and apply,
-A/B, the sizing page's "apply this size") read `control_of()` to say, for an instance nobody
-controls, exactly how to hand kvscope control. Nothing is stored: until an agent of the host has
-pushed to this app process, the answer is "unknown" and the pages say nothing extra.
+A/B, the sizing page's "apply this size") pass `watched_urls()` to templates/controller/
+_control_hint.html, which says, for an instance nobody controls, exactly how to hand kvscope
+control. Nothing is stored: until an agent of the host has pushed to this app process, the answer
+is "unknown" and the pages say nothing extra.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from app.context import AppContext
 
 Control = Literal["controlled", "watched", "unknown"]
-# How to hand kvscope control of a server, in the words every control page uses.
-HOW_TO_CONTROL = (
-    "kvscope only watches this server: no agent here may restart it. To let kvscope apply profiles, "
-    "run A/B experiments and apply a cache size, start the server through kvscope: "
-    "`kvscope up -- vllm serve MODEL [ARGS...]` (everything after `--` is your usual vLLM command), "
-    "or, for a server run by systemd or docker, give its agent a launcher config: "
-    "`kvscope agent --launcher-config agent.toml` (docs/controller.md)."
-)
 
 
 @dataclass
@@ -48,3 +42,8 @@ def control_of(ctx: AppContext, host_id: int, url: str) -> Control:
     if not seen:
         return "unknown"
     return "controlled" if any(url.rstrip("/") in urls for urls in seen) else "watched"
+
+
+def watched_urls(ctx: AppContext, instances: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The URLs of those instances that the agents said they may not restart (for the hint)."""
+    return [str(i["url"]) for i in instances if control_of(ctx, int(i["host_id"]), str(i["url"])) == "watched"]

@@ -19,10 +19,12 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
 from app.controller import rollouts
+from app.controller.control import watched_urls
 from app.dashboard.ranges import RANGES, resolve
 from app.sizing.chart import curve_svg
 from app.sizing.curve import Figure, model_bytes_per_token
 from app.sizing.service import SizingError, profile_for_size, report
+from app.storage.series_store import get_instance
 from app.web import csrf
 from app.web.ids import DbId
 from app.web.json_body import read_json
@@ -109,7 +111,15 @@ def page_router(ctx: AppContext) -> APIRouter:
 
     def view(instance_id: int, range_: str | None, start: float | None, end: float | None) -> dict[str, Any]:
         rep = _report(ctx, instance_id, range_, start, end, None)
-        return {"rep": rep, "svg": curve_svg(rep), "ranges": list(RANGES), "simulated": rep["simulated"]}
+        inst = get_instance(ctx.engine, instance_id)
+        watched = watched_urls(ctx, [inst] if inst is not None else [])
+        return {
+            "rep": rep,
+            "svg": curve_svg(rep),
+            "ranges": list(RANGES),
+            "simulated": rep["simulated"],
+            "watched": watched,
+        }
 
     @r.get("/instances/{instance_id}/sizing", response_class=HTMLResponse)
     @requires(VIEWER)

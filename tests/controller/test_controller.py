@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +269,7 @@ def test_supervised_restarts_back_off_1_2_4_to_60_s_and_start_over_after_a_healt
         if len(fl.calls) > n:
             restarts_at.append(clock[0] - 1000.0)
         clock[0] += 1.0
-    waits = [b - a for a, b in zip(restarts_at, restarts_at[1:], strict=False)]
+    waits = [b - a for a, b in itertools.pairwise(restarts_at)]
     assert waits[:7] == [1, 2, 4, 8, 16, 32, 60] and set(waits[7:]) == {60}
     evs = [e for e in ctl.drain_events() if e.kind == "restart"]
     assert len(evs) == len(restarts_at) and "restart 3 in a row" in evs[2].message

@@ -61,7 +61,7 @@ class UpRig:
     def wait_ready(self) -> None:
         token = self.data / "api-token"
         wait_until(
-            lambda: token.exists() and token.read_text().strip() or self.proc.poll() is not None,
+            lambda: (token.exists() and token.read_text().strip()) or self.proc.poll() is not None,
             "kvscope up's operator token",
             timeout=90,
         )

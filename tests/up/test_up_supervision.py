@@ -1,0 +1,108 @@
+"""`kvscope up -- CMD` supervises its server: a SIGKILLed server comes back (a restart event on
+the instance), SIGTERM stops the server, then kvscope; and bad input is one line, exit 2, nothing
+started: a command not on PATH, an empty `--`, the app's port in use, the server's port held by a
+process kvscope cannot adopt."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ports import free_port
+from tests.up.rig import KVSCOPE, UpRig, env_with_kvscope_on_path, sim_listening
+from tests.waits import wait_until
+
+SIM = ["kvscope", "sim", "--profile", "rtx4070-qwen3-4b", "--port", "{SIM_PORT}", "--uvicorn-log-level", "warning"]
+
+
+def _up(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KVSCOPE, "up", "--no-gpu", "--data-dir", str(tmp_path / "data"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env_with_kvscope_on_path(),
+    )
+
+
+def _one_line(cp: subprocess.CompletedProcess[str]) -> str:
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "Traceback" not in cp.stderr and cp.stdout == ""
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1, cp.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A port held by this test process (not a server kvscope started, not one it can adopt)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def test_a_command_not_on_path_is_one_line(tmp_path: Path) -> None:
+    cp = _up(tmp_path, "--port", str(free_port()), "--", "nosuchvllm", "serve", "x")
+    assert _one_line(cp) == "kvscope up: cannot start 'nosuchvllm': not found on PATH"
+    assert not (tmp_path / "data" / "logs").exists()
+
+
+def test_an_empty_dash_dash_is_one_line(tmp_path: Path) -> None:
+    line = _one_line(_up(tmp_path, "--port", str(free_port()), "--"))
+    assert line.startswith("kvscope up: nothing after `--`") and "kvscope up -- vllm serve MODEL" in line
+
+
+def test_a_server_port_that_is_no_port_is_one_line(tmp_path: Path) -> None:
+    line = _one_line(_up(tmp_path, "--port", str(free_port()), "--", "kvscope", "sim", "--port", "80x"))
+    assert line == "kvscope up: --port '80x' in the server command is not a port number"
+
+
+def test_the_apps_port_in_use_is_one_line(tmp_path: Path, listener: int) -> None:
+    line = _one_line(_up(tmp_path, "--port", str(listener), "--", *[a.replace("{SIM_PORT}", "1") for a in SIM]))
+    assert line.startswith(f"kvscope up: the app's port {listener} on 127.0.0.1 is in use")
+    assert "kvscope's own --port goes before `--`" in line
+
+
+def test_the_servers_port_held_by_another_process_is_one_line_and_nothing_starts(tmp_path: Path, listener: int) -> None:
+    app_port = free_port()
+    line = _one_line(
+        _up(tmp_path, "--port", str(app_port), "--", *[a.replace("{SIM_PORT}", str(listener)) for a in SIM])
+    )
+    assert line.startswith(f"kvscope up: port {listener} is in use by pid {os.getpid()}")
+    assert "kvscope did not start and cannot adopt: not starting a second server on it" in line
+    assert list((tmp_path / "data" / "logs").glob("*.log")) == []  # no server was started
+
+
+@pytest.mark.slow
+def test_a_killed_server_is_restarted_and_sigterm_stops_it_then_kvscope(tmp_path: Path) -> None:
+    rig = UpRig(tmp_path, SIM)
+    try:
+        rig.wait_ready()
+        iid = int(rig.instance()["id"])
+        first = rig.pid_file()["pid"]
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: rig.pid_file()["pid"] != first and sim_listening(rig.sim_url), "a restarted server", 60)
+
+        def restart_event() -> object:
+            evs = rig.get("/api/v1/events", instance=iid)["events"]
+            return [e for e in evs if e["kind"] == "restart" and "restarted by kvscope" in e["message"]]
+
+        (ev,) = wait_until(restart_event, "the supervisor's restart event", timeout=60)
+        assert "killed by SIGKILL" in ev["message"] and "restart 1 in a row" in ev["message"]
+        page = rig.get("/api/v1/instances")["instances"]
+        assert [i["id"] for i in page if i["url"] == rig.sim_url] == [iid]  # the same instance, not a new one
+        second = rig.pid_file()["pid"]
+    finally:
+        rc = rig.stop(signal.SIGTERM)
+    assert rc == 0, rig.output()
+    assert not sim_listening(rig.sim_url)
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)
+    assert "kvscope up: stopped" in rig.output()
