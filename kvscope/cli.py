@@ -116,9 +116,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# Sub-commands whose `--` ends kvscope's own arguments: what follows is another program's command
-# (`kvscope up [OPTIONS] -- vllm serve MODEL ...`), handed over as args.server_command, untouched.
-TRAILING_COMMAND = frozenset({"up"})
+# Sub-commands whose first `--` ends kvscope's own arguments: what follows is handed over untouched
+# as args.trailing, a later `--` included (`kvscope up [OPTIONS] -- vllm serve MODEL ...`,
+# `kvscope service install up -- [UP OPTIONS] -- vllm serve MODEL ...`).
+TRAILING_COMMAND = frozenset({"up", "service"})
 
 
 def split_trailing_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(own)
     args = parser.parse_args(own)
     if trailing is not None:
-        args.server_command = trailing
+        args.trailing = trailing
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

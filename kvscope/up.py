@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
         "off: do not subscribe",
     )
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=run_up, server_command=None)
+    p.set_defaults(func=run_up, trailing=None)
 
 
 def _local_token(engine: Any, now: float, host: str) -> str:
@@ -105,7 +105,7 @@ def _run_up(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if not 0 < args.stop_timeout <= 3600:
         raise UserError("--stop-timeout must be between 0 and 3600 seconds")
-    command: list[str] | None = args.server_command
+    command: list[str] | None = args.trailing
     if command is not None and args.vllm_url and len(args.vllm_url) > 1:
         raise UserError("with `--`, give at most one --vllm-url: the URL of the server the command starts")
     settings = settings_from_args(args, host=args.host, port=args.port)

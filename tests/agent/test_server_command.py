@@ -81,14 +81,15 @@ def test_the_program_is_looked_up_on_path_or_said_why_not(tmp_path: Path) -> Non
     assert resolve_program("./myvllm", env, str(tmp_path)) == (os.path.join(str(tmp_path), "./myvllm"), "")
 
 
-def test_only_up_hands_on_what_follows_its_dash_dash() -> None:
+def test_up_and_service_hand_on_what_follows_their_first_dash_dash() -> None:
     assert split_trailing_command(["up", "--port", "9", "--", "vllm", "serve", "--", "x"]) == (
         ["up", "--port", "9"],
         ["vllm", "serve", "--", "x"],
     )
     assert split_trailing_command(["up", "--"]) == (["up"], [])
     assert split_trailing_command(["up", "--port", "9"]) == (["up", "--port", "9"], None)
-    assert split_trailing_command(["service", "install", "up", "--", "x"]) == (
-        ["service", "install", "up", "--", "x"],
-        None,
+    assert split_trailing_command(["service", "install", "up", "--", "--port", "9", "--", "vllm"]) == (
+        ["service", "install", "up"],
+        ["--port", "9", "--", "vllm"],
     )
+    assert split_trailing_command(["agent", "--", "x"]) == (["agent", "--", "x"], None)
