@@ -130,6 +130,16 @@ def _run_up(args: argparse.Namespace) -> int:
     host_name = socket.gethostname()
     token = _local_token(engine, time.time(), host_name)
     access = local_access.prepare(engine, Path(settings.data_dir), time.time())
+    typed_version: int | None = None
+    typed_line = ""
+    record_typed = False  # what the instance runs is still to be recorded (after the first push)
+    if server is not None:
+        from app.controller import typed_profile
+
+        # the typed flags are what runs (an adopted server: only if it runs them too)
+        if server.adopted is None or server.launcher.current_argv == server.initial_args:
+            typed_version, typed_line = typed_profile.store(engine, server.initial_args, time.time())
+            record_typed = True
     app = create_app(settings, engine=engine)
     served = start_app_thread(app, settings.host, settings.port, args.log_level)
     url = served.url
@@ -172,6 +182,8 @@ def _run_up(args: argparse.Namespace) -> int:
         print(f"kvscope up: {how}; output in {server.launcher.log_dir}; restarted if it dies")
         flags = " ".join(server.initial_args) or "(none)"
         print(f"kvscope up: profile flags it starts with (a profile you apply replaces them): {flags}")
+        if typed_line:
+            print(f"kvscope up: {typed_line}")
     else:
         print(
             "kvscope up: watching only; to let kvscope apply profiles and run A/B, start the server through it: "
@@ -186,6 +198,11 @@ def _run_up(args: argparse.Namespace) -> int:
     print("kvscope up: Ctrl-C stops " + ("the server, the agent and the app" if server else "both"), flush=True)
     while not stop.is_set():
         stop.wait(0.5)
+        if server is not None and record_typed:  # once the first push made the instance
+            from app.controller import typed_profile
+
+            if typed_profile.record_running(engine, host_name, server.url, typed_version, time.time()):
+                record_typed = False
         if not served.alive():
             print("kvscope up: the app stopped; stopping the agent", file=sys.stderr)
             stop.set()

@@ -1,7 +1,8 @@
 """Issue 26's "Done means": the README's "Using it on your GPU box" command, run as written on the
 simulator (`kvscope up --no-gpu -- kvscope sim ...`; only the ports and the data dir are this
 test's own, plus the sim's time scale and offload-buffer folder), fills the instance page, the
-worth verdict and a sizing curve of >= 5 points within two minutes; a profile created and applied
+worth verdict and a sizing curve of >= 5 points within two minutes; the typed profile flags are
+the profile "as-started" the instance runs; a profile created and applied
 through the API ends healthy; an A/B of two profiles completes with a verdict.
 
 Real processes (up, and the sim it supervises), a real SQLite file, the operator token file `up`
@@ -95,6 +96,11 @@ def test_the_readme_rig_fills_its_pages_applies_a_profile_and_runs_an_ab(rig: Up
     finally:
         traffic.stop(timeout=10)
     assert len(sizes) >= 5 and worth["verdict"]
+    # what it runs is the typed command's profile flags, stored as the profile "as-started"
+    ip = wait_until(lambda: rig.get(f"/api/v1/instances/{iid}/profile")["current"], "the starting profile", 30)
+    assert ip["name"] == "as-started"
+    typed = rig.get("/api/v1/profiles/as-started")["argv"]
+    assert "--kv-offloading-size" in typed and "--kv-events-config" in typed
     page = httpx.get(f"{rig.app_url}/instances/{iid}", headers=rig.auth, timeout=20)
     assert page.status_code == 200 and worth["verdict"].split(":")[0] in page.text and "n/a" not in worth["verdict"]
     # the typed flags are the starting profile; a profile replaces them without repeating any
@@ -132,6 +138,7 @@ def test_the_readme_rig_fills_its_pages_applies_a_profile_and_runs_an_ab(rig: Up
     t_ab = time.monotonic() - b0
     assert exp["state"] == "completed", exp["message"]
     assert exp["profile_a"] == "offload-1g" and exp["verdict"] and exp["verdict"]["summary"]
+    assert rig.get(f"/api/v1/instances/{iid}/profile")["current"]["name"] == "offload-1g"  # back on A
     print(
         f"\nkvscope up -- kvscope sim: first sample {t_first:.1f} s, sizing curve ({len(sizes)} points) "
         f"{t_curve:.1f} s, worth verdict {t_worth:.1f} s after start; apply {t_apply:.1f} s; "
