@@ -21,6 +21,7 @@ still ends safe. Every transition is a RolloutUpdate drained into the next push.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -44,6 +45,7 @@ from agent.probe import ProbeConfig, ProbeResult, run_probe
 from agent.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
 
+log = logging.getLogger("kvscope.controller")
 TERMINAL = frozenset({"healthy", "rolled_back", "failed", "refused"})
 ProbeFn = Callable[..., ProbeResult]
 
@@ -242,6 +244,7 @@ class Controller:
                     f"{url} {why}; restarted by kvscope (restart {n} in a row; the next one waits "
                     f"at least {delay:.0f} s)"
                 )
+            log.warning("%s", message)  # on the console of `kvscope up` and in the agent's log
             self._event(self.clock(), "restart", message, url, {"supervised_restart": n, "log_tail": tail})
             self._backoff[url] = _Backoff(restarted_at=now, delay=delay, count=n)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,14 +60,15 @@ class UpRig:
         return self.out.read_text(errors="replace")
 
     def wait_ready(self) -> None:
-        token = self.data / "api-token"
-        wait_until(
-            lambda: (token.exists() and token.read_text().strip()) or self.proc.poll() is not None,
-            "kvscope up's operator token",
+        """Until `up` printed where its operator token is; its requests use that token."""
+        said = re.compile(r"the kvscope CLI here uses the operator token in (\S+)")
+        found = wait_until(
+            lambda: said.search(self.output()) or self.proc.poll() is not None,
+            "kvscope up's operator token file",
             timeout=90,
         )
-        assert self.proc.poll() is None, self.output()
-        self.auth = {"Authorization": "Bearer " + token.read_text().strip()}
+        assert self.proc.poll() is None and isinstance(found, re.Match), self.output()
+        self.auth = {"Authorization": "Bearer " + Path(found.group(1)).read_text().strip()}
 
     def get(self, path: str, **params: Any) -> Any:
         r = httpx.get(self.app_url + path, headers=self.auth, params=params, timeout=20)

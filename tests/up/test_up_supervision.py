@@ -106,3 +106,19 @@ def test_a_killed_server_is_restarted_and_sigterm_stops_it_then_kvscope(tmp_path
     with pytest.raises(ProcessLookupError):
         os.kill(second, 0)
     assert "kvscope up: stopped" in rig.output()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--stop-timeout", "0"], "kvscope up: --stop-timeout must be between 0 and 3600 seconds"),
+        (["--stop-timeout", "3601"], "kvscope up: --stop-timeout must be between 0 and 3600 seconds"),
+        (
+            ["--vllm-url", "http://127.0.0.1:1", "--vllm-url", "http://127.0.0.1:2"],
+            "kvscope up: with `--`, give at most one --vllm-url: the URL of the server the command starts",
+        ),
+    ],
+)
+def test_out_of_range_up_options_with_a_server_command_are_one_line(tmp_path: Path, argv: list[str], said: str) -> None:
+    cp = _up(tmp_path, "--port", str(free_port()), *argv, "--", *[a.replace("{SIM_PORT}", "1") for a in SIM])
+    assert _one_line(cp) == said
