@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -74,7 +75,8 @@ class Controller:
         self.monotonic = monotonic
         self.probe_fn = probe_fn
         self.http = http or httpx.Client(timeout=5.0)
-        self.help_reader = help_reader or (lambda cmd, env: pf.read_help(cmd, env=env))
+        self.help_reader = help_reader or (lambda cmd, env: pf.read_help(cmd, env=env, running=self._help_running))
+        self._help_proc: subprocess.Popen[str] | None = None  # a `--help` run in progress (killed by close)
         self.shm_free = shm_free
         self.supervise_every_s = supervise_every_s
         # A server that died outside a rollout: restarted at once, then no sooner than 1, 2, 4 ...
@@ -145,9 +147,17 @@ class Controller:
         on the same Ctrl-C, stays stopped)."""
         self._stopping.set()
 
+    def _help_running(self, proc: subprocess.Popen[str] | None) -> None:
+        self._help_proc = proc
+        if proc is not None and self._stopping.is_set():
+            pf.kill_help(proc)
+
     def close(self) -> None:
         self.workloads.close()
         self._stopping.set()
+        help_run = self._help_proc
+        if help_run is not None:  # a slow `vllm serve --help=all` would outlive the agent
+            pf.kill_help(help_run)
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout=30)
