@@ -2,8 +2,8 @@
 simulator (`kvscope up --no-gpu -- kvscope sim ...`; only the ports and the data dir are this
 test's own, plus the sim's time scale and offload-buffer folder), fills the instance page, the
 worth verdict and a sizing curve of >= 5 points within two minutes; the typed profile flags are
-the profile "as-started" the instance runs; a profile created and applied
-through the API ends healthy; an A/B of two profiles completes with a verdict.
+the profile "as-started" the instance runs; "apply this size" from the sizing curve and a profile
+created and applied through the API end healthy; an A/B of two profiles completes with a verdict.
 
 Real processes (up, and the sim it supervises), a real SQLite file, the operator token file `up`
 writes. The figures (time to first sample, to the curve, apply and A/B durations) are printed
@@ -103,7 +103,15 @@ def test_the_readme_rig_fills_its_pages_applies_a_profile_and_runs_an_ab(rig: Up
     assert "--kv-offloading-size" in typed and "--kv-events-config" in typed
     page = httpx.get(f"{rig.app_url}/instances/{iid}", headers=rig.auth, timeout=20)
     assert page.status_code == 200 and worth["verdict"].split(":")[0] in page.text and "n/a" not in worth["verdict"]
-    # the typed flags are the starting profile; a profile replaces them without repeating any
+    # "apply this size": the typed profile plus the size, restarted at once
+    r = rig.post(f"/api/v1/instances/{iid}/sizing/profile", {"offload_gib": 0.5, "request_rollout": True})
+    assert r.status_code == 201, r.text
+    sized = rig.wait_rollout(int(r.json()["rollout_id"]))
+    assert sized["state"] == "healthy", sized
+    argv = rig.pid_file()["argv"]
+    assert argv[argv.index("--kv-offloading-size") + 1] == "0.5" and "--kv-events-config" in argv
+    assert argv[argv.index("--max-model-len") + 1] == "4096"  # the rest of the typed profile kept
+    # a profile of one's own replaces the typed flags without repeating any
     pool = {"kv_cache_memory_bytes": 1073741824, "max_model_len": 4096}
     events = {"endpoint": re.search(r"tcp://127\.0\.0\.1:\d+", " ".join(rig.pid_file()["argv"])).group(0)}  # type: ignore[union-attr]
     _profile(rig, "offload-1g", {**pool, "offload_size_gib": 1, "kv_events": events})
