@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +103,10 @@ def test_a_killed_server_is_restarted_and_sigterm_stops_it_then_kvscope(tmp_path
         page = rig.get("/api/v1/instances")["instances"]
         assert [i["id"] for i in page if i["url"] == rig.sim_url] == [iid]  # the same instance, not a new one
         second = rig.pid_file()["pid"]
+        logs = rig.data / "logs"
+        assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+        assert len(list(logs.glob("server-*.log"))) == 2  # one per start
+        assert {stat.S_IMODE(p.stat().st_mode) for p in logs.iterdir()} == {0o600}
     finally:
         rc = rig.stop(signal.SIGTERM)
     assert rc == 0, rig.output()
