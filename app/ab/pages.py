@@ -16,6 +16,7 @@ from app.ab.charts import experiment_figures
 from app.ab.verdict import describe
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
+from app.controller.control import watched_urls
 from app.storage import ab_store as st
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, list_instances
@@ -93,6 +94,7 @@ def list_page(
             "form": form,
             "error": error,
             "simulated": any(i.get("simulated") for i in instances),
+            "watched": watched_urls(ctx, instances),
         },
         status,
     )

@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
 from app.controller import rollouts
+from app.controller.control import watched_urls
 from app.controller.profiles import ProfileError
 from app.controller.views import (
     policy,
@@ -132,7 +133,15 @@ router = APIRouter(include_in_schema=False)
 @requires(VIEWER)
 def profiles_page(ctx: CtxDep, request: Request) -> Response:
     return render(
-        ctx, request, "controller/profiles.html", {"profiles": _profile_items(ctx), "form": {}, "error": None}
+        ctx,
+        request,
+        "controller/profiles.html",
+        {
+            "profiles": _profile_items(ctx),
+            "form": {},
+            "error": None,
+            "watched": watched_urls(ctx, list_instances(ctx.engine)),
+        },
     )
 
 
@@ -197,6 +206,7 @@ def apply_page(
         "preview": None,
         "error": None,
         "override_hybrid": override_hybrid,
+        "watched": watched_urls(ctx, [inst]),
     }
     if profile:
         try:

@@ -14,9 +14,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
+from app.controller.control import watched_urls
 from app.sizing.chart import curve_svg
 from app.sizing.service import SizingError, profile_for_size
 from app.sizing.views import sizing_report
+from app.storage.series_store import get_instance
 from app.web import csrf
 from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
 from app.web.ranges import RANGES
@@ -24,7 +26,14 @@ from app.web.ranges import RANGES
 
 def _page(ctx: AppContext, request: Request, name: str, instance_id: int, rq: RangeQuery) -> Response:
     rep = sizing_report(ctx, instance_id, rq, None)
-    data: dict[str, Any] = {"rep": rep, "svg": curve_svg(rep), "ranges": list(RANGES), "simulated": rep["simulated"]}
+    inst = get_instance(ctx.engine, instance_id)
+    data: dict[str, Any] = {
+        "rep": rep,
+        "svg": curve_svg(rep),
+        "ranges": list(RANGES),
+        "simulated": rep["simulated"],
+        "watched": watched_urls(ctx, [inst] if inst is not None else []),
+    }
     return csrf.render_page(ctx, request, name, data, active_nav="overview")
 
 

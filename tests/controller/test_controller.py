@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,7 @@ def test_submit_dedups_and_refuses_unmanaged_instances() -> None:
     ctl.submit(other, 0.0)
     ctl.submit(other, 0.0)
     ups = ctl.drain_updates()
-    assert [u.state for u in ups] == ["failed"] and "not in this agent's launcher config" in ups[0].message
+    assert [u.state for u in ups] == ["failed"] and "not a server this agent may restart" in ups[0].message
     ctl.submit(Command(id=10, kind="workload", instance=URL, payload={}), 0.0)
     assert ctl.drain_events()[0].kind == "note"
 
@@ -249,10 +250,40 @@ def test_supervise_restarts_an_exited_server() -> None:
     fl.running = False
     ctl.supervise()
     assert fl.calls == [("start", ["--a"])]
-    assert "restarting" in ctl.drain_events()[0].message
+    ev = ctl.drain_events()[0]
+    assert ev.kind == "restart" and "restarted by kvscope (restart 1 in a row" in ev.message
     fl.running = False
     ctl.supervise()  # inside the back-off: no second restart yet
     assert len(fl.calls) == 1
+
+
+def test_supervised_restarts_back_off_1_2_4_to_60_s_and_start_over_after_a_healthy_minute() -> None:
+    clock = [1000.0]
+    fl = FakeLauncher()
+    ctl = _ctl(fl)
+    ctl.monotonic = lambda: clock[0]
+    fl._argv = ["--a"]
+    restarts_at: list[float] = []
+    for _ in range(900):  # 15 minutes of a server that dies at once, checked every second
+        fl.running = False
+        n = len(fl.calls)
+        ctl.supervise()
+        if len(fl.calls) > n:
+            restarts_at.append(clock[0] - 1000.0)
+        clock[0] += 1.0
+    waits = [b - a for a, b in itertools.pairwise(restarts_at)]
+    assert waits[:7] == [1, 2, 4, 8, 16, 32, 60] and set(waits[7:]) == {60}
+    evs = [e for e in ctl.drain_events() if e.kind == "restart"]
+    assert len(evs) == len(restarts_at) and "restart 3 in a row" in evs[2].message
+    # it stays up a minute: the next death restarts at once, and the waits start over at 1 s
+    fl.running = True
+    ctl.supervise()
+    clock[0] += 61.0
+    ctl.supervise()
+    fl.running = False
+    n = len(fl.calls)
+    ctl.supervise()
+    assert len(fl.calls) == n + 1 and "restart 1 in a row" in ctl.drain_events()[-1].message
 
 
 def test_load_config(tmp_path: Path) -> None:
