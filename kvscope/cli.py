@@ -116,11 +116,28 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, except that a command which sets `dashdash_dest` gets everything after the
+    first `--`, verbatim (a later `--` included: `service install up -- --vllm-url U -- vllm
+    serve M`), in that list, even when options stand between its positionals and the `--`
+    (argparse alone fills a trailing `nargs="*"` at the first positional, so `service install up
+    --user -- ARGS` left ARGS unrecognized)."""
+    args, rest = parser.parse_known_args(argv)
+    dest = getattr(args, "dashdash_dest", None)
+    if dest and "--" in argv:
+        if rest and rest[0] != "--":
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        setattr(args, dest, argv[argv.index("--") + 1 :])
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args = _parse(parser, list(argv))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

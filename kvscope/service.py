@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     i.add_argument("--unit-dir", help="where to write the unit (default: systemd's folder for --user or system)")
     i.add_argument("--data-dir", help="kvscope's data folder for the unit (default: ~/.local/share/kvscope)")
     i.add_argument("extra", nargs="*", help="after --: the arguments to append to the command")
-    i.set_defaults(func=run_install)
+    i.set_defaults(func=run_install, dashdash_dest="extra")  # options may come before `--` (kvscope.cli)
     u = ssub.add_parser("uninstall", help="remove a unit written by `kvscope service install`")
     u.add_argument("role", choices=sorted(ROLES))
     u.add_argument("--user", action="store_true")
@@ -74,7 +74,7 @@ def _systemd_word(arg: str) -> str:
 
 
 def _extra(args: argparse.Namespace) -> list[str]:
-    extra = [a for a in (args.extra or []) if a != "--"][: MAX_EXTRA_ARGS + 1]
+    extra = list(args.extra or [])[: MAX_EXTRA_ARGS + 1]  # an inner `--` is the command's (`up -- vllm ...`)
     if len(extra) > MAX_EXTRA_ARGS:
         raise UserError(f"more than {MAX_EXTRA_ARGS} arguments after --")
     return extra

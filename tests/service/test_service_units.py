@@ -87,3 +87,28 @@ def test_a_carriage_return_bound_for_the_unit_is_refused(tmp_path: Path, capsys:
     assert _install(tmp_path, "up", "--", "--vllm-url", "http://x\r\nExecStartPre=/bin/sh") != 0
     assert "control character" in capsys.readouterr().err
     assert not (tmp_path / "units" / "kvscope-up.service").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,command",
+    [
+        (["up", "--print", "--user", "--", "--vllm-url", "http://127.0.0.1:8000"], "up --vllm-url http://127.0.0.1:8000"),
+        (["agent", "--print", "--", "--server", "http://c:8080"], "agent --server http://c:8080"),
+        (["up", "--print", "--", "--port", "9", "--", "vllm", "serve", "m"], "up --port 9 -- vllm serve m"),
+    ],
+)
+def test_options_between_the_role_and_the_dashes_are_the_installers_and_the_rest_goes_to_the_unit(
+    argv: list[str], command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form docs/operations.md gives (`install up --user -- --vllm-url ...`) was refused: argparse
+    filled the trailing arguments at the role, before the options."""
+    monkeypatch.setenv("KVSCOPE_AGENT_TOKEN", "kvs_" + "a" * 40)
+    assert main(["service", "install", *argv]) == 0
+    [exec_start] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start.endswith(f"-m kvscope {command}")
+
+
+def test_an_unknown_option_before_the_dashes_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["service", "install", "app", "--print", "--bogus", "--", "--port", "9"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
