@@ -130,12 +130,24 @@ def unit_text(role: str, env_file: Path, extra: list[str], user: bool) -> str:
         f"ExecStart={' '.join(_systemd_word(a) for a in argv)}\n"
         "Restart=on-failure\n"
         "RestartSec=5\n"
-        "KillSignal=SIGINT\n"
-        "TimeoutStopSec=60\n"
+        "KillSignal=SIGINT\n" + _kill_mode(role) + "TimeoutStopSec=60\n"
         "UMask=0077\n\n"
         "[Install]\n"
         f"WantedBy={'default.target' if user else 'multi-user.target'}\n"
     )
+
+
+# Roles whose process supervises a vLLM server it started (`agent --launcher-config`, `up -- vllm
+# serve ...`). systemd's default KillMode (control-group) kills every process of the unit when
+# its main process dies, so a crashed agent would take vLLM down with it and its restart would
+# start a cold one instead of adopting the server (agent/launcher/subprocess.py). With
+# KillMode=process a crash leaves vLLM serving; `systemctl stop` still stops it, through the
+# agent's own clean stop (SIGINT: the launcher config's stop_on_exit).
+SUPERVISING_ROLES = frozenset({"agent", "up"})
+
+
+def _kill_mode(role: str) -> str:
+    return "KillMode=process\n" if role in SUPERVISING_ROLES else ""
 
 
 def _service_user() -> str:

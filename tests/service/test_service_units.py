@@ -92,7 +92,10 @@ def test_a_carriage_return_bound_for_the_unit_is_refused(tmp_path: Path, capsys:
 @pytest.mark.parametrize(
     "argv,command",
     [
-        (["up", "--print", "--user", "--", "--vllm-url", "http://127.0.0.1:8000"], "up --vllm-url http://127.0.0.1:8000"),
+        (
+            ["up", "--print", "--user", "--", "--vllm-url", "http://127.0.0.1:8000"],
+            "up --vllm-url http://127.0.0.1:8000",
+        ),
         (["agent", "--print", "--", "--server", "http://c:8080"], "agent --server http://c:8080"),
         (["up", "--print", "--", "--port", "9", "--", "vllm", "serve", "m"], "up --port 9 -- vllm serve m"),
     ],
@@ -112,3 +115,18 @@ def test_an_unknown_option_before_the_dashes_is_still_refused(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         main(["service", "install", "app", "--print", "--bogus", "--", "--port", "9"])
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("role,kill_mode", [("agent", "KillMode=process"), ("up", "KillMode=process"), ("app", None)])
+def test_a_unit_that_supervises_vllm_leaves_it_serving_when_its_main_process_crashes(
+    tmp_path: Path, role: str, kill_mode: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's default KillMode kills the whole unit when the agent dies, vLLM included: the
+    restarted agent could never adopt it (tests/rig/test_agent_killed.py runs the adoption)."""
+    monkeypatch.setenv("KVSCOPE_AGENT_TOKEN", "kvs_" + "a" * 40)
+    extra = ["--", "--server", "http://central:8080"] if role == "agent" else []
+    assert _install(tmp_path, role, *extra) == 0
+    text = (tmp_path / "units" / f"kvscope-{role}.service").read_text()
+    modes = [line for line in text.splitlines() if line.startswith("KillMode=")]
+    assert modes == ([kill_mode] if kill_mode else [])
+    assert "KillSignal=SIGINT" in text  # the clean stop still reaches the agent, which stops vLLM
