@@ -21,6 +21,8 @@ pytestmark = pytest.mark.slow
 def test_a_killed_vllm_is_reported_restarted_and_its_gap_left_empty(tmp_path: Path) -> None:
     with rig_units(tmp_path) as rig:
         wait_until(rig.sim_healthy, "the supervised sim healthy", 60)
+        for i in range(10):
+            rig.request(f"before the kill, request {i}: " + "word " * 50)
         rig.wait_stored(3, "three ticks stored")
         server = rig.sim_pid()
         assert server is not None
@@ -30,7 +32,9 @@ def test_a_killed_vllm_is_reported_restarted_and_its_gap_left_empty(tmp_path: Pa
         wait_until(rig.sim_healthy, "the restarted sim healthy", 60)
         t_up = time.time()
         wait_until(lambda: rig.ticks(VLLM_TICK)[-1] / 1000 > t_up + 1, "scrapes of the new server stored", 60)
-        rig.wait_stored(2, "two more ticks")
+        for i in range(10):
+            rig.request(f"after the restart, request {i}: " + "word " * 50)
+        rig.wait_stored(3, "three more ticks")
 
         assert len(rig.sim_processes()) == 1
         said = [m for t, _k, m in rig.events() if t >= t_kill - 1 and "SIGKILL" in m]
@@ -49,6 +53,9 @@ def test_a_killed_vllm_is_reported_restarted_and_its_gap_left_empty(tmp_path: Pa
             "where s.name = 'vllm:prompt_tokens_total' order by sm.ts_ms"
         )
         assert counters
+        # the instance page's token chart across the restart: rates, none negative
         chart = rig.api(f"/api/v1/instances/{inst['id']}/charts/tokens?range=5m")
-        values = [v for tr in chart.get("traces", chart.get("data", [])) for v in (tr.get("y") or []) if v is not None]
-        assert all(v >= 0 for v in values), "a negative rate across the restart"
+        assert chart["figure"] is not None, chart.get("notes")
+        values = [v for tr in chart["figure"]["data"] for v in (tr.get("y") or []) if isinstance(v, int | float)]
+        assert values and all(v >= 0 for v in values), "a negative rate across the restart"
+        assert any(v > 0 for v in values), "the traffic before and after the kill is not on the chart"
