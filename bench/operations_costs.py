@@ -160,7 +160,7 @@ def _copy_rows(source: Path, target: Path) -> None:
                 conn.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM src.{table}")
 
 
-def time_upgrade(folder: Path, rows_from: Path | None) -> float:
+def time_upgrade(folder: Path, rows_from: Path | None) -> tuple[float, int]:
     folder.mkdir(parents=True)
     db = folder / "kvscope.db"
     oldest = sorted(script_revisions())[0]  # 0001_initial_schema
@@ -173,8 +173,9 @@ def time_upgrade(folder: Path, rows_from: Path | None) -> float:
     t = time.monotonic()
     upgrade(engine, "head")
     took = time.monotonic() - t
+    samples = count_samples(engine)  # the rows really went through the upgrade
     engine.dispose()
-    return took
+    return took, samples
 
 
 def main() -> int:
@@ -197,9 +198,12 @@ def main() -> int:
         print(f"kvscope backup: {wall:.2f} s wall (the command says: {said})")
         if reported:
             print(f"  of which the copy itself: {float(reported.group(1)):.2f} s")
-        full = time_upgrade(tmp / "upgrade-full", data / "kvscope.db")
-        empty = time_upgrade(tmp / "upgrade-empty", None)
-        print(f"upgrade oldest revision -> head: {full:.2f} s with the hour's rows, {empty:.2f} s empty")
+        full, kept = time_upgrade(tmp / "upgrade-full", data / "kvscope.db")
+        empty, _ = time_upgrade(tmp / "upgrade-empty", None)
+        print(
+            f"upgrade {sorted(script_revisions())[0]} -> head: {full:.2f} s with the store's rows "
+            f"({kept:,} samples after it), {empty:.2f} s empty"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.environ.pop("KVSCOPE_DATA_DIR", None)
