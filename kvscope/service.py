@@ -137,13 +137,14 @@ def unit_text(role: str, env_file: Path, extra: list[str], user: bool) -> str:
     )
 
 
-# Roles whose process supervises a vLLM server it started (`agent --launcher-config`, `up -- vllm
-# serve ...`). systemd's default KillMode (control-group) kills every process of the unit when
-# its main process dies, so a crashed agent would take vLLM down with it and its restart would
-# start a cold one instead of adopting the server (agent/launcher/subprocess.py). With
+# Roles whose process supervises a vLLM server it started and adopts it again after a crash
+# (`agent --launcher-config`: agent/launcher/subprocess.py). systemd's default KillMode
+# (control-group) kills every process of the unit when its main process dies, so a crashed agent
+# took vLLM down with it and its restart started a cold one instead of adopting the server. With
 # KillMode=process a crash leaves vLLM serving; `systemctl stop` still stops it, through the
-# agent's own clean stop (SIGINT: the launcher config's stop_on_exit).
-SUPERVISING_ROLES = frozenset({"agent", "up"})
+# agent's own clean stop (SIGINT: the launcher config's stop_on_exit). `up -- vllm serve ...`
+# belongs here too once its restart is shown to adopt the server it left running.
+SUPERVISING_ROLES = frozenset({"agent"})
 
 
 def _kill_mode(role: str) -> str:

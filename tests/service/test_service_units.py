@@ -117,7 +117,7 @@ def test_an_unknown_option_before_the_dashes_is_still_refused(capsys: pytest.Cap
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("role,kill_mode", [("agent", "KillMode=process"), ("up", "KillMode=process"), ("app", None)])
+@pytest.mark.parametrize("role,kill_mode", [("agent", "KillMode=process"), ("app", None)])
 def test_a_unit_that_supervises_vllm_leaves_it_serving_when_its_main_process_crashes(
     tmp_path: Path, role: str, kill_mode: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
