@@ -36,6 +36,7 @@ import httpx
 from agent import preflight as pf
 from agent.controller_config import ManagedInstance as ManagedInstance
 from agent.controller_config import build_launcher as build_launcher
+from agent.controller_config import controller_state_dir
 from agent.controller_config import load_config as load_config
 from agent.controller_config import render_launcher_config as render_launcher_config
 from agent.failure_cause import failure_cause
@@ -43,6 +44,7 @@ from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 from agent.preflight_policy import check_disk_tier, check_flag_policy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
+from agent.rollout_journal import BEFORE_RESTART, FINISHED, JournalEntry, RolloutJournal
 from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
 from kvcore.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 
@@ -68,6 +70,7 @@ class Controller:
         supervise_every_s: float = 2.0,
         restart_backoff_s: tuple[float, float] = (1.0, 60.0),
         backoff_reset_s: float = 60.0,
+        journal: RolloutJournal | None = None,
     ) -> None:
         self.instances = {i.url.rstrip("/"): i for i in instances}
         self.stop_on_exit = stop_on_exit
@@ -98,6 +101,9 @@ class Controller:
         self._busy = False
         self._backoff: dict[str, _Backoff] = {}  # url -> the supervised restarts in a row
         self.workloads = WorkloadRunner(clock=clock, allowed=lambda url: self._instance(url) is not None)
+        # rollouts in flight, on disk: a restarted agent ends the ones it was killed in (recover())
+        self.journal = journal
+        self._interrupted: list[JournalEntry] = []
 
     # ------------------------------------------------------------------ CommandSink
     def submit(self, command: Command, now: float) -> None:
@@ -126,6 +132,8 @@ class Controller:
             )
             return
         ahead = self._queue.qsize() + (1 if self._busy else 0)
+        if self.journal is not None:
+            self.journal.record(command)
         self._update(
             command.id, "accepted", "accepted by the agent" + (f"; {ahead} rollout(s) ahead" if ahead > 0 else ""), {}
         )
@@ -199,7 +207,66 @@ class Controller:
                 return
             self._accepted_flags(inst)
 
+    def recover(self) -> None:
+        """Take up the rollouts a previous agent left in its journal (agent/rollout_journal.py):
+        report the finished ones again, run again the ones that had not restarted anything, and
+        queue a rollback for the ones it was killed in the middle of (done by the worker)."""
+        if self.journal is None:
+            return
+        for entry in self.journal.entries():
+            with self._lock:
+                self._seen.add(entry.id)  # the app may hand it again: it is dealt with here
+            if entry.state in FINISHED:
+                with self._lock:
+                    self._updates.append(entry.last_update())
+                    self.updates_ready.set()
+                self.journal.forget(entry.id)
+            elif entry.state in BEFORE_RESTART and self._instance(entry.instance) is not None:
+                self._event(
+                    self.clock(),
+                    "note",
+                    f"rollout #{entry.id} was {entry.state} when the agent stopped, before anything was "
+                    "restarted: running it again",
+                    entry.instance,
+                )
+                self._queue.put(entry.command())
+            else:
+                self._interrupted.append(entry)
+
+    def resume_interrupted(self, entry: JournalEntry) -> str:
+        """End a rollout the previous agent was killed in the middle of: back to last-known-good
+        (the agent cannot tell whether the rollout itself brought it down)."""
+        cmd = entry.command()
+        inst = self._instance(cmd.instance)
+        why = f"the agent was restarted (killed or crashed) while this rollout was {entry.state}"
+        if inst is None:
+            return self._update(cmd.id, "failed", f"{why}; {cmd.instance} is no longer in its launcher config", {})
+        p = cmd.payload
+        lkg = [str(a) for a in p["lkg_argv"]] if isinstance(p.get("lkg_argv"), list) else inst.last_good()
+        t0 = self.monotonic()
+        if inst.launcher.current_argv == lkg and inst.launcher.alive():
+            self._update(cmd.id, "rolling_back", f"{why}; the server runs last-known-good: checking its health", {})
+            health = self._wait(inst, inst.deadline_for(p))
+            if health.ok:
+                return self._update(
+                    cmd.id,
+                    "rolled_back",
+                    f"{why}; back on last-known-good",
+                    {"timings": {"total_s": self.monotonic() - t0}, "error": why, "argv": lkg},
+                )
+        return self._rollback(cmd, inst, lkg, why, {}, t0)
+
+    def run_interrupted(self) -> None:
+        """End, one by one, the rollouts recover() found interrupted (the worker does this first)."""
+        while self._interrupted and not self._stopping.is_set():
+            entry = self._interrupted.pop(0)
+            try:
+                self.resume_interrupted(entry)
+            except Exception as exc:  # never lose the thread; report the rollout as failed
+                self._update(entry.id, "failed", f"controller error: {type(exc).__name__}: {exc}", {})
+
     def _work(self) -> None:
+        self.run_interrupted()
         while not self._stopping.is_set():
             try:
                 cmd = self._queue.get(timeout=self.supervise_every_s)
@@ -434,6 +501,8 @@ class Controller:
 
     def _update(self, rid: int, state: str, message: str, data: dict[str, Any]) -> str:
         u = RolloutUpdate(rollout_id=rid, ts=self.clock(), state=state, message=message[:4000], data=_jsonable(data))
+        if self.journal is not None:
+            self.journal.note(u)  # on disk before it can reach the app
         with self._lock:
             self._updates.append(u)
             self.updates_ready.set()
@@ -478,7 +547,9 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
 def build_command_sink(path: Path, now: float) -> Controller:
     """Read the launcher config, start the configured servers, return the running sink."""
     instances, data = load_config(path)
-    ctl = Controller(instances, stop_on_exit=bool(data.get("stop_on_exit", True)))
+    journal = RolloutJournal(controller_state_dir(data) / "rollouts-in-flight.json")
+    ctl = Controller(instances, stop_on_exit=bool(data.get("stop_on_exit", True)), journal=journal)
     ctl.start_instances()
+    ctl.recover()
     ctl.start_worker()
     return ctl

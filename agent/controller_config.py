@@ -177,6 +177,12 @@ def build_launcher(spec: dict[str, Any], state_dir: Path, name: str) -> Launcher
     raise UserError(f"launcher config: unknown launcher {kind!r} (subprocess, systemd or docker)")
 
 
+def controller_state_dir(data: dict[str, Any]) -> Path:
+    """The launcher config's state_dir (logs, pid files, last-known-good argv, the rollout journal)."""
+    default = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "kvscope" / "controller"
+    return Path(os.path.expanduser(str(data.get("state_dir") or default)))
+
+
 def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -184,14 +190,7 @@ def load_config(path: Path) -> tuple[list[ManagedInstance], dict[str, Any]]:
         raise UserError(f"cannot read launcher config {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"launcher config {path} is not valid TOML: {exc}") from None
-    state_dir = Path(
-        os.path.expanduser(
-            str(
-                data.get("state_dir")
-                or Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "kvscope" / "controller"
-            )
-        )
-    )
+    state_dir = controller_state_dir(data)
     specs = data.get("instance") or []
     if not isinstance(specs, list) or not specs:
         raise UserError(f"launcher config {path}: add at least one [[instance]] with url and command")

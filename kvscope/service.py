@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
     i.add_argument("--unit-dir", help="where to write the unit (default: systemd's folder for --user or system)")
     i.add_argument("--data-dir", help="kvscope's data folder for the unit (default: ~/.local/share/kvscope)")
     i.add_argument("extra", nargs="*", help="after --: the arguments to append to the command")
-    i.set_defaults(func=run_install)
+    i.set_defaults(func=run_install)  # what follows the first `--` arrives as args.trailing (kvscope.cli)
     u = ssub.add_parser("uninstall", help="remove a unit written by `kvscope service install`")
     u.add_argument("role", choices=sorted(ROLES))
     u.add_argument("--user", action="store_true")
@@ -155,11 +155,7 @@ def unit_text(role: str, env_file: Path, extra: list[str], user: bool, cwd: str 
         "Environment=PYTHONUNBUFFERED=1\n" + workdir + f"ExecStart={' '.join(_systemd_word(a) for a in argv)}\n"
         "Restart=on-failure\n"
         "RestartSec=5\n"
-        "KillSignal=SIGINT\n"
-        # SIGINT to kvscope only: `up` stops the vLLM it supervises itself (group SIGTERM, then
-        # SIGKILL); whatever is left at TimeoutStopSec gets SIGKILL
-        "KillMode=mixed\n"
-        "TimeoutStopSec=60\n"
+        "KillSignal=SIGINT\n" + _kill_mode(role) + "TimeoutStopSec=60\n"
         "UMask=0077\n\n"
         "[Install]\n"
         f"WantedBy={'default.target' if user else 'multi-user.target'}\n"
@@ -171,6 +167,24 @@ def _unit_path(path: str) -> str:
     if has_control(path) or len(path) > MAX_ARG_LEN:
         raise UserError(f"the folder {path[:200]!r} cannot go in a systemd unit (control character or too long)")
     return path.replace("%", "%%")
+
+
+# Roles whose process supervises a vLLM server it started and adopts it again after a crash
+# (`agent --launcher-config`: agent/launcher/subprocess.py). systemd's default KillMode
+# (control-group) kills every process of the unit when its main process dies, so a crashed agent
+# took vLLM down with it and its restart started a cold one instead of adopting the server. With
+# KillMode=process a crash leaves vLLM serving; `systemctl stop` still stops it, through the
+# agent's own clean stop (SIGINT: the launcher config's stop_on_exit). `up` gets KillMode=mixed:
+# SIGINT to kvscope only, which stops the vLLM it supervises itself (group SIGTERM, then SIGKILL);
+# whatever is left at TimeoutStopSec gets SIGKILL. It belongs with the agent once its restart is
+# shown to adopt the server it left running.
+SUPERVISING_ROLES = frozenset({"agent"})
+
+
+def _kill_mode(role: str) -> str:
+    if role in SUPERVISING_ROLES:
+        return "KillMode=process\n"
+    return "KillMode=mixed\n" if role == "up" else ""
 
 
 def _service_user() -> str:

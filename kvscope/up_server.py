@@ -54,6 +54,7 @@ def prepare(
     from agent.launcher.base import LauncherError
     from agent.launcher.subprocess import SubprocessLauncher
     from agent.private_files import private_dir
+    from agent.rollout_journal import RolloutJournal
     from agent.server_command import resolve_program, server_url, split_profile_flags
 
     if not command:
@@ -100,7 +101,9 @@ def prepare(
         health_deadline_s=health_deadline_s,
         restart_on_exit=True,
     )
-    ctl = Controller([inst], stop_on_exit=True)
+    # the rollout journal beside the logs: an `up` killed mid-rollout ends that rollout on its restart
+    journal = RolloutJournal(log_dir.parent / "controller" / "rollouts-in-flight.json")
+    ctl = Controller([inst], stop_on_exit=True, journal=journal)
     return SupervisedServer(url, base, initial, ctl, launcher, adopted)
 
 
@@ -114,4 +117,5 @@ def start(server: SupervisedServer) -> None:
         except LauncherError as exc:
             raise UserError(f"cannot start {server.base_argv[0]!r}: {exc}") from None
     server.controller.start_instances()  # reports the adoption as an event
+    server.controller.recover()
     server.controller.start_worker()

@@ -57,6 +57,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
             base_url=s.alert_public_url,
             resend_s=s.alert_resend_s,
             history_s=s.alert_history_days * 86400,
+            started_at=ctx.now(),
         ),
     )
     ctx.set_state(AlertsState(evaluator=ev))

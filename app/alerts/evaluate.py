@@ -44,6 +44,7 @@ class EvalConfig:
     base_url: str | None = None
     resend_s: float = 60.0  # re-send firing alerts to Alertmanager channels this often
     history_s: float = 90 * 86400.0  # resolved alerts older than this are pruned (hourly)
+    started_at: float | None = None  # when this app started: silences count from then (rules_health)
 
 
 @dataclass
@@ -93,13 +94,15 @@ class Evaluator:
     def targets(self) -> list[Target]:
         out: list[Target] = []
         instances = list_instances(self.engine)
+        started = {"app_started_at": self.config.started_at}
         for inst in instances:
-            out.append(Target("instance", int(inst["id"]), int(inst["host_id"]), inst))
+            out.append(Target("instance", int(inst["id"]), int(inst["host_id"]), {**inst, **started}))
         for host in list_hosts(self.engine):
             info = {
                 "host": host["name"],
                 "last_push": host["last_push"],
                 "instances": [i for i in instances if i["host_id"] == host["id"]],
+                **started,
             }
             out.append(Target("host", int(host["id"]), int(host["id"]), info))
         return out

@@ -25,6 +25,17 @@ def _f(v: Any) -> float | None:
         return None
 
 
+def _since_app_start(info: Mapping[str, Any], last: float, now: float, after: float) -> float | None:
+    """Seconds since the app started when `last` (a push, a good scrape) predates its start and the
+    app has not yet been up `after` seconds, else None. The app cannot have seen what happened
+    while it was down (a reboot stops the app and the rig together): a silence counts from its
+    start, so the first evaluation after a reboot does not alert on the reboot's own gap."""
+    started = _f(info.get("app_started_at"))
+    if started is None or last >= started or now - started > after:
+        return None
+    return max(0.0, now - started)
+
+
 def instance_down(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleResult:
     """No good scrape for down_after_s, or /health failing. Unknown while the agent itself is
     stale (agent_stale covers that; no second alert for the same silence)."""
@@ -41,6 +52,10 @@ def instance_down(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleRes
         if now - first > down_after:
             return RuleResult(True, None, None, f"never scraped successfully: {err or 'no answer'}", since=first)
         return RuleResult(False)
+    if now - last_ok > down_after and (up := _since_app_start(info, last_ok, now, down_after)) is not None:
+        return RuleResult(
+            None, message=f"the app started {up:.0f} s ago: waiting up to {down_after:.0f} s for a scrape"
+        )
     if now - last_ok > down_after:
         why = f": {err}" if err else ""
         return RuleResult(
@@ -58,6 +73,8 @@ def agent_stale(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleResul
     if last is None:
         return RuleResult(None, message="never pushed")
     silent = now - last
+    if silent > after and (up := _since_app_start(data.info, last, now, after)) is not None:
+        return RuleResult(None, silent, None, f"the app started {up:.0f} s ago: waiting up to {after:.0f} s for a push")
     if silent > after:
         return RuleResult(
             True, silent, None, f"agent on {data.info.get('host', '?')} silent for {silent:.0f} s", since=last + after

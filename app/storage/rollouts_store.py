@@ -34,6 +34,7 @@ from app.storage.rows import typed_row
 
 TERMINAL_STATES = frozenset({"healthy", "rolled_back", "failed", "refused", "cancelled", "expired"})
 # States the agent may report (besides the terminal ones).
+AGENT_ENDS = frozenset({"healthy", "rolled_back", "failed", "refused"})  # ends only the agent reports
 AGENT_STATES = frozenset({"accepted", "preflight", "restarting", "waiting_health", "probing", "rolling_back"})
 
 _P = cast(Table, ControllerProfile.__table__)
@@ -338,7 +339,12 @@ def apply_update(
 ) -> bool:
     """Record one transition reported by the agent of `host_id`. False when refused (unknown
     rollout, another host's rollout, one not yet handed to an agent, already finished, unknown
-    state)."""
+    state).
+
+    The one exception to "already finished": the agent's own end (healthy, rolled_back, failed,
+    refused) of a rollout the app had `expired`. Expiry is the app's guess about an agent it has
+    not heard from; an app that was down longer than the expiry, or an agent that was, reports the
+    real end when its spool drains, and the server really runs what that end says."""
     if state not in AGENT_STATES and state not in TERMINAL_STATES:
         return False
     with engine.begin() as conn:
@@ -347,7 +353,10 @@ def apply_update(
             .join(_I, _I.c.id == _R.c.instance_id)
             .where(_R.c.id == rollout_id)
         ).first()
-        if row is None or int(row.host_id) != host_id or row.finished_at is not None or row.state == "requested":
+        late = row is not None and row.state == "expired" and state in AGENT_ENDS
+        if row is None or int(row.host_id) != host_id or row.state == "requested":
+            return False
+        if row.finished_at is not None and not late:
             return False
         result = dict(row.result or {})
         for key in ("preflight", "probe", "rollback_probe", "timings", "argv", "health", "error", "log_tail"):
@@ -360,7 +369,10 @@ def apply_update(
         terminal = state in TERMINAL_STATES
         if terminal:
             values["finished_at"] = ts
-        res = conn.execute(update(_R).where(_R.c.id == rollout_id, _R.c.finished_at.is_(None)).values(**values))
+        if late:
+            values["message"] = f"{message} (reported after the app had expired it)"[:4000]
+        unfinished = _R.c.state == "expired" if late else _R.c.finished_at.is_(None)
+        res = conn.execute(update(_R).where(_R.c.id == rollout_id, unfinished).values(**values))
         if res.rowcount != 1:
             return False
         add_event(

@@ -117,3 +117,45 @@ def test_up_with_a_server_command_not_on_path_is_one_line(tmp_path: Path, capsys
     err = capsys.readouterr().err.strip()
     assert err == "kvscope: error: cannot find 'nosuchvllm' for the unit: not found on PATH; give its full path"
     assert not (tmp_path / "units").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,command",
+    [
+        (
+            ["up", "--print", "--user", "--", "--vllm-url", "http://127.0.0.1:8000"],
+            "up --vllm-url http://127.0.0.1:8000",
+        ),
+        (["agent", "--print", "--", "--server", "http://c:8080"], "agent --server http://c:8080"),
+    ],
+)
+def test_options_between_the_role_and_the_dashes_are_the_installers_and_the_rest_goes_to_the_unit(
+    argv: list[str], command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form docs/operations.md gives (`install up --user -- --vllm-url ...`) was refused: argparse
+    filled the trailing arguments at the role, before the options."""
+    monkeypatch.setenv("KVSCOPE_AGENT_TOKEN", "kvs_" + "a" * 40)
+    assert main(["service", "install", *argv]) == 0
+    [exec_start] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start.endswith(f"-m kvscope {command}")
+
+
+def test_an_unknown_option_before_the_dashes_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["service", "install", "app", "--print", "--bogus", "--", "--port", "9"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("role,kill_mode", [("agent", "KillMode=process"), ("app", None)])
+def test_a_unit_that_supervises_vllm_leaves_it_serving_when_its_main_process_crashes(
+    tmp_path: Path, role: str, kill_mode: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's default KillMode kills the whole unit when the agent dies, vLLM included: the
+    restarted agent could never adopt it (tests/rig/test_agent_killed.py runs the adoption)."""
+    monkeypatch.setenv("KVSCOPE_AGENT_TOKEN", "kvs_" + "a" * 40)
+    extra = ["--", "--server", "http://central:8080"] if role == "agent" else []
+    assert _install(tmp_path, role, *extra) == 0
+    text = (tmp_path / "units" / f"kvscope-{role}.service").read_text()
+    modes = [line for line in text.splitlines() if line.startswith("KillMode=")]
+    assert modes == ([kill_mode] if kill_mode else [])
+    assert "KillSignal=SIGINT" in text  # the clean stop still reaches the agent, which stops vLLM
