@@ -25,6 +25,13 @@ COUNT_FIELDS = (
     "tier_stored",
     "tier_removed",
     "tracked_keys",
+    "duplicates",
+    "stale_messages",
+    "stale_tokens",
+    "other_group_blocks",
+    "kv_groups",
+    "first_ts",
+    "last_ts",
 )
 MAX_WINDOWS_READ = 200_000  # a range is read whole; a year of 1 s pushes is less than this x 160
 
