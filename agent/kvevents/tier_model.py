@@ -95,7 +95,7 @@ class TierModel:
     ):
         """``capacities``: the tier sizes (chunks) simulated exactly; () for the stack curve only."""
         self.instance = instance
-        self._capacities = tuple(capacities)
+        self._capacities = tuple(TierBank(capacities).capacities)
         self._rate = rate
         self._max_keys = max_keys
         self._ranks: dict[int, _Rank] = {}
@@ -232,7 +232,7 @@ class TierModel:
             kv_groups=max(1, len(self.groups)),
             first_ts=win.first_ts,
             last_ts=win.last_ts,
-            points=[[float(c), float(n)] for c, n in sorted(win.points.items())],
+            points=[[float(c), float(win.points.get(c, 0))] for c in self._capacities],
         )
 
 

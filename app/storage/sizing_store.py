@@ -32,6 +32,7 @@ COUNT_FIELDS = (
     "kv_groups",
     "first_ts",
     "last_ts",
+    "points",
 )
 MAX_WINDOWS_READ = 200_000  # a range is read whole; a year of 1 s pushes is less than this x 160
 
