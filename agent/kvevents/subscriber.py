@@ -146,10 +146,16 @@ class Subscriber:
         socks: dict[zmq.Socket[Any], EventSource] = {}
         self._poller = poller = zmq.Poller()
         try:
+            monitors: dict[zmq.Socket[Any], tuple[zmq.Socket[Any], EventSource]] = {}
             for src in self.sources:
                 s = self._socket(zmq.SUB)
                 s.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
-                self._attach(s, src)
+                if self._attach(s, src):
+                    # ZMQ drops a link whose peer sent an oversized frame and, on a connecting
+                    # socket, never redials it: watch for that and dial again
+                    mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                    monitors[mon] = (s, src)
+                    poller.register(mon, zmq.POLLIN)
                 socks[s] = src
                 poller.register(s, zmq.POLLIN)
             self.ready.set()
@@ -158,6 +164,10 @@ class Subscriber:
                     rep = self._replays.get(sock)  # type: ignore[call-overload]
                     if rep is not None:
                         self._replay_answer(rep)
+                        continue
+                    watched = monitors.get(sock)  # type: ignore[call-overload]
+                    if watched is not None:
+                        self._redial(sock, *watched)  # type: ignore[arg-type]
                         continue
                     src = socks[sock]  # type: ignore[index]
                     for _ in range(1000):  # drain, but let stop() in
@@ -179,22 +189,41 @@ class Subscriber:
                 rep.sock.close(0)
             self._replays.clear()
             for s in socks:
+                if s in {w for w, _ in monitors.values()}:
+                    s.disable_monitor()
                 s.close(0)
+            for mon in monitors:
+                mon.close(0)
 
     @staticmethod
-    def _attach(sock: zmq.Socket[Any], src: EventSource) -> None:
-        """Bind where vLLM connects, else connect. /kv_event_sources reports ``tcp://*:0`` resolved
-        to ``tcp://ip:port``, which vLLM binds although it names a host: a bind that finds the
-        address taken or not ours connects instead."""
+    def _attach(sock: zmq.Socket[Any], src: EventSource) -> bool:
+        """Bind where vLLM connects, else connect (True). /kv_event_sources reports ``tcp://*:0``
+        resolved to ``tcp://ip:port``, which vLLM binds although it names a host: a bind that finds
+        the address taken or not ours connects instead."""
         if not src.bind:
             sock.connect(src.endpoint)
-            return
+            return True
         try:
             sock.bind(src.endpoint)
         except zmq.ZMQError as exc:
             if exc.errno not in (zmq.EADDRINUSE, zmq.EADDRNOTAVAIL):
                 raise
             sock.connect(src.endpoint)
+            return True
+        return False
+
+    def _redial(self, mon: zmq.Socket[Any], sock: zmq.Socket[Any], src: EventSource) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while mon.poll(0):
+            recv_monitor_message(mon)
+        with self._lock:
+            self.model.garbage()  # most likely a frame over the cap (the link is dropped for it)
+        try:
+            sock.disconnect(src.endpoint)
+        except zmq.ZMQError:
+            pass
+        sock.connect(src.endpoint)
 
     def _observe(self, batches: list[Batch], rank: int, now: float | None) -> None:
         with self._lock:
