@@ -36,16 +36,21 @@ class LruTier:
         self.order: OrderedDict[int, None] = OrderedDict()
         self.failed = 0  # requests whose store found no room (vLLM: "cannot store chunks")
 
-    def serve(self, prefix: Sequence[int], stored: Sequence[int]) -> int:
-        """A request: its GPU-hit chunks (``prefix``) and the chunks it stored; returns chunks loaded."""
+    def plan(self, prefix: Sequence[int], stored: Sequence[int]) -> tuple[int, list[int], list[int]]:
+        """(chunks loaded, chunks offered, new chunks among them), changing nothing."""
         order = self.order
         loaded = 0
         for k in stored:
             if k not in order:
                 break
             loaded += 1
-        offer = stored[loaded:] if loaded else [*prefix, *stored]
-        new = [k for k in offer if k not in order]
+        offer = list(stored[loaded:]) if loaded else [*prefix, *stored]
+        return loaded, offer, [k for k in offer if k not in order]
+
+    def serve(self, prefix: Sequence[int], stored: Sequence[int], planned: tuple[int, list[int], list[int]] | None = None) -> int:
+        """A request: its GPU-hit chunks (``prefix``) and the chunks it stored; returns chunks loaded."""
+        order = self.order
+        loaded, offer, new = planned or self.plan(prefix, stored)
         need = len(order) + len(new) - self.capacity
         if need > 0:
             protected = set(offer)
@@ -64,10 +69,12 @@ class LruTier:
         for k in new:
             order[k] = None
         # on_request_finished: recorded chunks (loaded, offered and present) re-ranked, last first
-        recorded = [*stored[:loaded], *offer] if loaded else offer
-        for k in reversed(recorded):
-            if k in order:
-                order.move_to_end(k)
+        move = order.move_to_end
+        for k in reversed(stored if loaded else offer):
+            try:
+                move(k)
+            except KeyError:  # offered but not stored (no room): not in the tier
+                pass
         return loaded
 
     def clear(self) -> None:
@@ -75,9 +82,15 @@ class LruTier:
 
 
 class TierBank:
+    """Tiers from small to large. Those that have never had to evict hold the same chunks, so only
+    the smallest of them (the leader) is run and the larger ones take its answer; when the leader
+    must evict, the next size gets a copy of its state first and leads from then on. A stream
+    whose working set fits the smaller sizes costs a few tiers' work, not the whole grid's."""
+
     def __init__(self, capacities: Sequence[int] = DEFAULT_CAPACITIES) -> None:
         caps = sorted({int(c) for c in capacities if 0 < int(c) <= MAX_CAPACITY})[:MAX_CAPACITIES]
         self.tiers = [LruTier(c) for c in caps]
+        self._leader = 0  # tiers[leader:] have never evicted: only tiers[leader] holds their state
 
     @property
     def capacities(self) -> list[int]:
@@ -86,11 +99,29 @@ class TierBank:
     def serve(self, prefix: Sequence[int], stored: Sequence[int]) -> list[int]:
         """Chunks each size loaded for this request (the prefix is given last block first)."""
         pre = list(reversed(prefix))
-        return [t.serve(pre, stored) for t in self.tiers]
+        tiers = self.tiers
+        out = [t.serve(pre, stored) for t in tiers[: self._leader]]
+        while self._leader < len(tiers):
+            lead = tiers[self._leader]
+            planned = lead.plan(pre, stored)
+            if len(lead.order) + len(planned[2]) > lead.capacity and self._leader + 1 < len(tiers):
+                tiers[self._leader + 1].order = OrderedDict(lead.order)  # the next size leads from here
+                self._leader += 1
+                out.append(lead.serve(pre, stored, planned))
+                continue
+            if len(lead.order) + len(planned[2]) > lead.capacity:
+                self._leader += 1  # the largest size evicts too: every tier runs on its own now
+                out.append(lead.serve(pre, stored, planned))
+                break
+            n = lead.serve(pre, stored, planned)
+            out.extend([n] * (len(tiers) - self._leader))
+            break
+        return out
 
     def clear(self) -> None:
         for t in self.tiers:
             t.clear()
+        self._leader = 0
 
     def entries(self) -> int:
-        return sum(len(t.order) for t in self.tiers)
+        return sum(len(t.order) for t in self.tiers[: self._leader + 1])

@@ -41,7 +41,7 @@ from agent.protocol import ReuseWindow
 
 DEFAULT_MAX_KEYS = 8_192  # ~3.5 MiB of tracking state; SHARDS mean error ~0.005 (bench/sizing.py)
 MAX_CHAINS = 4_096
-MAX_PARENTS = 65_536  # block -> parent links kept to find a request's GPU-hit prefix (~7 MiB)
+MAX_PARENTS = 32_768  # block -> parent links kept to find a request's GPU-hit prefix (~3.5 MiB)
 MAX_PREFIX_WALK = 8_192  # blocks walked back from a GPU-hit parent
 MAX_GAP = 1_000_000  # a sequence jump beyond this is a garbage seq, not that many lost messages
 STALE_AFTER_S = 10.0  # a batch this much older than its arrival is a backlog, not "now"
@@ -318,9 +318,9 @@ class _Rank:
         for h, _, _ in reversed(lookups):
             sampler.access(h)
             self.resident.add(h)
+        access = sampler.access
         for h in prefix:
-            if sampler.sampled(h):
-                sampler.access(h)
+            access(h)  # an unsampled block costs one hash
         if ev.hashes:
             self.chains[ev.hashes[-1]] = (running, self.batches)
             if len(self.chains) > MAX_CHAINS:
