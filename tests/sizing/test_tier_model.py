@@ -282,3 +282,33 @@ def test_the_model_follows_vllms_tier_on_three_workloads_where_a_stack_pass_cann
             assert points[c] == expected, (name, c)
             misses += hits_at(hist, c) != expected
     assert misses > 0
+
+
+def test_the_backlog_fixture_is_left_out_by_its_vllm_timestamps_and_the_rest_reconciles_to_the_token():
+    from app.sizing.curve import add_windows, reconcile
+    from app.storage.sizing_store import COUNT_FIELDS
+
+    path = FIXTURES / "replayed__vllm-0.32.0-cpu__tiny__backlog.events.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    frames = recorded_frames(path)
+    requests = json.loads((FIXTURES / ROTATION.name.replace(".events.jsonl", ".requests.json")).read_text())
+    tails = sum(r["prompt_tokens"] % 128 for r in requests)
+
+    def window(with_now: bool):
+        model = TierModel("u", now=lines[0]["recv_ts"], max_keys=None)
+        for line, f in zip(lines, frames, strict=True):
+            model.observe(decode_message(f), now=line["recv_ts"] if with_now else None)
+        return model.take_window(lines[-1]["recv_ts"] + 1)
+
+    def verdict(w) -> str:
+        row = {"counts": {f: getattr(w, f) for f in COUNT_FIELDS}, "block_size": w.block_size, "rate": w.rate}
+        row["bins"] = w.bins
+        by_source = {"local_compute": float(LOCAL_COMPUTE), "external_kv_transfer": 0.0}
+        return reconcile(add_windows([row]), by_source, float(len(requests)), 80.0)["status"]
+
+    w = window(with_now=True)
+    assert (w.stale_messages, w.messages, w.lost) == (20, 17, 0)
+    assert w.stored_tokens + tails == LOCAL_COMPUTE  # to the token, once the backlog is left out
+    assert verdict(w) == "ok"
+    counted_as_now = window(with_now=False)
+    assert counted_as_now.stored_tokens > LOCAL_COMPUTE and verdict(counted_as_now) == "mismatch"
