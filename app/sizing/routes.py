@@ -107,8 +107,10 @@ def page_router(ctx: AppContext) -> APIRouter:
     def render(request: Request, name: str, data: dict[str, Any], status: int = 200) -> Response:
         return csrf.render_page(ctx, request, name, data, active_nav="overview", status=status)
 
-    def view(instance_id: int, range_: str | None, start: float | None, end: float | None) -> dict[str, Any]:
-        rep = _report(ctx, instance_id, range_, start, end, None)
+    def view(
+        instance_id: int, range_: str | None, start: float | None, end: float | None, model: Figure | None = None
+    ) -> dict[str, Any]:
+        rep = _report(ctx, instance_id, range_, start, end, model)
         return {"rep": rep, "svg": curve_svg(rep), "ranges": list(RANGES), "simulated": rep["simulated"]}
 
     @r.get("/instances/{instance_id}/sizing", response_class=HTMLResponse)
@@ -119,9 +121,15 @@ def page_router(ctx: AppContext) -> APIRouter:
         range: str | None = Query(None, max_length=16),
         start: float | None = None,
         end: float | None = None,
+        layers: int | None = Query(None, ge=1, le=MAX_LAYERS),
+        kv_heads: int | None = Query(None, ge=1, le=MAX_HEADS),
+        head_dim: int | None = Query(None, ge=1, le=MAX_HEAD_DIM),
+        dtype: str | None = Query(None, max_length=16),
     ) -> Response:
-        """How big should the offload tier be? Role: viewer."""
-        return render(request, "sizing/page.html", view(instance_id, range, start, end))
+        """How big should the offload tier be? Role: viewer. The model's figures (as the API takes
+        them) give GiB where vLLM's own do not, e.g. with --num-gpu-blocks-override."""
+        model = _model_figure(layers, kv_heads, head_dim, dtype)
+        return render(request, "sizing/page.html", view(instance_id, range, start, end, model))
 
     @r.get("/instances/{instance_id}/sizing/curve", response_class=HTMLResponse)
     @requires(VIEWER)
@@ -131,9 +139,14 @@ def page_router(ctx: AppContext) -> APIRouter:
         range: str | None = Query(None, max_length=16),
         start: float | None = None,
         end: float | None = None,
+        layers: int | None = Query(None, ge=1, le=MAX_LAYERS),
+        kv_heads: int | None = Query(None, ge=1, le=MAX_HEADS),
+        head_dim: int | None = Query(None, ge=1, le=MAX_HEAD_DIM),
+        dtype: str | None = Query(None, max_length=16),
     ) -> Response:
         """The curve fragment (htmx refresh). Role: viewer."""
-        return render(request, "sizing/_curve.html", view(instance_id, range, start, end))
+        model = _model_figure(layers, kv_heads, head_dim, dtype)
+        return render(request, "sizing/_curve.html", view(instance_id, range, start, end, model))
 
     @r.post("/instances/{instance_id}/sizing/profile")
     @requires(OPERATOR)

@@ -264,3 +264,51 @@ def test_windows_older_than_the_retention_are_pruned_by_the_job(client, token, b
     assert client.get(f"/api/v1/instances/{iid}/sizing").json()["sampling"]["windows"] == 1
     run_job_now(ctx, PRUNE_JOB, now + RETENTION_S + 60)
     assert client.get(f"/api/v1/instances/{iid}/sizing").json()["sampling"]["windows"] == 0
+
+
+def test_with_num_gpu_blocks_override_the_page_takes_the_model_figures_and_offers_apply(
+    client, token, batch_factory, clock
+):
+    now = clock()
+    cfg = {**CACHE_CFG, "num_gpu_blocks_override": "24", "num_gpu_blocks": "24", "kv_cache_size_tokens": "3072"}
+    push(client, token, batch_factory, 1, now, cache_cfg=cfg, reuse=[real_window(now - 30, now)])
+    iid = instance_id(client)
+    bare = client.get(f"/instances/{iid}/sizing")
+    assert bare.status_code == 200 and 'name="layers"' in bare.text  # asks for the model's figures
+    page = client.get(f"/instances/{iid}/sizing?layers=2&kv_heads=2&head_dim=32&dtype=bfloat16")
+    assert page.status_code == 200 and "GiB" in page.text and 'name="offload_gib"' in page.text
+    assert "2 layers x 2 KV heads x 32" in page.text
+    assert client.get(f"/instances/{iid}/sizing?layers=0&kv_heads=2&head_dim=32&dtype=fp8").status_code == 422
+
+
+def test_one_bad_window_is_dropped_without_the_other_instances_windows(client, token, batch_factory, clock):
+    now = clock()
+    bad = {**real_window(now - 30, now), "instance": "http://elsewhere:8000", "kv_groups": 5000}
+    push(client, token, batch_factory, 1, now, cache_cfg=CACHE_CFG, reuse=[bad, real_window(now - 30, now)])
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    assert rep["sampling"]["windows"] == 1 and rep["lookup_tokens"] == 115 * 128
+
+
+def test_the_answer_reconciles_the_events_with_vllms_computed_tokens_and_says_when_they_disagree(
+    client, token, batch_factory, clock
+):
+    now = clock()
+    push(client, token, batch_factory, 1, now, cache_cfg=CACHE_CFG, reuse=[real_window(now - 30, now)])
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    rc = rep["reconciliation"]
+    # the pushes carry no prompt_tokens_by_source counter: unknown, not 0 and not "ok"
+    assert rc["status"] == "unknown" and rc["announced_tokens"] == 115 * 128
+    assert "miniature simulation" in rep["method"]
+    page = client.get(f"/instances/{instance_id(client)}/sizing")
+    assert "events vs vLLM" in page.text and "unknown" in page.text
+
+
+def test_reconcile_flags_more_than_one_percent_apart():
+    from app.sizing.curve import Totals, reconcile
+
+    t = Totals(windows=1, references=100, stored_tokens=1600.0, block_size=16)
+    assert reconcile(t, {"local_compute": 1600.0}, 10.0, 0.0)["status"] == "ok"
+    assert reconcile(t, {"local_compute": 1600.0 + 10 * 15}, 10.0, 0.0)["status"] == "ok"  # partial blocks
+    over = reconcile(t, {"local_compute": 1000.0}, 0.0, 0.0)
+    assert over["status"] == "mismatch" and "more tokens" in over["why"]
+    assert reconcile(t, {"local_compute": 2000.0}, 1.0, 0.0)["status"] == "mismatch"
