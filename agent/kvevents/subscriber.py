@@ -136,7 +136,7 @@ class Subscriber:
 
     # --------------------------------------------------------------- thread
     def _socket(self, kind: int) -> zmq.Socket[Any]:
-        s = self._ctx.socket(kind)
+        s: zmq.Socket[Any] = self._ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         # a frame over the cap is dropped by ZMQ (and its peer disconnected) before it is read
         s.setsockopt(zmq.MAXMSGSIZE, MAX_PAYLOAD_BYTES + 4096)

@@ -47,7 +47,9 @@ class LruTier:
         offer = list(stored[loaded:]) if loaded else [*prefix, *stored]
         return loaded, offer, [k for k in offer if k not in order]
 
-    def serve(self, prefix: Sequence[int], stored: Sequence[int], planned: tuple[int, list[int], list[int]] | None = None) -> int:
+    def serve(
+        self, prefix: Sequence[int], stored: Sequence[int], planned: tuple[int, list[int], list[int]] | None = None
+    ) -> int:
         """A request: its GPU-hit chunks (``prefix``) and the chunks it stored; returns chunks loaded."""
         order = self.order
         loaded, offer, new = planned or self.plan(prefix, stored)

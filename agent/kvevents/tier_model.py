@@ -306,7 +306,7 @@ class _Rank:
             bank_prefix = prefix if prefix else self._gpu_prefix(ev.parent)
             for tier, n in zip(self.bank.tiers, self.bank.serve(bank_prefix, fresh), strict=True):
                 win.points[tier.capacity] = win.points.get(tier.capacity, 0) + n
-        for h, dist, weight in lookups:  # distances as they stood when the request arrived
+        for _h, dist, weight in lookups:  # distances as they stood when the request arrived
             win.sampled += weight
             running = max(running, math.inf if dist is None else dist)
             if math.isinf(running):

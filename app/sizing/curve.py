@@ -325,7 +325,9 @@ def _knee(t: Totals, full: float, bytes_per_block: float) -> dict[str, Any]:
 RECONCILE_TOLERANCE = 0.01
 
 
-def reconcile(t: Totals, by_source: dict[str, float], requests: float | None, generated: float | None) -> dict[str, Any]:
+def reconcile(
+    t: Totals, by_source: dict[str, float], requests: float | None, generated: float | None
+) -> dict[str, Any]:
     """The counted batches' announced tokens against vLLM's own counters over the same range.
 
     Every GPU block vLLM stores was computed or reloaded, so the announced tokens lie between

@@ -132,9 +132,7 @@ def report(
         }
     )
     m = out["measured"]
-    out["reconciliation"] = reconcile(
-        totals, m.get("by_source") or {}, m.get("requests"), m.get("generation_tokens")
-    )
+    out["reconciliation"] = reconcile(totals, m.get("by_source") or {}, m.get("requests"), m.get("generation_tokens"))
     add_saved_seconds(out)
     return out
 

@@ -7,8 +7,8 @@ on the PUB side to make gaps.
 
 from __future__ import annotations
 
-import time
 import threading
+import time
 from typing import Any
 
 import msgpack

@@ -243,7 +243,11 @@ def test_a_stray_end_of_replay_frame_on_the_live_socket_neither_replays_nor_doub
     pub = FakePublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
     port = pub.endpoint.rsplit(":", 1)[1]
     sub = run_subscriber(
-        [EventSource(endpoint=f"tcp://127.0.0.1:{port}", bind=False, topic="kv-events", replay_endpoint=pub.replay_endpoint)]
+        [
+            EventSource(
+                endpoint=f"tcp://127.0.0.1:{port}", bind=False, topic="kv-events", replay_endpoint=pub.replay_endpoint
+            )
+        ]
     )
     try:
         publish_until_seen(pub, sub)
@@ -267,7 +271,9 @@ def test_an_unanswered_replay_request_does_not_hold_the_receive_path():
     silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes the request, never answers
     silent.setsockopt(zmq.LINGER, 0)
     silent.bind("tcp://127.0.0.1:*")
-    src = EventSource(endpoint="tcp://127.0.0.1:1", bind=False, replay_endpoint=silent.getsockopt_string(zmq.LAST_ENDPOINT))
+    src = EventSource(
+        endpoint="tcp://127.0.0.1:1", bind=False, replay_endpoint=silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    )
     sub = Subscriber("u", [src], TierModel("u", 0.0, max_keys=None))
     try:
         from kvstreams import message

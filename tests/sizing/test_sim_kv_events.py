@@ -4,7 +4,6 @@ curve they give against the simulator's own CPU tier."""
 from __future__ import annotations
 
 import json
-import random
 import time
 
 import pytest
@@ -12,7 +11,6 @@ from simdrive import app, client, doc_ids, engine, run
 from workloads import WORKLOADS
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
-from agent.kvevents.reuse import hits_at
 from agent.kvevents.subscriber import EventSource, Subscriber
 from agent.kvevents.tier_model import TierModel
 from simulator.kv_events import KvEventsConfigError, SimKvEventPublisher, parse_config

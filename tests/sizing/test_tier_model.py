@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import random
-from collections import OrderedDict
 
 import pytest
 from kvstreams import FIXTURES, fixture_streams, message, recorded_frames, removed_map, stored_map
+from vllm_tier import VllmLruTier
 
 from agent.kvevents.decode import Stored, decode_message
 from agent.kvevents.reuse import hits_at
 from agent.kvevents.tier_model import TierModel
-from vllm_tier import VllmLruTier
 
 ROTATION = next(p for p in fixture_streams() if "rotation" in p.name)
 # vLLM's counter deltas over the capture (the fixture's NOTES.md)

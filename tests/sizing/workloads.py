@@ -105,7 +105,9 @@ class GpuPrefixCache:
         return hit, events
 
 
-def replay(prompts: list[list[int]], gpu_blocks: int, block_size: int) -> tuple[list[Batch], list[tuple[list[int], int]]]:
+def replay(
+    prompts: list[list[int]], gpu_blocks: int, block_size: int
+) -> tuple[list[Batch], list[tuple[list[int], int]]]:
     """The event batches (one per request) and, per request, (its chunk keys, GPU-hit chunks)."""
     gpu = GpuPrefixCache(gpu_blocks, block_size)
     batches = []
