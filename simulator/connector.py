@@ -140,17 +140,18 @@ class OffloadConnector:
             new.append(h)
         if not new:
             return
+        stored = True
         if self.cpu.policy == "lru":
             if self.cpu.store_lru(new, set(offer)) is None:
                 self.stats.inc("vllm:kv_offload_allocation_failure", 1)
-                return
-            if self.on_cpu_store is not None:
+                stored = False  # the secondary (fs) tiers are still written through below
+            elif self.on_cpu_store is not None:
                 for h in new:
                     self.on_cpu_store(self.cpu.slot[h])
         else:
             for h in new:
                 self._cpu_insert(h)
-        if recorded is not None:
+        if recorded is not None and stored:
             recorded.extend(new)
         for h in new:
             for i, fs in enumerate(self.fs, start=1):
@@ -160,6 +161,8 @@ class OffloadConnector:
                     self._tier_inc(
                         "vllm:kv_offload_tiering_write_time", wrote / self.device.disk_bytes_per_s, tier=f"{i}:fs"
                     )
+        if not stored:
+            return
         nbytes = len(new) * self.chunk_bytes
         secs = nbytes / self.device.pcie_bytes_per_s
         self.tx_bytes += nbytes
