@@ -123,6 +123,7 @@ class ReuseWindow:
     last_ts: float | None = None
     # [[tier size in chunks, chunks it loaded], ...]: vLLM's LRU tier simulated at those sizes
     points: list[list[float]] = field(default_factory=list)
+    arc_points: list[list[float]] = field(default_factory=list)  # the same for vLLM's ARC policy
 
 
 @dataclass(slots=True)

@@ -79,6 +79,7 @@ class _Window:
     def __post_init__(self) -> None:
         self.bins: dict[int, float] = {}
         self.points: dict[int, int] = {}  # tier size (chunks) -> chunks it loaded (miniature simulation)
+        self.arc_points: dict[int, int] = {}  # the same for vLLM's ARC policy (when asked for)
 
 
 class TierModel:
@@ -91,9 +92,13 @@ class TierModel:
         *,
         rate: float = 1.0,
         max_keys: int | None = DEFAULT_MAX_KEYS,
-        capacities: tuple[int, ...] | list[int] = DEFAULT_CAPACITIES,
+        capacities: tuple[int, ...] | list[int] | range = DEFAULT_CAPACITIES,
+        arc: bool = False,
     ):
-        """``capacities``: the tier sizes (chunks) simulated exactly; () for the stack curve only."""
+        """``capacities``: the tier sizes (chunks) simulated exactly; () for the stack curve only.
+        ``arc``: simulate vLLM's ARC policy at those sizes too (``eviction_policy: arc`` tiers,
+        where an LRU curve is not valid)."""
+        self._arc = arc
         self.instance = instance
         self._capacities = tuple(TierBank(capacities).capacities)
         self._rate = rate
@@ -111,7 +116,11 @@ class TierModel:
                 key = -1
                 r = self._ranks.get(key)
             if r is None:
-                r = self._ranks[key] = _Rank(ReuseSampler(self._rate, self._max_keys), TierBank(self._capacities))
+                r = self._ranks[key] = _Rank(
+                    ReuseSampler(self._rate, self._max_keys),
+                    TierBank(self._capacities),
+                    TierBank(self._capacities, "arc") if self._arc else None,
+                )
         return r
 
     def garbage(self, count: int = 1) -> None:
@@ -233,15 +242,28 @@ class TierModel:
             first_ts=win.first_ts,
             last_ts=win.last_ts,
             points=[[float(c), float(win.points.get(c, 0))] for c in self._capacities],
+            arc_points=[[float(c), float(win.arc_points.get(c, 0))] for c in self._capacities] if self._arc else [],
         )
 
 
 class _Rank:
-    __slots__ = ("bank", "batches", "chains", "last_seq", "last_ts", "parents", "resident", "sampler", "suspect_seq")
+    __slots__ = (
+        "arc_bank",
+        "bank",
+        "batches",
+        "chains",
+        "last_seq",
+        "last_ts",
+        "parents",
+        "resident",
+        "sampler",
+        "suspect_seq",
+    )
 
-    def __init__(self, sampler: ReuseSampler, bank: TierBank) -> None:
+    def __init__(self, sampler: ReuseSampler, bank: TierBank, arc_bank: TierBank | None = None) -> None:
         self.sampler = sampler
         self.bank = bank
+        self.arc_bank = arc_bank
         self.resident: set[int] = set()  # sampled blocks on the GPU now
         # last block of a chain -> (running max of its distances, batch it was stored in)
         self.chains: OrderedDict[int, tuple[float, int]] = OrderedDict()
@@ -254,6 +276,8 @@ class _Rank:
     def new_epoch(self) -> None:
         self.sampler.forget_all()
         self.bank.clear()
+        if self.arc_bank is not None:
+            self.arc_bank.clear()
         self.resident.clear()
         self.chains.clear()
         self.parents.clear()
@@ -306,6 +330,9 @@ class _Rank:
             bank_prefix = prefix if prefix else self._gpu_prefix(ev.parent)
             for tier, n in zip(self.bank.tiers, self.bank.serve(bank_prefix, fresh), strict=True):
                 win.points[tier.capacity] = win.points.get(tier.capacity, 0) + n
+            if self.arc_bank is not None:
+                for tier, n in zip(self.arc_bank.tiers, self.arc_bank.serve(bank_prefix, fresh), strict=True):
+                    win.arc_points[tier.capacity] = win.arc_points.get(tier.capacity, 0) + n
         for _h, dist, weight in lookups:  # distances as they stood when the request arrived
             win.sampled += weight
             running = max(running, math.inf if dist is None else dist)

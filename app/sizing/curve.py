@@ -48,6 +48,9 @@ class Totals:
     bins: dict[int, float] = field(default_factory=dict)
     points: dict[int, float] = field(default_factory=dict)  # tier chunks -> chunks loaded (simulated)
     point_windows: dict[int, int] = field(default_factory=dict)  # size -> windows that carried it
+    arc_points: dict[int, float] = field(default_factory=dict)  # the same for vLLM's ARC policy
+    arc_point_windows: dict[int, int] = field(default_factory=dict)
+    policy: str = "lru"  # the tier's eviction policy (kv_offload_config_info), set by the caller
     duplicates: int = 0
     stale_messages: int = 0
     stale_tokens: float = 0.0
@@ -76,8 +79,11 @@ class Totals:
         return min(reusable, max(0.0, hits_at(self.adjusted(), chunks)))
 
     def simulated(self) -> list[tuple[int, float]]:
-        """The miniature simulation's points, when every window carried them."""
-        return sorted((c, n) for c, n in self.points.items() if self.point_windows.get(c) == self.windows)
+        """The miniature simulation's points of the tier's policy, at the sizes every window carried."""
+        pts, wins = (
+            (self.arc_points, self.arc_point_windows) if self.policy == "arc" else (self.points, self.point_windows)
+        )
+        return sorted((c, n) for c, n in pts.items() if wins.get(c) == self.windows)
 
     def hits(self, capacity_blocks: float) -> float:
         """Blocks vLLM's LRU tier of this many blocks of bytes would have reloaded."""
@@ -96,11 +102,17 @@ class Totals:
 
     def method(self) -> str:
         pts = self.simulated()
+        if self.policy == "arc" and not pts:
+            return (
+                "the tier runs eviction_policy arc, and no ARC simulation came with these windows (the agent's "
+                "--kv-events arc): the figures are LRU's, which a one-pass curve cannot turn into ARC's"
+            )
         if pts:
             return (
-                f"vLLM's LRU offload tier simulated at {len(pts)} sizes up to {pts[-1][0]:,} chunks (miniature "
-                "simulation of the OffloadingConnector's lookup, store and re-rank order), linear between them; "
-                "above, LRU reuse distances of the same stream (Mattson), SHARDS-sampled (docs/cache-sizing.md)"
+                f"vLLM's {self.policy.upper()} offload tier simulated at {len(pts)} sizes up to {pts[-1][0]:,} "
+                "chunks (miniature simulation of the OffloadingConnector's lookup, store and re-rank order), "
+                "linear between them; above, LRU reuse distances of the same stream (Mattson), SHARDS-sampled "
+                "(docs/cache-sizing.md)"
             )
         return (
             "LRU reuse distances of the GPU's BlockStored stream in vLLM's re-rank order (Mattson), "
@@ -158,14 +170,19 @@ def add_windows(rows: Sequence[SizingWindowRow]) -> Totals:
             if ts is not None:
                 cur = getattr(t, name)
                 setattr(t, name, ts if cur is None else pick(cur, ts))
-        pts = counts.get("points")
-        if isinstance(pts, list):
+        for name, into, wins in (
+            ("points", t.points, t.point_windows),
+            ("arc_points", t.arc_points, t.arc_point_windows),
+        ):
+            pts = counts.get(name)
+            if not isinstance(pts, list):
+                continue
             for pair in pts:
                 if isinstance(pair, list | tuple) and len(pair) == 2:
                     c, n = _num(pair[0]), _num(pair[1])
                     if c is not None and n is not None and c > 0:
-                        t.points[int(c)] = t.points.get(int(c), 0.0) + n
-                        t.point_windows[int(c)] = t.point_windows.get(int(c), 0) + 1
+                        into[int(c)] = into.get(int(c), 0.0) + n
+                        wins[int(c)] = wins.get(int(c), 0) + 1
         rate = _num(row.get("rate"))
         if rate:
             rates.append(rate)

@@ -49,8 +49,9 @@ def check_window(i: int, w: ReuseWindow) -> str | None:
         return f"reuse.{i}.instance must be 1-1024 characters"
     if len(w.bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 for b in w.bins):
         return f"reuse.{i}.bins: at most {MAX_BINS} [lower edge >= 0, weight] pairs"
-    if len(w.points) > MAX_POINTS or any(len(p) != 2 or not 0 < p[0] <= 1 << 40 or p[1] < 0 for p in w.points):
-        return f"reuse.{i}.points: at most {MAX_POINTS} [tier chunks > 0, chunks loaded >= 0] pairs"
+    for name, pts in (("points", w.points), ("arc_points", w.arc_points)):
+        if len(pts) > MAX_POINTS or any(len(p) != 2 or not 0 < p[0] <= 1 << 40 or p[1] < 0 for p in pts):
+            return f"reuse.{i}.{name}: at most {MAX_POINTS} [tier chunks > 0, chunks loaded >= 0] pairs"
     if w.end < w.start or not 0 < w.rate <= 1:
         return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
     if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
@@ -104,6 +105,8 @@ def report(
         raise SizingError(f"no instance {instance_id}", 404)
     totals = add_windows(windows_in(ctx.engine, instance_id, start, end))
     cache_cfg, offload_cfg = inst.get("cache_config") or {}, inst.get("offload_config") or {}
+    policy = offload_cfg.get("eviction_policy") if isinstance(offload_cfg, dict) else None
+    totals.policy = "arc" if isinstance(policy, str) and policy.lower() == "arc" else "lru"
     bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
     out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg))
     gpu_blocks = cache_cfg.get("num_gpu_blocks") if isinstance(cache_cfg, dict) else None

@@ -33,6 +33,7 @@ COUNT_FIELDS = (
     "first_ts",
     "last_ts",
     "points",
+    "arc_points",
 )
 MAX_WINDOWS_READ = 200_000  # a range is read whole; a year of 1 s pushes is less than this x 160
 

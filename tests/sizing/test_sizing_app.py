@@ -28,9 +28,9 @@ CACHE_CFG = {
 }
 
 
-def real_window(start: float, end: float) -> dict[str, Any]:
+def real_window(start: float, end: float, *, arc: bool = False) -> dict[str, Any]:
     """The recorded real stream as one pushed window (exact pass)."""
-    model = TierModel(INSTANCE, now=start, max_keys=None)
+    model = TierModel(INSTANCE, now=start, max_keys=None, arc=arc)
     for f in recorded_frames(next(p for p in fixture_streams() if "rotation" in p.name)):
         model.observe(decode_message(f))
     w = model.take_window(end)
@@ -38,12 +38,26 @@ def real_window(start: float, end: float) -> dict[str, Any]:
     return asdict(w)
 
 
-def push(client, token, batch_factory, seq: int, ts: float, *, reuse=None, cache_cfg=None, instance=INSTANCE):
+def push(
+    client,
+    token,
+    batch_factory,
+    seq: int,
+    ts: float,
+    *,
+    reuse=None,
+    cache_cfg=None,
+    instance=INSTANCE,
+    offload_cfg=None,
+):
     samples = [("vllm:prompt_tokens_total", {"model_name": "m", "engine": "0"}, 100.0 * seq)]
     types = {"vllm:prompt_tokens": "counter"}
     if cache_cfg is not None:
         samples.append(("vllm:cache_config_info", cache_cfg, 1.0))
         types["vllm:cache_config_info"] = "gauge"
+    if offload_cfg is not None:
+        samples.append(("vllm:kv_offload_config_info", offload_cfg, 1.0))
+        types["vllm:kv_offload_config_info"] = "gauge"
     body = batch_factory(seq, ts, samples=samples, types=types, instance=instance)
     if reuse is not None:
         body["reuse"] = reuse
@@ -312,3 +326,24 @@ def test_reconcile_flags_more_than_one_percent_apart():
     over = reconcile(t, {"local_compute": 1000.0}, 0.0, 0.0)
     assert over["status"] == "mismatch" and "more tokens" in over["why"]
     assert reconcile(t, {"local_compute": 2000.0}, 1.0, 0.0)["status"] == "mismatch"
+
+
+@pytest.mark.parametrize("arc", [True, False])
+def test_an_arc_tier_gets_arc_figures_or_is_told_the_lru_ones_do_not_hold(client, token, batch_factory, clock, arc):
+    now = clock()
+    offload = {"eviction_policy": "arc", "cpu_bytes_to_use": str(2**30), "offload_block_size": "128"}
+    push(
+        client,
+        token,
+        batch_factory,
+        1,
+        now,
+        cache_cfg=CACHE_CFG,
+        offload_cfg=offload,
+        reuse=[real_window(now - 30, now, arc=arc)],
+    )
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    if arc:
+        assert "ARC offload tier simulated" in rep["method"]
+    else:
+        assert "no ARC simulation" in rep["method"]

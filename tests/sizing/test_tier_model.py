@@ -311,3 +311,46 @@ def test_the_backlog_fixture_is_left_out_by_its_vllm_timestamps_and_the_rest_rec
     assert verdict(w) == "ok"
     counted_as_now = window(with_now=False)
     assert counted_as_now.stored_tokens > LOCAL_COMPUTE and verdict(counted_as_now) == "mismatch"
+
+
+def test_with_arc_the_model_follows_vllms_arc_tier_which_an_lru_curve_does_not():
+    from vllm_tier import VllmArcTier
+    from workloads import WORKLOADS, replay
+
+    caps = (113, 455, 910)
+    differs = 0
+    for name, make in WORKLOADS.items():
+        batches, served = replay(make()[:60], 455, 16)
+        model = TierModel("u", now=0.0, max_keys=None, capacities=caps, arc=True)
+        for b in batches:
+            model.observe(b)
+        w = model.take_window(1.0)
+        arc, lru = {int(c): n for c, n in w.arc_points}, points_of(w)
+        for c in caps:
+            tier = VllmArcTier(c)
+            assert arc[c] == sum(tier.serve(keys, hit) for keys, hit in served), (name, c)
+            differs += arc[c] != lru[c]
+    assert differs > 0
+
+
+def test_arc_on_random_streams_matches_vllms_arc_tier():
+    from vllm_tier import VllmArcTier
+
+    rng = random.Random(5)
+    for _ in range(20):
+        docs = [[rng.getrandbits(64) for _ in range(rng.randint(1, 6))] for _ in range(14)]
+        frames = []
+        for seq in range(80):
+            doc = docs[min(int(rng.paretovariate(0.8)) - 1, 13)]
+            cut = rng.randint(1, len(doc))
+            events = [removed_map(doc), stored_map(doc[:cut])]
+            if doc[cut:]:
+                events.append(stored_map(doc[cut:], parent=doc[cut - 1]))
+            frames.append(message(seq, events))
+        caps = [1, 2, 4, 8, 16, 32]
+        w = run(frames, max_keys=None, capacities=caps, arc=True).take_window(1.0)
+        stored = [e for f in frames for e in decode_message(f).events if isinstance(e, Stored)]
+        arc = {int(c): n for c, n in w.arc_points}
+        for c in caps:
+            tier = VllmArcTier(c)
+            assert arc[c] == sum(tier.serve(keys, hit) for keys, hit in requests_of(stored)), c
