@@ -1,10 +1,11 @@
-"""Record a real vLLM's KV-event stream with a backlog: vLLM connects to an endpoint nobody has bound
-yet, serves requests while nobody listens (its PUB socket queues the batches), then the recorder
-binds and vLLM delivers the queue in a burst before the live batches.
+"""Record a real vLLM's KV-event stream with a backlog: vLLM connects to the endpoint the recorder
+binds; the recorder goes away while vLLM serves on (its PUB socket keeps the pipe and queues the
+batches; before any subscriber ever connected it drops them instead), then binds again and vLLM
+delivers the queue in a burst before the live batches.
 
     .venv/bin/python -m tests.realvllm.record_backlog OUT_DIR
 
-Writes ``real__vllm-0.32.0-cpu__tiny__backlog.{events.jsonl,requests.json,counters.json}``: the
+Writes ``real__vllm-0.32.0-cpu__tiny__backlog.{events.jsonl,requests.json,marks.json}``: the
 frames with their arrival time (the recorder's format, tests/fixtures/vllm/kv-events/NOTES.md),
 the requests of both phases, and vLLM's counters at the moment the recorder bound and at the end.
 """
@@ -65,40 +66,60 @@ def main(out_dir: str) -> int:
     try:
         print("healthy after", server.wait_healthy(), "s", flush=True)
         docs = [tokens(100 + i, n * BLOCK) for i, n in enumerate([3, 4, 5, 6, 3, 4])]
-        log = []
-        for n in range(12):  # phase 1: nobody has bound the endpoint
-            p = docs[n % 6] + tokens(5000 + n, 40)
-            log.append({"phase": "backlog", "doc": n % 6, "prompt_tokens": prompt_tokens_of(complete(server.url, p))})
-        time.sleep(30)
-        before = counters(server.url)
+        log: list[dict] = []
         frames: list[dict] = []
         ctx = zmq.Context.instance()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.bind(f"tcp://127.0.0.1:{port}")
-        stop = threading.Event()
 
-        def recv() -> None:
-            while not stop.is_set():
-                if sub.poll(100):
-                    f = sub.recv_multipart()
-                    frames.append({"recv_ts": time.time(), "frames_b64": [base64.b64encode(x).decode() for x in f]})
+        def listen(phase: str) -> tuple[zmq.Socket, threading.Event, threading.Thread]:
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.bind(f"tcp://127.0.0.1:{port}")
+            stop = threading.Event()
 
-        t = threading.Thread(target=recv, daemon=True)
-        t.start()
+            def recv() -> None:
+                while not stop.is_set():
+                    if sub.poll(100):
+                        f = sub.recv_multipart()
+                        frames.append(
+                            {
+                                "recv_ts": time.time(),
+                                "phase": phase,
+                                "frames_b64": [base64.b64encode(x).decode() for x in f],
+                            }
+                        )
+
+            t = threading.Thread(target=recv, daemon=True)
+            t.start()
+            time.sleep(3)  # vLLM's PUB redials every 100 ms; its subscription arrives
+            return sub, stop, t
+
+        def serve(phase: str, n: int, seed: int) -> None:
+            for i in range(n):
+                d = (i * 5 + seed) % 6
+                p = docs[d] + tokens(seed * 1000 + i, 40)
+                log.append({"phase": phase, "doc": d, "prompt_tokens": prompt_tokens_of(complete(server.url, p))})
+
+        sub, stop, t = listen("first")  # phase 1: listening
+        serve("first", 6, 1)
+        time.sleep(1)
+        stop.set()
+        t.join(2)
+        sub.close(0)  # the agent goes away; vLLM's PUB keeps the pipe and queues for it
+        serve("unheard", 12, 2)
+        time.sleep(30)
+        at_rebind = counters(server.url)
+        sub, stop, t = listen("after")  # the agent comes back: the queue arrives in a burst
+        serve("after", 20, 3)
         time.sleep(3)
-        for n in range(20):  # phase 2: live
-            d = (n * 5) % 6
-            p = docs[d] + tokens(7000 + n, 40)
-            log.append({"phase": "live", "doc": d, "prompt_tokens": prompt_tokens_of(complete(server.url, p))})
-        time.sleep(3)
-        after = counters(server.url)
+        at_end = counters(server.url)
         stop.set()
         t.join(2)
         sub.close(0)
+        before, after = at_rebind, at_end
         (out / f"{PREFIX}.events.jsonl").write_text("".join(json.dumps(f) + "\n" for f in frames))
         (out / f"{PREFIX}.requests.json").write_text(json.dumps(log, indent=1))
-        (out / f"{PREFIX}.counters.json").write_text(json.dumps({"at_bind": before, "at_end": after}, indent=1))
+        (out / f"{PREFIX}.marks.json").write_text(json.dumps({"at_rebind": before, "at_end": after}, indent=1))
         print(len(frames), "messages", flush=True)
     finally:
         server.stop()

@@ -354,3 +354,52 @@ def test_arc_on_random_streams_matches_vllms_arc_tier():
         for c in caps:
             tier = VllmArcTier(c)
             assert arc[c] == sum(tier.serve(keys, hit) for keys, hit in requests_of(stored)), c
+
+
+REAL_BACKLOG = FIXTURES / "real__vllm-0.32.0-cpu__tiny__backlog.events.jsonl"
+
+
+@pytest.mark.skipif(not REAL_BACKLOG.exists(), reason="the real backlog capture is not recorded here")
+def test_a_real_backlog_after_the_agent_came_back_is_left_out_and_the_live_part_reconciles_to_the_token():
+    """Recorded from a real vLLM (tests/realvllm/record_backlog.py): the agent listened, went away
+    while vLLM served on (its PUB queued for the lost peer), and came back to a burst of old batches."""
+    from app.sizing.curve import add_windows, reconcile
+    from app.storage.sizing_store import COUNT_FIELDS
+
+    lines = [json.loads(line) for line in REAL_BACKLOG.read_text().splitlines() if line.strip()]
+    frames = recorded_frames(REAL_BACKLOG)
+    counters = json.loads(REAL_BACKLOG.with_name(REAL_BACKLOG.name.replace(".events.jsonl", ".marks.json")).read_text())
+    requests = json.loads(
+        REAL_BACKLOG.with_name(REAL_BACKLOG.name.replace(".events.jsonl", ".requests.json")).read_text()
+    )
+    after = [r for r in requests if r["phase"] == "after"]
+    computed = counters["at_end"]["src:local_compute"] - counters["at_rebind"]["src:local_compute"]
+    tails = sum(r["prompt_tokens"] % 128 for r in after)
+
+    def window(with_now: bool):
+        model = TierModel("u", now=0.0, max_keys=None)
+        for line, f in zip(lines, frames, strict=True):
+            model.observe(decode_message(f), now=line["recv_ts"] if with_now else None)
+            if line["phase"] == "first":
+                model.take_window(line["recv_ts"])  # the first listening period is its own window
+        return model.take_window(lines[-1]["recv_ts"] + 1)
+
+    def verdict(w) -> str:
+        row = {"counts": {f: getattr(w, f) for f in COUNT_FIELDS}, "block_size": w.block_size, "rate": w.rate}
+        row["bins"] = w.bins
+        return reconcile(add_windows([row]), {"local_compute": computed}, float(len(after)), 20.0)["status"]
+
+    w = window(with_now=True)
+    backlog = sum(1 for line in lines if line["phase"] == "after" and line["recv_ts"] - msg_ts(line) > 10)
+    assert backlog > 0 and w.stale_messages == backlog and w.lost == 0
+    assert w.stored_tokens + tails == computed
+    assert verdict(w) == "ok"
+    assert verdict(window(with_now=False)) == "mismatch"
+
+
+def msg_ts(line: dict) -> float:
+    import base64
+
+    import msgpack
+
+    return float(msgpack.unpackb(base64.b64decode(line["frames_b64"][2]), strict_map_key=False)[0])
