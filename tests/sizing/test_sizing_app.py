@@ -347,3 +347,15 @@ def test_an_arc_tier_gets_arc_figures_or_is_told_the_lru_ones_do_not_hold(client
         assert "ARC offload tier simulated" in rep["method"]
     else:
         assert "no ARC simulation" in rep["method"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("points", [[-1.0, 2.0]]), ("points", [[16.0, 1.0]] * 65), ("arc_points", [[16.0, -1.0]]), ("kv_groups", 0)],
+)
+def test_a_window_with_out_of_range_points_or_groups_is_refused(client, token, batch_factory, clock, field, value):
+    now = clock()
+    bad = {**real_window(now - 30, now), field: value}
+    push(client, token, batch_factory, 1, now, cache_cfg=CACHE_CFG, reuse=[bad])
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    assert rep["sampling"]["windows"] == 0
