@@ -269,7 +269,7 @@ def run_once(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from agent.protocol import to_wire
+    from kvcore.protocol import to_wire
 
     agent = build_agent(args, server=None, token=None)
     try:
@@ -285,8 +285,8 @@ def run_parse(args: argparse.Namespace) -> int:
     import json
 
     from agent import engines
-    from agent.exposition import parse
-    from agent.normalise import KEEP_PREFIXES, normalise
+    from kvcore.exposition import parse
+    from kvcore.normalise import KEEP_PREFIXES, normalise
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(errors="replace")

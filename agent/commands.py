@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.protocol import AgentEvent, Command, RolloutUpdate
+from kvcore.protocol import AgentEvent, Command, RolloutUpdate
 
 
 class CommandSink(Protocol):

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from agent.commands import CommandSink
 from agent.fetch import FetchError, Reply
-from agent.protocol import Command, reply_from_wire
+from kvcore.protocol import Command, reply_from_wire
 
 log = logging.getLogger("kvscope.agent.commands")
 

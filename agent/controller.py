@@ -21,10 +21,13 @@ still ends safe. Every transition is a RolloutUpdate drained into the next push.
 from __future__ import annotations
 
 import json
+import logging
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +43,10 @@ from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
 from agent.preflight_policy import check_disk_tier, check_flag_policy
 from agent.probe import ProbeConfig, ProbeResult, run_probe
-from agent.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 from agent.workloads.agent_side import WORKLOAD_COMMANDS, WorkloadRunner
+from kvcore.protocol import AgentEvent, Command, EventKind, RolloutUpdate
 
+log = logging.getLogger("kvscope.controller")
 TERMINAL = frozenset({"healthy", "rolled_back", "failed", "refused"})
 ProbeFn = Callable[..., ProbeResult]
 
@@ -62,6 +66,8 @@ class Controller:
         help_reader: Callable[[list[str], dict[str, str]], str | None] | None = None,
         shm_free: Callable[[Path], int | None] = pf.statvfs_free,
         supervise_every_s: float = 2.0,
+        restart_backoff_s: tuple[float, float] = (1.0, 60.0),
+        backoff_reset_s: float = 60.0,
     ) -> None:
         self.instances = {i.url.rstrip("/"): i for i in instances}
         self.stop_on_exit = stop_on_exit
@@ -69,9 +75,14 @@ class Controller:
         self.monotonic = monotonic
         self.probe_fn = probe_fn
         self.http = http or httpx.Client(timeout=5.0)
-        self.help_reader = help_reader or (lambda cmd, env: pf.read_help(cmd, env=env))
+        self.help_reader = help_reader or (lambda cmd, env: pf.read_help(cmd, env=env, running=self._help_running))
+        self._help_proc: subprocess.Popen[str] | None = None  # a `--help` run in progress (killed by close)
         self.shm_free = shm_free
         self.supervise_every_s = supervise_every_s
+        # A server that died outside a rollout: restarted at once, then no sooner than 1, 2, 4 ...
+        # 60 s after the previous restart; the waits start over once it stays up backoff_reset_s.
+        self.restart_backoff_s = restart_backoff_s
+        self.backoff_reset_s = backoff_reset_s
         self._help_cache: dict[tuple[str, ...], set[str] | None] = {}
         self._help_lock = threading.Lock()  # one `--help` run per command, even when warm-up and a rollout race
         self._seen: set[int] = set()
@@ -85,7 +96,7 @@ class Controller:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._busy = False
-        self._backoff: dict[str, tuple[float, float]] = {}  # url -> (next try, delay)
+        self._backoff: dict[str, _Backoff] = {}  # url -> the supervised restarts in a row
         self.workloads = WorkloadRunner(clock=clock, allowed=lambda url: self._instance(url) is not None)
 
     # ------------------------------------------------------------------ CommandSink
@@ -109,7 +120,8 @@ class Controller:
             self._update(
                 command.id,
                 "failed",
-                f"{command.instance} is not in this agent's launcher config: nothing restarted",
+                f"{command.instance} is not a server this agent may restart: nothing restarted (start it "
+                "with `kvscope up -- vllm serve ...`, or list it in the agent's --launcher-config)",
                 {},
             )
             return
@@ -130,9 +142,22 @@ class Controller:
             out, self._events = self._events, []
         return out + self.workloads.drain_events()
 
+    def stop_supervising(self) -> None:
+        """No more restarts of exited servers (the agent is stopping: a server that exits now, e.g.
+        on the same Ctrl-C, stays stopped)."""
+        self._stopping.set()
+
+    def _help_running(self, proc: subprocess.Popen[str] | None) -> None:
+        self._help_proc = proc
+        if proc is not None and self._stopping.is_set():
+            pf.kill_help(proc)
+
     def close(self) -> None:
         self.workloads.close()
         self._stopping.set()
+        help_run = self._help_proc
+        if help_run is not None:  # a slow `vllm serve --help=all` would outlive the agent
+            pf.kill_help(help_run)
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -191,28 +216,47 @@ class Controller:
             finally:
                 self._busy = False
 
+    @property
+    def controlled_urls(self) -> list[str]:
+        """The servers this controller may restart (sent with each push: the app's pages say which
+        instances can be steered)."""
+        return sorted(self.instances)
+
     def supervise(self) -> None:
-        """Restart supervised servers that exited outside a rollout (with a growing back-off)."""
+        """Restart supervised servers that exited outside a rollout, with a growing back-off
+        (restart_backoff_s); each restart is a `restart` event on the instance's page."""
         now = self.monotonic()
+        first, cap = self.restart_backoff_s
         for url, inst in self.instances.items():
-            if not inst.restart_on_exit or inst.launcher.alive() is not False or inst.launcher.current_argv is None:
+            if self._stopping.is_set():
+                return
+            alive = inst.launcher.alive()
+            state = self._backoff.get(url)
+            if alive is True:
+                if state is not None and now - state.restarted_at >= self.backoff_reset_s:
+                    del self._backoff[url]  # it stayed up: the next death restarts at once again
                 continue
-            next_try, delay = self._backoff.get(url, (0.0, 5.0))
-            if now < next_try:
+            if not inst.restart_on_exit or alive is not False or inst.launcher.current_argv is None:
+                continue
+            if state is not None and now < state.restarted_at + state.delay:
                 continue
             argv = inst.launcher.current_argv or []
-            self._event(
-                self.clock(),
-                "note",
-                f"{url} {inst.launcher.exit_info() or 'exited'}; restarting it (next back-off {delay:.0f} s)",
-                url,
-                {"log_tail": inst.launcher.log_tail(20)},
-            )
+            n = 1 if state is None else state.count + 1
+            delay = first if state is None else min(state.delay * 2, cap)
+            why = inst.launcher.exit_info() or "exited"
+            tail = inst.launcher.log_tail(20)
             try:
                 inst.launcher.start(argv)
             except LauncherError as exc:
-                self._event(self.clock(), "note", f"restart of {url} failed: {exc}", url)
-            self._backoff[url] = (now + delay, min(delay * 2, 300.0))
+                message = f"{url} {why}; restart {n} by kvscope failed: {exc}"
+            else:
+                message = (
+                    f"{url} {why}; restarted by kvscope (restart {n} in a row; the next one waits "
+                    f"at least {delay:.0f} s)"
+                )
+            log.warning("%s", message)  # on the console of `kvscope up` and in the agent's log
+            self._event(self.clock(), "restart", message, url, {"supervised_restart": n, "log_tail": tail})
+            self._backoff[url] = _Backoff(restarted_at=now, delay=delay, count=n)
 
     # ------------------------------------------------------------------ the rollout
     def run_rollout(self, cmd: Command) -> str:
@@ -407,6 +451,15 @@ class Controller:
         )
         with self._lock:
             self._events.append(ev)
+
+
+@dataclass
+class _Backoff:
+    """Supervised restarts of one server in a row: when the last one was, how long the next waits."""
+
+    restarted_at: float
+    delay: float
+    count: int
 
 
 def _labels_of(line: str) -> dict[str, str]:

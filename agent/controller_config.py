@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent import flag_policy
 from agent import preflight as pf
 from agent.launcher.base import Launcher
+from kvcore import flag_policy
 from kvscope.errors import UserError
 
 
@@ -59,8 +59,8 @@ class ManagedInstance:
     restart_on_exit: bool = True
     state_file: Path | None = None
     lkg_args: list[str] | None = None  # last argv verified healthy on this host
-    allow_flags: list[str] = field(default_factory=list)  # widens agent/flag_policy.py's list
-    # kv-events hosts beyond loopback and the tier folders' roots (agent/flag_policy.py Limits)
+    allow_flags: list[str] = field(default_factory=list)  # widens kvcore/flag_policy.py's list
+    # kv-events hosts beyond loopback and the tier folders' roots (kvcore/flag_policy.py Limits)
     policy_limits: flag_policy.Limits = flag_policy.DEFAULT_LIMITS
     configured: frozenset[str] = frozenset()  # settings the launcher config set for this instance
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from agent.gpu_nvml import NvmlSource
 from agent.gpu_smi import SmiSource
 from agent.host_sources import HostReading
-from agent.protocol import AgentEvent
+from kvcore.protocol import AgentEvent
 
 
 @dataclass

@@ -173,6 +173,6 @@ class NvmlSource:
 
 
 def _note(now: float, message: str) -> Any:
-    from agent.protocol import AgentEvent
+    from kvcore.protocol import AgentEvent
 
     return AgentEvent(ts=now, kind="note", message=message, data={"source": "gpu"})

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from agent.host_sources import HostReading
-from agent.protocol import AgentEvent
+from kvcore.protocol import AgentEvent
 
 log = logging.getLogger("kvscope.agent.smi")
 

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.protocol import AgentEvent, MetricType, Sample
+from kvcore.protocol import AgentEvent, MetricType, Sample
 
 log = logging.getLogger("kvscope.agent.host")
 

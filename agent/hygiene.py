@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.exposition import RawSample
-from agent.normalise import BY_SOURCE_COUNTERS, Normalised
-from agent.protocol import AgentEvent
+from kvcore.exposition import RawSample
+from kvcore.normalise import BY_SOURCE_COUNTERS, Normalised
+from kvcore.protocol import AgentEvent
 
 CUMULATIVE_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 _START_TOLERANCE_S = 1.0  # process_start_time_seconds is rounded by some builds

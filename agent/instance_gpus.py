@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent.launcher.process_identity import port_use, read_stat
-from agent.protocol import Sample, Scrape
+from kvcore.protocol import Sample, Scrape
 
 log = logging.getLogger("kvscope.agent.gpus")
 

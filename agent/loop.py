@@ -27,11 +27,11 @@ from agent.fetch import Fetcher, HttpxFetcher, StdlibFetcher
 from agent.host_sources import HostCollector, HostSource
 from agent.instance_gpus import InstanceGpus
 from agent.private_files import private_dir, write_private_text
-from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
 from agent.pusher import FlushResult, Pusher
 from agent.spool import Spool
 from agent.vllm_reader import VllmReader
-from agent.wire import batch_to_wire
+from kvcore.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Scrape
+from kvcore.wire import batch_to_wire
 from kvscope import __version__
 
 log = logging.getLogger("kvscope.agent")
@@ -211,10 +211,12 @@ class Agent:
                 reuse = self.reuse_source(now)
             except Exception:  # the KV-event side must never cost the readings
                 log.exception("KV-event windows failed")
+        controlled: list[str] = []
         if self.sink is not None:
             try:
                 updates.extend(self.sink.drain_updates())
                 events.extend(self.sink.drain_events())
+                controlled = [str(u) for u in getattr(self.sink, "controlled_urls", None) or []]
             except Exception:
                 log.exception("command sink failed to drain")
         return PushBatch(
@@ -230,6 +232,7 @@ class Agent:
             events=events,
             rollout_updates=updates,
             reuse=reuse,
+            controlled=controlled,
         )
 
     def tick(self, now: float) -> PushBatch:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -404,21 +405,52 @@ def default_help_command(base_argv: Sequence[str]) -> list[str]:
     return [*base_argv, "--help=all"] if is_vllm else [*base_argv, "--help"]
 
 
-def read_help(command: Sequence[str], *, timeout_s: float = 180.0, env: dict[str, str] | None = None) -> str | None:
+def read_help(
+    command: Sequence[str],
+    *,
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+    running: Callable[[subprocess.Popen[str] | None], None] | None = None,
+) -> str | None:
+    """The server's `--help` text (None: unreadable). It runs in a session of its own, killed with
+    its children on the timeout; `running` is told the process while it runs (then None), so an
+    agent that stops meanwhile can kill it instead of leaving it behind."""
     try:
-        cp = subprocess.run(
+        proc = subprocess.Popen(
             list(command),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout_s,
-            check=False,
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    text = (cp.stdout or "") + "\n" + (cp.stderr or "")
+    if running is not None:
+        running(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_help(proc)
+        return None
+    finally:
+        if running is not None:
+            running(None)
+    text = (out or "") + "\n" + (err or "")
     return text if _FLAG.search(text) else None
+
+
+def kill_help(proc: subprocess.Popen[str]) -> None:
+    """Kill a `--help` run and whatever it started (its own session), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.communicate(timeout=5)
+    except (subprocess.SubprocessError, ValueError, OSError):
+        pass
 
 
 def check_flags(argv: Sequence[str], accepted: set[str] | None, *, source: str = "--help") -> Check:

@@ -1,7 +1,7 @@
 """Preflight checks of what a rollout command asks for, whatever the app sent:
 
 - `flag_policy`: the new argv and the last-known-good argv the agent would roll back to obey
-  agent/flag_policy.py (the profile's own flags with their JSON checked key by key, extra flags
+  kvcore/flag_policy.py (the profile's own flags with their JSON checked key by key, extra flags
   from the allow-list widened by the launcher config's `allow_flags`). A command forged past the
   app is refused here, before anything is restarted.
 - `disk_tier`: a disk tier's folder (vLLM's ExampleConnector, LMCache's local disk) is absolute,
@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from agent import flag_policy
 from agent.preflight import Check, OffloadPlan, gib, statvfs_free
+from kvcore import flag_policy
 
 
 def check_flag_policy(

@@ -20,18 +20,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-# Counter families read around each step (summed over labels except `source`).
-SOURCE_COUNTER = "vllm:prompt_tokens_by_source"
+from kvcore import kv_vocabulary as kv
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
+
+# Counters read around each step (summed over labels except `source`), by their current names:
+# /metrics is read through the agent's own parser and normaliser, so older vLLM names count too.
+SOURCE_COUNTER = kv.BY_SOURCE
 TOTAL_COUNTERS = {
-    "prompt_tokens": "vllm:prompt_tokens",
-    "prefix_cache_queries": "vllm:prefix_cache_queries",
-    "prefix_cache_hits": "vllm:prefix_cache_hits",
-    "external_prefix_cache_queries": "vllm:external_prefix_cache_queries",
-    "external_prefix_cache_hits": "vllm:external_prefix_cache_hits",
-    "kv_offload_load_bytes": "vllm:kv_offload_load_bytes",
-    "kv_offload_store_bytes": "vllm:kv_offload_store_bytes",
+    "prompt_tokens": kv.PROMPT_TOKENS,
+    "prefix_cache_queries": kv.GPU_QUERIES,
+    "prefix_cache_hits": kv.GPU_HITS,
+    "external_prefix_cache_queries": kv.EXT_QUERIES,
+    "external_prefix_cache_hits": kv.EXT_HITS,
+    "kv_offload_load_bytes": kv.LOAD_BYTES,
+    "kv_offload_store_bytes": kv.STORE_BYTES,
 }
 _VOCAB = (
     "cache block prefix token tier offload buffer memory pinned device host reload compute layer attention "
@@ -141,21 +145,16 @@ def read_counters(client: httpx.Client, base_url: str, timeout_s: float = 10.0) 
 
 
 def counters_from_text(text: str) -> dict[str, float]:
+    """The probe's counters (TOTAL_COUNTERS' keys, and prompt tokens per `source` label) from a
+    /metrics text, parsed and normalised as the agent's reader does (bad lines are skipped)."""
     out: dict[str, float] = {}
     wanted = {v: k for k, v in TOTAL_COUNTERS.items()}
-    try:
-        for fam in text_string_to_metric_families(text):
-            if fam.name == SOURCE_COUNTER:
-                for s in fam.samples:
-                    if s.name.endswith("_total"):
-                        key = s.labels.get("source", "unknown")
-                        out[key] = out.get(key, 0.0) + float(s.value)
-            elif fam.name in wanted:
-                for s in fam.samples:
-                    if s.name.endswith("_total"):
-                        out[wanted[fam.name]] = out.get(wanted[fam.name], 0.0) + float(s.value)
-    except (ValueError, TypeError, IndexError):
-        pass
+    for name, labels, value in normalise(parse(text, KEEP_PREFIXES)).samples:
+        if name == SOURCE_COUNTER:
+            key = labels.get("source", "unknown")
+            out[key] = out.get(key, 0.0) + value
+        elif name in wanted:
+            out[wanted[name]] = out.get(wanted[name], 0.0) + value
     return out
 
 

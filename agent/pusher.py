@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 
 from agent.fetch import Fetcher, FetchError, Reply, as_fetcher
-from agent.protocol import AgentEvent, Command, reply_from_wire
 from agent.spool import Spool
+from kvcore.protocol import AgentEvent, Command, reply_from_wire
 
 log = logging.getLogger("kvscope.agent.push")
 

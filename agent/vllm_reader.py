@@ -19,11 +19,11 @@ import httpx
 from agent import engines
 from agent.engines import trtllm
 from agent.engines.options import EngineOptions, split_url
-from agent.exposition import Exposition, RawSample, parse
 from agent.fetch import Fetcher, FetchError, Reply, as_fetcher
 from agent.hygiene import CounterHygiene
-from agent.normalise import KEEP_PREFIXES, Normalised, normalise
-from agent.protocol import AgentEvent, MetricType, Sample, Scrape
+from kvcore.exposition import Exposition, RawSample, parse
+from kvcore.normalise import KEEP_PREFIXES, Normalised, normalise
+from kvcore.protocol import AgentEvent, MetricType, Sample, Scrape
 
 SIM_HEADER = "x-kvscope-simulated"
 _VALID_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "info", "unknown"})

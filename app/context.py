@@ -11,9 +11,9 @@ from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import Engine
 
+from app.selfmetrics import SelfMetrics
 from app.settings import Settings
 from app.storage.ingest_store import IngestWriter
-from app.web.selfmetrics import SelfMetrics
 
 Clock = Callable[[], float]
 # A provider of commands for the agent of a host: (host_id, agent_id, now) -> wire dicts.

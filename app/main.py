@@ -22,16 +22,16 @@ from app.auth.secret import effective_secret
 from app.context import AppContext, Clock, Part
 from app.controller.api import install as install_controller
 from app.dashboard import install as install_dashboard
+from app.export.api import install as install_prometheus_source
 from app.export.exporter import install as install_exporter
-from app.export.prometheus_source import install as install_prometheus_source
 from app.ingest.api import install as install_ingest
+from app.selfmetrics import SelfMetrics
 from app.settings import Settings
 from app.sizing import install as install_sizing
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
 from app.web import jobs
 from app.web.docs import install_docs
-from app.web.selfmetrics import SelfMetrics
 from app.web.templating import make_templates
 from kvscope import __version__
 
@@ -65,8 +65,8 @@ def create_app(
         secret=effective_secret(settings),
         templates=make_templates(),
     )
-    # Every route runs the role check first (app/auth): a route states its role with @requires,
-    # else reading needs a viewer and changing needs an operator.
+    # Every route runs the role check first (app/auth): each states its role with @requires
+    # (tests/app/test_every_route.py fails on one that does not).
     app = FastAPI(
         title="kvscope",
         version=__version__,

@@ -20,8 +20,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from agent.flag_policy import DEFAULT_TIER_ROOTS
 from app.alerts.channel_config import AlertChannel
+from kvcore.flag_policy import DEFAULT_TIER_ROOTS
 from kvscope.errors import UserError
 
 PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "secret", "token", "placeholder"})
@@ -229,7 +229,7 @@ class Settings(BaseSettings):
         "(422), known instances keep pushing.",
     )
 
-    # --- flags (agent/flag_policy.py): profiles' extra_args beyond the allow-list
+    # --- flags (kvcore/flag_policy.py): profiles' extra_args beyond the allow-list
     allow_flags: list[str] = Field(
         default_factory=list,
         max_length=256,

@@ -22,10 +22,10 @@ from pydantic import TypeAdapter
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.protocol import PushBatch  # noqa: E402
 from app.alerts.evaluate import EvalConfig, Evaluator  # noqa: E402
 from app.storage.engine import open_database  # noqa: E402
 from app.storage.ingest_store import IngestWriter  # noqa: E402
+from kvcore.protocol import PushBatch  # noqa: E402
 from tests.alerts.traffic import HEALTHY, Server, batch, scrape  # noqa: E402
 
 ADAPTER: TypeAdapter[PushBatch] = TypeAdapter(PushBatch)

@@ -118,8 +118,8 @@ def cpu_seconds(pid: int) -> float:
 
 def typical_push() -> tuple[Callable[[int, float], bytes], int]:
     """A push as the agent sends it at 1 Hz: one scrape of the offload exposition, host readings."""
-    from agent.exposition import parse
-    from agent.normalise import KEEP_PREFIXES, normalise
+    from kvcore.exposition import parse
+    from kvcore.normalise import KEEP_PREFIXES, normalise
 
     norm = normalise(parse(PROM.read_text(), KEEP_PREFIXES, {}))
     samples = [{"name": n, "labels": lab, "value": v} for n, lab, v in norm.samples]

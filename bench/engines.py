@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import engines
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = [

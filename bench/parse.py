@@ -19,8 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 20.0

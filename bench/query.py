@@ -95,8 +95,8 @@ def values(name: str, labels: dict[str, str], kind: str, t0: int, n: int, seed: 
 
 
 def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
-    from agent.protocol import PushBatch, Scrape
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch, Scrape
     from tests.app.pages.recorded import recorded_batches
 
     n = int(days * 86400)
@@ -106,7 +106,7 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
     batch = PushBatch(
         **{**wire, "scrapes": [Scrape(**{**s, "samples": []}) for s in wire["scrapes"]], "host_samples": []}
     )
-    from agent.protocol import Sample
+    from kvcore.protocol import Sample
 
     batch.scrapes[0].samples = [Sample(**s) for s in wire["scrapes"][0]["samples"]]
     batch.host_samples = [Sample(**s) for s in wire["host_samples"]]

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import Engine, Table, and_, insert, select
 
-from agent.protocol import PushBatch, Sample, Scrape
 from app.ingest.parse import parse_batch
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter, SeriesCapExceeded, labels_key
 from app.storage.models import Host, Instance, Series
+from kvcore.protocol import PushBatch, Sample, Scrape
 
 NOW = 1_800_000_000.0
 

@@ -78,13 +78,11 @@ def accuracy() -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    sys.path[:0] = [str(root / "tests" / "sizing"), str(root / "tests" / "simulator")]
-    from simdrive import engine, run  # type: ignore[import-not-found]
-    from test_sim_kv_events import BASE, SIZES_GIB, recorded_run  # type: ignore[import-not-found]
-    from workloads import WORKLOADS  # type: ignore[import-not-found]
-
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' drivers and workloads
     from agent.kvevents.decode import Batch
+    from tests.simulator.simdrive import engine, run
+    from tests.sizing.test_sim_kv_events import BASE, SIZES_GIB, recorded_run
+    from tests.sizing.workloads import WORKLOADS
 
     print("workload  size     predicted     measured      error  %prompt  %reloads  (simulated)")
     for name in sorted(WORKLOADS):

@@ -116,11 +116,29 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Sub-commands whose first `--` ends kvscope's own arguments: what follows is handed over untouched
+# as args.trailing, a later `--` included (`kvscope up [OPTIONS] -- vllm serve MODEL ...`,
+# `kvscope service install up -- [UP OPTIONS] -- vllm serve MODEL ...`).
+TRAILING_COMMAND = frozenset({"up", "service"})
+
+
+def split_trailing_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """(kvscope's own arguments, the command after the first `--` or None when there is no `--`)."""
+    items = list(argv)
+    if not items or items[0] not in TRAILING_COMMAND or "--" not in items:
+        return items, None
+    i = items.index("--")
+    return items[:i], items[i + 1 :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    own, trailing = split_trailing_command(argv)
+    parser = build_parser(own)
+    args = parser.parse_args(own)
+    if trailing is not None:
+        args.trailing = trailing
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -4,8 +4,12 @@ survives a reboot. Module level imports are standard library only (see kvscope.c
 A unit runs this installation's Python (`python -m kvscope ...`), restarts on failure with a
 delay, reads its secrets from an environment file beside the units' config (0600: never on the
 command line, where `ps` shows it), and names the data folder. `--print` shows the files instead
-of writing them. Everything after `--` is appended to the command (`--vllm-url ...`, or for `up`
-the `-- vllm serve ...` form).
+of writing them. Everything after the first `--` is appended to the command as given
+(`--vllm-url ...`). For `up`, the server's command goes after a second `--`
+(`kvscope service install up -- --port 8080 -- vllm serve MODEL ...`), or directly after the
+first when no `up` option is given (`kvscope service install up -- vllm serve MODEL ...`); its
+program is written with its full path (a unit's PATH is not the installer's) and the unit runs in
+the folder it was installed from, as `kvscope up` run by hand would.
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.flag_policy import has_control
 from agent.launcher.systemd import systemd_quote
 from agent.private_files import write_private_text
+from kvcore.flag_policy import has_control
 from kvscope.errors import UserError
 
 ROLES = {
@@ -74,10 +78,30 @@ def _systemd_word(arg: str) -> str:
 
 
 def _extra(args: argparse.Namespace) -> list[str]:
-    extra = [a for a in (args.extra or []) if a != "--"][: MAX_EXTRA_ARGS + 1]
+    """The arguments after the first `--` (kvscope.cli hands them over untouched, an inner `--`
+    kept); for `up`, a server command given without up options gets its own `--`."""
+    trailing = getattr(args, "trailing", None)
+    extra = list(trailing if trailing is not None else args.extra or [])[: MAX_EXTRA_ARGS + 1]
     if len(extra) > MAX_EXTRA_ARGS:
         raise UserError(f"more than {MAX_EXTRA_ARGS} arguments after --")
+    if args.role == "up" and extra and not extra[0].startswith("-"):
+        extra = ["--", *extra]  # `service install up -- vllm serve ...`: the server's command
+    if args.role == "up" and "--" in extra:
+        extra = _with_full_program(extra)
     return extra
+
+
+def _with_full_program(extra: list[str]) -> list[str]:
+    """The server command's program with its full path: a unit runs with systemd's PATH."""
+    from agent.server_command import resolve_program
+
+    i = extra.index("--")
+    if i + 1 >= len(extra):
+        raise UserError("nothing after the server's `--`: give its command, e.g. `-- vllm serve MODEL`")
+    program, why = resolve_program(extra[i + 1], os.environ, os.getcwd())
+    if program is None:
+        raise UserError(f"cannot find {extra[i + 1]!r} for the unit: {why}; give its full path")
+    return [*extra[: i + 1], os.path.abspath(program), *extra[i + 2 :]]
 
 
 def _env_text(role: str, data_dir: Path, existing: dict[str, str]) -> str:
@@ -113,9 +137,11 @@ def _read_env(path: Path) -> dict[str, str]:
     return out
 
 
-def unit_text(role: str, env_file: Path, extra: list[str], user: bool) -> str:
+def unit_text(role: str, env_file: Path, extra: list[str], user: bool, cwd: str | None = None) -> str:
+    """The unit; `cwd`: its WorkingDirectory (for `up` with a server command: where it was installed)."""
     command, description = ROLES[role]
     argv = [sys.executable, "-m", "kvscope", command, *extra]
+    workdir = f"WorkingDirectory={_unit_path(cwd)}\n" if cwd else ""
     return (
         "[Unit]\n"
         f"Description={description}\n"
@@ -126,16 +152,25 @@ def unit_text(role: str, env_file: Path, extra: list[str], user: bool) -> str:
         "StartLimitBurst=10\n\n"
         "[Service]\n"
         "Type=simple\n" + ("" if user else f"User={_service_user()}\n") + f"EnvironmentFile={env_file}\n"
-        "Environment=PYTHONUNBUFFERED=1\n"
-        f"ExecStart={' '.join(_systemd_word(a) for a in argv)}\n"
+        "Environment=PYTHONUNBUFFERED=1\n" + workdir + f"ExecStart={' '.join(_systemd_word(a) for a in argv)}\n"
         "Restart=on-failure\n"
         "RestartSec=5\n"
         "KillSignal=SIGINT\n"
+        # SIGINT to kvscope only: `up` stops the vLLM it supervises itself (group SIGTERM, then
+        # SIGKILL); whatever is left at TimeoutStopSec gets SIGKILL
+        "KillMode=mixed\n"
         "TimeoutStopSec=60\n"
         "UMask=0077\n\n"
         "[Install]\n"
         f"WantedBy={'default.target' if user else 'multi-user.target'}\n"
     )
+
+
+def _unit_path(path: str) -> str:
+    """A path for a unit setting that takes one (no quoting there; `%` is a specifier)."""
+    if has_control(path) or len(path) > MAX_ARG_LEN:
+        raise UserError(f"the folder {path[:200]!r} cannot go in a systemd unit (control character or too long)")
+    return path.replace("%", "%%")
 
 
 def _service_user() -> str:
@@ -172,7 +207,8 @@ def run_install(args: argparse.Namespace) -> int:
     env_file = unit_dir / f"kvscope-{role}.env"
     extra = _extra(args)
     env = _env_text(role, data_dir, _read_env(env_file))
-    unit = unit_text(role, env_file, extra, args.user)
+    cwd = os.getcwd() if role == "up" and "--" in extra else None
+    unit = unit_text(role, env_file, extra, args.user, cwd)
     path = unit_dir / unit_name(role)
     if args.print_only:
         print(f"# {path}\n{unit}\n# {env_file} (0600; secrets shown as <set>)")

@@ -91,7 +91,7 @@ def pytest_generate_tests(metafunc: Any) -> None:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Any]:
     """A PostgreSQL server for the whole session (tests/pg.py), or a skip saying why not."""
-    from pg import start_cluster
+    from tests.pg import start_cluster
 
     try:
         cluster = start_cluster()

@@ -25,6 +25,7 @@ from agent.loop import Agent, AgentConfig
 from agent.preflight import GIB
 from tests.conftest import api_token
 from tests.ports import free_port
+from tests.waits import wait_until
 
 BOX = Path(__file__).resolve().parent / "controller" / "fixtures" / "hosts" / "box32g-cgv2"
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
@@ -43,13 +44,12 @@ class Rig:
         self.agent.flush(now)
 
     def instance_id(self) -> int:
-        for _ in range(100):
+        def shown() -> int | None:
             self.step()
             insts = [i for i in self.client.get("/api/v1/instances").json()["instances"] if i["url"] == self.url]
-            if insts and insts[0].get("cache_config"):
-                return int(insts[0]["id"])
-            time.sleep(0.1)
-        raise AssertionError("the sim never showed up in the app")
+            return int(insts[0]["id"]) if insts and insts[0].get("cache_config") else None
+
+        return wait_until(shown, "the sim to show up in the app", interval=0.1)
 
     def apply(
         self, profile: str, *, override: bool = False, probe: dict[str, Any] | None = None, timeout_s: float = 120.0
@@ -66,20 +66,20 @@ class Rig:
         r = self.client.post("/api/v1/rollouts", json=body)
         assert r.status_code == 201, r.text
         rid = r.json()["id"]
-        t_end = time.monotonic() + timeout_s
         got: dict[str, Any] = {}
-        while time.monotonic() < t_end:
-            self.step()
-            got = dict(self.client.get(f"/api/v1/rollouts/{rid}").json())
-            if got["terminal"]:
-                for _ in range(self.settle_steps):  # a few more pushes so the app sees the new server's config
-                    self.step()
-                    time.sleep(0.2)
-                return dict(self.client.get(f"/api/v1/rollouts/{rid}").json())
-            time.sleep(0.1)
-        raise AssertionError(f"rollout {rid} did not finish: {got}")
 
-    def experiment(self, body: dict[str, Any], max_steps: int = 3000) -> dict[str, Any]:
+        def terminal() -> bool:
+            self.step()
+            got.update(self.client.get(f"/api/v1/rollouts/{rid}").json())
+            return bool(got["terminal"])
+
+        wait_until(terminal, f"rollout {rid} to finish", timeout=timeout_s, interval=0.1)
+        for _ in range(self.settle_steps):  # a few more pushes so the app sees the new server's config
+            self.step()
+            time.sleep(0.2)
+        return dict(self.client.get(f"/api/v1/rollouts/{rid}").json())
+
+    def experiment(self, body: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         """Start an A/B experiment over the API and run the app's tick job until it finishes."""
         from app.ab.api import tick_job
 
@@ -88,14 +88,19 @@ class Rig:
         eid = r.json()["id"]
         ctx = self.app.state.ctx
         exp: dict[str, Any] = {}
-        for _ in range(max_steps):
+
+        def finished() -> bool:
             tick_job(ctx, time.time())
             self.step()
-            exp = dict(self.client.get(f"/api/v1/experiments/{eid}").json())
-            if exp["finished"]:
-                return exp
-            time.sleep(0.1)
-        raise AssertionError(f"experiment {eid} did not finish: {exp.get('state')} {exp.get('message')}")
+            exp.clear()
+            exp.update(self.client.get(f"/api/v1/experiments/{eid}").json())
+            return bool(exp["finished"])
+
+        try:
+            wait_until(finished, f"experiment {eid} to finish", timeout=timeout_s, interval=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {exp.get('state')} {exp.get('message')}") from None
+        return dict(exp)
 
 
 MakeRig = Callable[..., Rig]

@@ -1,8 +1,10 @@
-"""app/ has no import cycle, counting every import: in functions and under TYPE_CHECKING too."""
+"""The layers hold: app/ and kvcore/ have no import cycle (counting every import: in functions
+and under TYPE_CHECKING too), and kvcore/ is pure (standard library only, neither agent/ nor app/)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,3 +82,72 @@ def test_the_check_finds_a_cycle_hidden_in_a_function_and_under_type_checking(tm
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p import a\n")
     (pkg / "c.py").write_text("import p.a\n")
     assert cycles(import_edges(module_names(tmp_path, "p"))) == [["p.a", "p.b"]]
+
+
+def top_level_imports(package: str) -> dict[str, set[str]]:
+    """module path -> the top-level names it imports (absolute imports, anywhere in the file)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+        out[str(path.relative_to(REPO))] = names
+    return out
+
+
+def test_the_shared_core_imports_only_the_standard_library_and_itself() -> None:
+    import sys
+
+    foreign = {
+        path: sorted(n for n in names if n != "kvcore" and n not in sys.stdlib_module_names)
+        for path, names in top_level_imports("kvcore").items()
+    }
+    assert {p: n for p, n in foreign.items() if n} == {}
+
+
+def test_the_agent_and_the_app_both_import_the_shared_core_and_the_agent_never_imports_the_app() -> None:
+    agent, app = top_level_imports("agent"), top_level_imports("app")
+    assert any("kvcore" in names for names in agent.values())
+    assert any("kvcore" in names for names in app.values())
+    assert sorted(p for p, names in agent.items() if "app" in names) == []
+
+
+def test_the_shared_core_has_no_import_cycle() -> None:
+    assert cycles(import_edges(module_names(REPO, "kvcore"))) == []
+
+
+def test_test_helpers_are_imported_one_way_absolute_from_the_repository_root() -> None:
+    """`from tests.pg import ...`: no relative imports, no bare helper names, no sys.path edits. The
+    one exception is the real-vLLM smoke script (run by tests/realvllm/setup.sh outside pytest) and
+    the fallback import it needs in tests/realvllm/server.py."""
+    import sys
+
+    tests = REPO / "tests"
+    helpers = {p.stem for p in tests.rglob("*.py")} - {"__init__"} - set(sys.stdlib_module_names)
+    found: list[str] = []
+    for path in sorted(tests.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel == "tests/realvllm/smoke.py" or "fixtures" in path.parts:
+            continue
+        text = path.read_text()
+        if re.search(r"sys\.path\.(insert|append)\(", text):
+            found.append(f"{rel}: edits sys.path")
+        tree = ast.parse(text, rel)
+        fallback = {id(n) for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) for n in ast.walk(h)}
+        for node in ast.walk(tree):
+            if id(node) in fallback:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    found.append(f"{rel}:{node.lineno}: relative import")
+                elif node.module and node.module.split(".")[0] in helpers:
+                    found.append(f"{rel}:{node.lineno}: bare `from {node.module}`")
+            elif isinstance(node, ast.Import):
+                found += [f"{rel}:{node.lineno}: bare `import {a.name}`" for a in node.names if a.name in helpers]
+    assert found == []
+    assert all(
+        (d / "__init__.py").is_file() for d in [tests, *tests.rglob("*")] if d.is_dir() and any(d.glob("test_*.py"))
+    )

@@ -37,11 +37,11 @@ def test_wheel_contains_templates_static_and_migrations(tmp_path: Path) -> None:
     assert any(n.startswith("app/migrations/versions/0001") for n in names)
     assert any(n.startswith("app/templates/") for n in names)
     assert any(n.startswith("app/static/") for n in names)
-    assert "kvscope/cli.py" in names and "agent/protocol.py" in names
+    assert "kvscope/cli.py" in names and "kvcore/protocol.py" in names
 
 
 def test_paths_resolve_in_a_source_checkout() -> None:
-    from app.web.paths import migrations_dir, static_dir, templates_dir
+    from app.paths import migrations_dir, static_dir, templates_dir
 
     assert (migrations_dir() / "env.py").is_file()
     assert templates_dir().is_dir() and static_dir().is_dir()

@@ -12,12 +12,23 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(pred: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.05) -> T:
+def wait_until(
+    pred: Callable[[], T],
+    what: str,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    *,
+    abort: Callable[[], str | None] | None = None,
+) -> T:
     """Call `pred` until it returns something truthy and return that; AssertionError naming `what`
-    (and the last exception `pred` raised, if any) when `timeout` seconds pass first."""
+    (and the last exception `pred` raised, if any) when `timeout` seconds pass first. `abort`
+    (optional) is asked before each try: a message from it (a process died, a thread ended) fails
+    at once instead of waiting out the timeout."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:
+        if abort is not None and (why_not := abort()):
+            raise AssertionError(f"gave up waiting for {what}: {why_not}")
         try:
             got = pred()
         except Exception as exc:  # a server not up yet, a file half-written: try again

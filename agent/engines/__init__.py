@@ -24,7 +24,7 @@ class EngineSpec:
     name: str  # the kv_engine label value
     title: str  # what a chart says
     prefixes: tuple[str, ...]  # metric name prefixes that identify it
-    keep: tuple[str, ...]  # families the agent keeps (besides vLLM's own, agent/normalise.py)
+    keep: tuple[str, ...]  # families the agent keeps (besides vLLM's own, kvcore/normalise.py)
     read: Callable[[Samples, int | None], Derived]
     block_size: Callable[[Samples], float | None]
     metrics_path: str = "/metrics"
@@ -65,7 +65,7 @@ ENGINES: dict[str, EngineSpec] = {
 }
 # every engine's kept families, for the exposition parser's keep list
 KEEP_PREFIXES: tuple[str, ...] = tuple(p for spec in ENGINES.values() for p in spec.keep)
-DASHBOARD_PREFIX = "vllm:"  # the dashboard vocabulary's families (agent/kv_vocabulary.py)
+DASHBOARD_PREFIX = "vllm:"  # the dashboard vocabulary's families (kvcore/kv_vocabulary.py)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Two kinds of output, both labelled ``kv_engine`` (which engine's families they came from):
 
-1. The families the dashboard already reads (agent/kv_vocabulary.py: prompt tokens by source,
+1. The families the dashboard already reads (kvcore/kv_vocabulary.py: prompt tokens by source,
    prefix-cache hits/queries, offload load/store bytes and time). An engine reader writes them only
    where the engine does not export them itself: never for vLLM, whose own families are these
    (LMCache and vLLM's tiering add tier detail to a vLLM endpoint, they do not repeat its tokens).
@@ -35,7 +35,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.exposition import RawSample
+from kvcore.exposition import RawSample
 
 TIER_CAPACITY_TOKENS = "kvscope:kv_tier_capacity_tokens"
 TIER_USED_TOKENS = "kvscope:kv_tier_used_tokens"
@@ -71,7 +71,7 @@ FAMILY_TYPES: dict[str, str] = {
     ENGINE_PINNED_BYTES: "gauge",
 }
 
-# Tier names, as a person reads them (agent/kv_vocabulary.py names vLLM's tiers the same way)
+# Tier names, as a person reads them (kvcore/kv_vocabulary.py names vLLM's tiers the same way)
 GPU, CPU, DISK, OBJECT, STORAGE, REMOTE = "GPU", "CPU", "disk", "object store", "storage", "remote"
 
 MAX_LABEL_VALUE = 200  # engine label values copied onto normalised series are cut to this

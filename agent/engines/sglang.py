@@ -43,7 +43,7 @@ from agent.engines.kv_series import (
     first,
     total,
 )
-from agent.kv_vocabulary import (
+from kvcore.kv_vocabulary import (
     BY_SOURCE,
     CACHED,
     CACHED_BY_SOURCE,

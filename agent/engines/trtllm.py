@@ -48,8 +48,8 @@ from agent.engines.kv_series import (
     first,
     total,
 )
-from agent.exposition import RawSample
-from agent.kv_vocabulary import (
+from kvcore.exposition import RawSample
+from kvcore.kv_vocabulary import (
     BY_SOURCE,
     CACHED,
     CACHED_BY_SOURCE,

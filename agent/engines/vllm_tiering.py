@@ -1,6 +1,6 @@
 """vLLM's own offload tiers (OffloadingConnector; TieringOffloadingSpec) as per-tier KV series.
 
-vLLM's offload families are already in the dashboard's vocabulary (agent/normalise.py keeps them
+vLLM's offload families are already in the dashboard's vocabulary (kvcore/normalise.py keeps them
 under their own names). This reader adds what they say per tier, so every tier is named:
 - ``vllm:kv_offload_tiering_chunk_{queries,hits}_total{tier}`` (vllm 0.32.0; named ``block_*`` in
   newer builds and in kvscope's metric catalog: both are read, never both counted) -> per-tier
@@ -29,12 +29,12 @@ from agent.engines.kv_series import (
     sum_by,
     total,
 )
-from agent.kv_vocabulary import LOAD_BYTES, STORE_BYTES, TIERING_KINDS
+from kvcore.kv_vocabulary import LOAD_BYTES, STORE_BYTES, TIERING_KINDS
 
 NAME = "vllm"
 TITLE = "vLLM"
 PREFIXES: tuple[str, ...] = ("vllm:",)
-KEEP: tuple[str, ...] = ()  # agent/normalise.py keeps vLLM's families
+KEEP: tuple[str, ...] = ()  # kvcore/normalise.py keeps vLLM's families
 P = "vllm:kv_offload_tiering_"
 DEFINITION = "offload chunks found / chunks looked up, per tier (TieringOffloadingSpec)"
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from agent.fetch import Fetcher, FetchError
 from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of
 from agent.kvevents.tier_model import DEFAULT_MAX_KEYS, TierModel
-from agent.protocol import ReuseWindow
+from kvcore.protocol import ReuseWindow
 
 log = logging.getLogger("kvscope.kvevents")
 MAX_ANSWER = 64 * 1024

@@ -26,7 +26,7 @@ import zmq
 
 from agent.kvevents.decode import MAX_PAYLOAD_BYTES, BadMessage, Batch, decode_message
 from agent.kvevents.tier_model import TierModel
-from agent.protocol import ReuseWindow
+from kvcore.protocol import ReuseWindow
 
 log = logging.getLogger("kvscope.kvevents")
 REPLAY_TIMEOUT_MS = 1000  # a replay's answer is awaited this long (the receive loop keeps running)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
 from agent.kvevents.reuse import ReuseSampler, bin_lower
 from agent.kvevents.tier_bank import DEFAULT_CAPACITIES, TierBank
-from agent.protocol import ReuseWindow
+from kvcore.protocol import ReuseWindow
 
 DEFAULT_MAX_KEYS = 8_192  # ~3.5 MiB of tracking state; SHARDS mean error ~0.005 (bench/sizing.py)
 MAX_CHAINS = 4_096

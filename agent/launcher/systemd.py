@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.flag_policy import has_control
 from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult, wait_healthy
+from kvcore.flag_policy import has_control
 
 Runner = Callable[[list[str]], tuple[int, str]]
 DROPIN_NAME = "50-kvscope.conf"

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agent.protocol import AgentEvent, Command
 from agent.workloads.runner import execute_run
 from agent.workloads.spec import parse_workload
+from kvcore.protocol import AgentEvent, Command
 
 WORKLOAD_COMMANDS = frozenset({"workload", "workload_cancel"})
 

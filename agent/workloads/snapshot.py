@@ -14,29 +14,30 @@ from typing import Any
 
 import httpx
 
-from agent import kv_vocabulary as kv
-from agent.exposition import parse
-from agent.normalise import normalise
+from kvcore import kv_vocabulary as kv
+from kvcore.exposition import parse
+from kvcore.normalise import normalise
+from kvcore.series import histogram_quantile, share
 
 GIB = 1024**3
 
 COUNTERS = (
-    "vllm:prompt_tokens_total",
-    "vllm:prompt_tokens_cached_total",
-    "vllm:generation_tokens_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:external_prefix_cache_queries_total",
-    "vllm:external_prefix_cache_hits_total",
-    "vllm:kv_offload_load_bytes_total",
-    "vllm:kv_offload_load_time_total",
-    "vllm:kv_offload_store_bytes_total",
-    "vllm:kv_offload_store_time_total",
-    "vllm:num_preemptions_total",
-    "vllm:request_success_total",  # summed over finished_reason: requests the server finished
+    kv.PROMPT_TOKENS,
+    kv.CACHED,
+    kv.GENERATION_TOKENS,
+    kv.GPU_QUERIES,
+    kv.GPU_HITS,
+    kv.EXT_QUERIES,
+    kv.EXT_HITS,
+    kv.LOAD_BYTES,
+    kv.LOAD_TIME,
+    kv.STORE_BYTES,
+    kv.STORE_TIME,
+    kv.PREEMPTIONS,
+    kv.REQUEST_SUCCESS,  # summed over finished_reason: requests the server finished
 )
 BY_SOURCE = kv.BY_SOURCE
-HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds")
+HISTOGRAMS = (kv.TTFT, kv.ITL)
 SOURCES = tuple(src.vllm_label for src in (kv.RECOMPUTE, kv.GPU_HIT, kv.OFFLOAD_RELOAD))
 
 
@@ -72,13 +73,13 @@ def parse_snapshot(text: str) -> Snapshot:
         elif name == BY_SOURCE:
             src = labels.get("source", "")
             snap.by_source[src] = snap.by_source.get(src, 0.0) + value
-        elif name == "vllm:cache_config_info" and not snap.cache_config:
+        elif name == kv.CACHE_CONFIG_INFO and not snap.cache_config:
             snap.cache_config = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
-        elif name == "vllm:kv_offload_config_info" and not snap.offload_config:
+        elif name == kv.OFFLOAD_CONFIG_INFO and not snap.offload_config:
             snap.offload_config = {k: v for k, v in labels.items() if k not in ("engine", "model_name")}
-        elif name == "vllm:num_requests_kv_fetch_by_stage":
+        elif name == kv.KV_FETCH_BY_STAGE:
             snap.kv_connector = True
-        elif name == "vllm:kv_cache_usage_perc":
+        elif name == kv.KV_CACHE_USAGE:
             snap.kv_cache_usage = value
         else:
             for fam in HISTOGRAMS:
@@ -99,25 +100,6 @@ def parse_snapshot(text: str) -> Snapshot:
                 elif rest == "_count":
                     snap.hist_count[fam] = snap.hist_count.get(fam, 0.0) + value
     return snap
-
-
-def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative bucket counts: linear within the bucket."""
-    items = sorted(buckets.items())
-    if not items or items[-1][1] <= 0:
-        return None
-    total = items[-1][1]
-    rank = q * total
-    prev_le, prev_count = 0.0, 0.0
-    for le, count in items:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le  # the highest finite bound, as Prometheus does
-            if count == prev_count:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
-        prev_le, prev_count = le, count
-    return prev_le
 
 
 def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]:
@@ -143,23 +125,21 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
         v = d(before.by_source.get(s), after.by_source.get(s), f"{BY_SOURCE}{{source={s}}}")
         if v is not None:
             src[s] = v
-    out["prompt_tokens"] = c["vllm:prompt_tokens_total"]
-    out["generation_tokens"] = c["vllm:generation_tokens_total"]
+    out["prompt_tokens"] = c[kv.PROMPT_TOKENS]
+    out["generation_tokens"] = c[kv.GENERATION_TOKENS]
     out["tokens_by_source"] = src
     total_src = sum(src.values())
-    out["share_by_source"] = {s: (v / total_src) for s, v in src.items()} if total_src > 0 else {}
+    out["share_by_source"] = {s: share(v, total_src) for s, v in src.items()} if total_src > 0 else {}
     rates = kv.hit_rates(c, src)
-    out["gpu_hit_rate"] = rates.gpu
-    out["external_hit_rate"] = rates.offload
-    out["overall_hit_rate"] = rates.overall
+    out.update(rates.by_run_key())  # gpu_hit_rate, external_hit_rate (the offload rate), overall_hit_rate
     for direction in ("load", "store"):
-        b = c[f"vllm:kv_offload_{direction}_bytes_total"]
-        t = c[f"vllm:kv_offload_{direction}_time_total"]
+        b = c[kv.OFFLOAD_BYTES[direction]]
+        t = c[kv.OFFLOAD_TIME[direction]]
         out[f"{direction}_bytes"] = b
         out[f"{direction}_time_s"] = t
         out[f"{direction}_gbps"] = (b / t / 1e9) if b is not None and t else None
-    out["preemptions"] = c["vllm:num_preemptions_total"]
-    out["requests_finished"] = c["vllm:request_success_total"]
+    out["preemptions"] = c[kv.PREEMPTIONS]
+    out["requests_finished"] = c[kv.REQUEST_SUCCESS]
     out["server"] = {}
     for fam in HISTOGRAMS:
         ba, bb = before.buckets.get(fam, {}), after.buckets.get(fam)
@@ -170,7 +150,7 @@ def delta(before: Snapshot, after: Snapshot, elapsed_s: float) -> dict[str, Any]
             out["valid"] = False
             out["problems"].append(f"{fam} went down during the run")
             continue
-        key = "ttft" if "first_token" in fam else "itl"
+        key = "ttft" if fam == kv.TTFT else "itl"
         count = after.hist_count.get(fam, 0.0) - before.hist_count.get(fam, 0.0)
         total = after.hist_sum.get(fam, 0.0) - before.hist_sum.get(fam, 0.0)
         out["server"][key] = {
@@ -243,7 +223,7 @@ def tier_capacities(
         if kind and kind != "None":
             tiers.append({"name": kind, "tokens": None, "source": f"kv_offload_config_info ({kind} at {root})"})
     if kv_connector and not tiers:  # e.g. ExampleConnector (disk) or LMCache: its size is not in /metrics
-        tiers.append({"name": "external KV connector", "tokens": None, "source": "vllm:num_requests_kv_fetch_by_stage"})
+        tiers.append({"name": "external KV connector", "tokens": None, "source": kv.KV_FETCH_BY_STAGE})
     return tiers
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.ab.results import SOURCE_LABELS, SOURCES, request_values
 from app.ab.verdict import focus_tags, headline_metrics
+from app.charts import palette
 from app.storage.ab_rows import RunRow
+from kvcore import kv_vocabulary as kv
 
-ARM_COLORS = {"A": "#1f77b4", "B": "#ff7f0e"}
+ARM_COLORS = palette.ARMS
 # headline metric key -> the per-run summary key that shows it run by run
 RUN_KEYS = {
     "ttft_p50": "focus_ttft_p50_ms",

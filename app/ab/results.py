@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.ab.stats import percentile
+from kvcore import kv_vocabulary as kv
 
 # vLLM's source labels in the order the A/B pages list them, named as everywhere else
 SOURCES = tuple(src.vllm_label for src in (kv.RECOMPUTE, kv.GPU_HIT, kv.OFFLOAD_RELOAD))
@@ -89,9 +89,7 @@ def summarise_run(record: dict[str, Any], focus_tags: tuple[str, ...] = ()) -> d
         s[f"share_{src}"] = shares.get(src, 0.0 if shares else None)
         s[f"tokens_{src}"] = (c.get("tokens_by_source") or {}).get(src)
     for key in (
-        "gpu_hit_rate",
-        "external_hit_rate",
-        "overall_hit_rate",
+        *(d.run_key for d in kv.HIT_RATES),  # gpu_hit_rate, external_hit_rate (offload), overall_hit_rate
         "load_gbps",
         "store_gbps",
         "load_bytes",

@@ -17,6 +17,7 @@ from app.context import AppContext
 from app.storage import ab_store as st
 from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.series_store import get_instance
+from kvcore import kv_vocabulary as kv
 
 MAX_RUNS_PER_ARM = 50
 MIN_RUNS_PER_ARM = 2  # 2 is a quick look (its verdict is always inconclusive); a verdict needs MIN_RUNS
@@ -263,9 +264,7 @@ CSV_FIELDS = (
     "share_local_compute",
     "share_local_cache_hit",
     "share_external_kv_transfer",
-    "gpu_hit_rate",
-    "external_hit_rate",
-    "overall_hit_rate",
+    *(d.run_key for d in kv.HIT_RATES),  # gpu_hit_rate, external_hit_rate (offload), overall_hit_rate
     "load_gbps",
     "store_gbps",
     "load_bytes",

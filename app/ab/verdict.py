@@ -15,6 +15,7 @@ from typing import Any
 
 from app.ab.results import SOURCE_LABELS, Metric, arm_samples, summarise_run
 from app.ab.stats import Interval, bonferroni_level, bootstrap_diffs, stat_fn
+from kvcore import kv_vocabulary as kv
 
 FAMILY_LEVEL = 0.95
 GIB = 1024**3
@@ -72,8 +73,8 @@ def secondary_metrics(kind: str) -> list[Metric]:
             lower_is_better=False,
         ),
         Metric("share_local_compute", "share of prompt tokens recomputed", "ratio", "run"),
-        Metric("gpu_hit_rate", "GPU prefix-cache hit rate", "ratio", "run", lower_is_better=False),
-        Metric("external_hit_rate", "offload-tier hit rate", "ratio", "run", lower_is_better=False),
+        Metric(kv.HIT_GPU.run_key, "GPU prefix-cache hit rate", "ratio", "run", lower_is_better=False),
+        Metric(kv.HIT_OFFLOAD.run_key, "offload-tier hit rate", "ratio", "run", lower_is_better=False),
         Metric("load_gbps", "offload load rate (CPU->GPU)", "GB/s", "run", lower_is_better=False),
         Metric("store_gbps", "offload store rate (GPU->CPU)", "GB/s", "run", lower_is_better=False),
         Metric("store_bytes", "bytes stored to the offload tier per run", "bytes", "run"),

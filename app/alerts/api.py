@@ -14,6 +14,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.alerts import pages
 from app.alerts.catalog import BY_NAME
 from app.alerts.delivery import run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
@@ -27,11 +28,11 @@ from app.alerts.views import (
     delivery_config,
     evaluator,
 )
-from app.auth.roles import OPERATOR, requires
+from app.auth.roles import OPERATOR, VIEWER, requires
 from app.context import AppContext
 from app.storage import alerts_store as store
 from app.web import csrf
-from app.web.ids import DbId, OptionalDbIdQuery
+from app.web.deps import CtxDep, DbId, OptionalDbIdQuery
 from app.web.jobs import register_job
 from app.web.json_body import read_json
 
@@ -75,90 +76,92 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     templates.env.globals["alerts_banner"] = lambda: banner(ctx)
     templates.env.globals["alert_value"] = alert_value
 
-    app.include_router(api_router(ctx))
-    from app.alerts import pages
-
-    app.include_router(pages.router(ctx))
+    app.include_router(router)
+    app.include_router(pages.router)
 
 
-def api_router(ctx: AppContext) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
 
-    @r.get("/api/v1/alerts")
-    def list_alerts(
-        state: str = Query("open", description="open | firing | pending | resolved | all"),
-        instance: OptionalDbIdQuery = None,
-        rule: str | None = None,
-        limit: int = Query(200, ge=1, le=5000),
-    ) -> JSONResponse:
-        if state not in STATE_FILTERS:
-            raise HTTPException(400, f"state must be one of {', '.join(STATE_FILTERS)}")
-        if rule is not None and rule not in BY_NAME:
-            raise HTTPException(400, f"unknown rule {rule!r}; known: {', '.join(sorted(BY_NAME))}")
-        now = ctx.now()
-        rows = store.list_alerts(ctx.engine, states=STATE_FILTERS[state], instance_id=instance, rule=rule, limit=limit)
-        silences = store.active_silences(ctx.engine, now)
-        return JSONResponse({"now": now, "alerts": [alert_json(a, silences, now) for a in rows]})
 
-    @r.get("/api/v1/alerts/{alert_id}")
-    def get_alert(alert_id: DbId) -> JSONResponse:
-        row = store.get_alert(ctx.engine, alert_id)
-        if row is None:
-            raise HTTPException(404, f"no alert {alert_id}")
-        now = ctx.now()
-        out = alert_json(row, store.active_silences(ctx.engine, now), now)
-        out["transitions"] = [
-            {k: t[k] for k in ("ts", "from_state", "to_state", "value", "message")}
-            for t in store.list_transitions(ctx.engine, alert_id=alert_id)
-        ]
-        out["deliveries"] = [
-            {
-                k: d[k]
-                for k in (
-                    "id",
-                    "channel",
-                    "event",
-                    "status",
-                    "attempts",
-                    "created_at",
-                    "sent_at",
-                    "next_attempt_at",
-                    "last_error",
-                )
-            }
-            for d in store.list_deliveries(ctx.engine, alert_id=alert_id)
-        ]
-        return JSONResponse(out)
+@router.get("/api/v1/alerts")
+@requires(VIEWER)
+def list_alerts(
+    ctx: CtxDep,
+    state: str = Query("open", description="open | firing | pending | resolved | all"),
+    instance: OptionalDbIdQuery = None,
+    rule: str | None = None,
+    limit: int = Query(200, ge=1, le=5000),
+) -> JSONResponse:
+    if state not in STATE_FILTERS:
+        raise HTTPException(400, f"state must be one of {', '.join(STATE_FILTERS)}")
+    if rule is not None and rule not in BY_NAME:
+        raise HTTPException(400, f"unknown rule {rule!r}; known: {', '.join(sorted(BY_NAME))}")
+    now = ctx.now()
+    rows = store.list_alerts(ctx.engine, states=STATE_FILTERS[state], instance_id=instance, rule=rule, limit=limit)
+    silences = store.active_silences(ctx.engine, now)
+    return JSONResponse({"now": now, "alerts": [alert_json(a, silences, now) for a in rows]})
 
-    @r.post("/api/v1/alerts/{alert_id}/ack")
-    @requires(OPERATOR)
-    async def ack(alert_id: DbId, request: Request) -> JSONResponse:
-        csrf.require_json(request)  # a cross-site form cannot send JSON without a CORS preflight
-        note = ""
-        body = await request.body()
-        if body:
-            data = await read_json(request, 'body must be JSON, e.g. {"note": "looking"}')
-            note = str(data.get("note", "")) if isinstance(data, dict) else ""
-        if store.get_alert(ctx.engine, alert_id) is None:
-            raise HTTPException(404, f"no alert {alert_id}")
-        ok = await run_in_threadpool(store.acknowledge, ctx.engine, alert_id, ctx.now(), note)
-        return JSONResponse({"acknowledged": ok, "already": not ok})
 
-    @r.post("/api/v1/alerts/silences")
-    @requires(OPERATOR)
-    async def silence(request: Request) -> JSONResponse:
-        csrf.require_json(request)
-        data = await read_json(request, 'body must be JSON: {"minutes": 60, "rule": ..., "instance": id}')
-        if not isinstance(data, dict):
-            raise HTTPException(400, "body must be a JSON object")
-        sid = create_silence(
-            ctx,
-            minutes=data.get("minutes"),
-            rule=data.get("rule"),
-            instance=data.get("instance"),
-            host=data.get("host"),
-            reason=data.get("reason"),
-        )
-        return JSONResponse({"id": sid}, status_code=201)
+@router.get("/api/v1/alerts/{alert_id}")
+@requires(VIEWER)
+def get_alert(ctx: CtxDep, alert_id: DbId) -> JSONResponse:
+    row = store.get_alert(ctx.engine, alert_id)
+    if row is None:
+        raise HTTPException(404, f"no alert {alert_id}")
+    now = ctx.now()
+    out = alert_json(row, store.active_silences(ctx.engine, now), now)
+    out["transitions"] = [
+        {k: t[k] for k in ("ts", "from_state", "to_state", "value", "message")}
+        for t in store.list_transitions(ctx.engine, alert_id=alert_id)
+    ]
+    out["deliveries"] = [
+        {
+            k: d[k]
+            for k in (
+                "id",
+                "channel",
+                "event",
+                "status",
+                "attempts",
+                "created_at",
+                "sent_at",
+                "next_attempt_at",
+                "last_error",
+            )
+        }
+        for d in store.list_deliveries(ctx.engine, alert_id=alert_id)
+    ]
+    return JSONResponse(out)
 
-    return r
+
+@router.post("/api/v1/alerts/{alert_id}/ack")
+@requires(OPERATOR)
+async def ack(ctx: CtxDep, alert_id: DbId, request: Request) -> JSONResponse:
+    csrf.require_json(request)  # a cross-site form cannot send JSON without a CORS preflight
+    note = ""
+    body = await request.body()
+    if body:
+        data = await read_json(request, 'body must be JSON, e.g. {"note": "looking"}')
+        note = str(data.get("note", "")) if isinstance(data, dict) else ""
+    if store.get_alert(ctx.engine, alert_id) is None:
+        raise HTTPException(404, f"no alert {alert_id}")
+    ok = await run_in_threadpool(store.acknowledge, ctx.engine, alert_id, ctx.now(), note)
+    return JSONResponse({"acknowledged": ok, "already": not ok})
+
+
+@router.post("/api/v1/alerts/silences")
+@requires(OPERATOR)
+async def silence(ctx: CtxDep, request: Request) -> JSONResponse:
+    csrf.require_json(request)
+    data = await read_json(request, 'body must be JSON: {"minutes": 60, "rule": ..., "instance": id}')
+    if not isinstance(data, dict):
+        raise HTTPException(400, "body must be a JSON object")
+    sid = create_silence(
+        ctx,
+        minutes=data.get("minutes"),
+        rule=data.get("rule"),
+        instance=data.get("instance"),
+        host=data.get("host"),
+        reason=data.get("reason"),
+    )
+    return JSONResponse({"id": sid}, status_code=201)

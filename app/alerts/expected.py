@@ -15,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, or_, select
+from sqlalchemy import Engine
 
-from app.storage.ab_models import AbExperiment
-from app.storage.controller_models import ControllerRollout
+from app.storage.change_windows import changes_overlapping
 
 SETTLE_S = 300.0
 MAX_WINDOWS = 500  # per evaluation, newest first
@@ -54,35 +53,11 @@ class ExpectedWindow:
 
 def load_windows(engine: Engine, since: float, now: float) -> dict[int, list[ExpectedWindow]]:
     """Every rollout and experiment that overlaps [since - SETTLE_S, now], by instance."""
-    lo = since - SETTLE_S
-    r, e = ControllerRollout, AbExperiment
     out: dict[int, list[ExpectedWindow]] = {}
-    with engine.connect() as conn:
-        rollouts = conn.execute(
-            select(r.id, r.instance_id, r.created_at, r.finished_at, r.state)
-            .where(r.created_at <= now, or_(r.finished_at.is_(None), r.finished_at >= lo))
-            .order_by(r.created_at.desc())
-            .limit(MAX_WINDOWS)
-        ).all()
-        experiments = conn.execute(
-            select(e.id, e.instance_id, e.created_at, e.finished_at, e.profile_a, e.profile_b)
-            .where(e.created_at <= now, or_(e.finished_at.is_(None), e.finished_at >= lo))
-            .order_by(e.created_at.desc())
-            .limit(MAX_WINDOWS)
-        ).all()
-    for rid, iid, created, finished, _state in rollouts:
-        w = ExpectedWindow(int(iid), float(created), _f(finished), "rollout", int(rid), f"kvscope rollout #{rid}")
-        out.setdefault(int(iid), []).append(w)
-    for xid, iid, created, finished, a, b in experiments:
-        label = f"kvscope A/B experiment #{xid} ({a} vs {b})"
-        out.setdefault(int(iid), []).append(
-            ExpectedWindow(int(iid), float(created), _f(finished), "experiment", int(xid), label)
-        )
+    for c in changes_overlapping(engine, since - SETTLE_S, now, MAX_WINDOWS):
+        w = ExpectedWindow(c["instance_id"], c["created_at"], c["finished_at"], c["kind"], c["id"], c["label"])
+        out.setdefault(c["instance_id"], []).append(w)
     return out
-
-
-def _f(v: Any) -> float | None:
-    return None if v is None else float(v)
 
 
 def covering(windows: Sequence[ExpectedWindow], t: float) -> ExpectedWindow | None:

@@ -1,5 +1,5 @@
 """Prefix-cache hit rates over a window, with the definitions and the one fallback order of
-agent.kv_vocabulary (vLLM's own: gpu = hits/queries, offload = external hits/queries, overall =
+kvcore.kv_vocabulary (vLLM's own: gpu = hits/queries, offload = external hits/queries, overall =
 cached/prompt tokens), plus the resets seen inside the window.
 
 Every increase is reset-corrected, so a restart inside the window neither adds negative tokens
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import kv_vocabulary as kv
 from app.alerts.series import SeriesMap, Window, window_increase
+from kvcore import kv_vocabulary as kv
+from kvcore.series import share
 
 PROMPT_TOKENS = kv.PROMPT_TOKENS
 BY_SOURCE = kv.BY_SOURCE
@@ -55,7 +56,7 @@ def hit_rate(series: SeriesMap, tier: str, start: float, end: float) -> HitRate:
     resets = tuple(sorted({t for w in (hits_w, den_w) if w is not None for t in w.resets}))
     hits = hits_w.value if hits_w is not None else None
     den = den_w.value if den_w is not None else None
-    return HitRate(kv.share(hits, den), hits, den, resets)
+    return HitRate(share(hits, den), hits, den, resets)
 
 
 def _valued(w: Window) -> Window | None:
@@ -66,4 +67,4 @@ def _simple(series: SeriesMap, hits: str, queries: str, start: float, end: float
     h = window_increase(series.get(hits), start, end)
     q = window_increase(series.get(queries), start, end)
     resets = tuple(sorted(set(h.resets) | set(q.resets)))
-    return HitRate(kv.share(h.value, q.value), h.value, q.value, resets)
+    return HitRate(share(h.value, q.value), h.value, q.value, resets)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
-from app.alerts.series import Series, extend_index
 from app.derived.series_reader import SeriesQuery, TieredSeries, by_name, read_series
+from kvcore.series import Series, extend_running_increase
 
 # Points kept before the window start, to anchor an increase over the window.
 ANCHOR_S = 120.0
@@ -42,7 +42,9 @@ class _Entry:
             new = [p for p in sp.points if p[0] > last]
             before = len(pts)
             pts.extend(new)
-            extend_index(pts, self.cum.setdefault(sp.series_id, []), self.resets.setdefault(sp.series_id, []), before)
+            extend_running_increase(
+                pts, self.cum.setdefault(sp.series_id, []), self.resets.setdefault(sp.series_id, []), before
+            )
             n += len(new)
         return n
 

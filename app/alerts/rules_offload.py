@@ -9,7 +9,7 @@ from typing import Any
 from app.alerts import expected
 from app.alerts.rule_io import RuleResult, TargetData
 from app.alerts.series import bucket_increases, window_increase
-from app.derived.grid_math import histogram_quantile
+from kvcore.series import histogram_quantile
 
 STORE_BYTES = "vllm:kv_offload_store_bytes_total"
 LOAD_BYTES = "vllm:kv_offload_load_bytes_total"

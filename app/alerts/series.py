@@ -1,9 +1,9 @@
 """Window arithmetic over raw points, for the rules. Pure functions.
 
 Counters are cumulative; a decrease is a reset (restart) and the increase across it is the new
-value (app.derived.rates.increase). A window (start, end] is anchored on the last point at or before
-`start` (if it is recent enough), so an increase over 5 minutes covers 5 minutes of counting,
-not 5 minutes minus one scrape gap.
+value (kvcore.series, which also defines the Series type these functions take). A window
+(start, end] is anchored on the last point at or before `start` (if it is recent enough), so an
+increase over 5 minutes covers 5 minutes of counting, not 5 minutes minus one scrape gap.
 """
 
 from __future__ import annotations
@@ -13,42 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from app.derived.rates import increase, reset_times
-
-Point = tuple[float, float]
-
-
-@dataclass(frozen=True)
-class Series:
-    """One series' points. `cum` (optional) is the reset-corrected running increase aligned with
-    the points and `reset_idx` the indices j where points[j] < points[j - 1]: with them a window's
-    increase is two lookups instead of a walk over a day of samples (see `indexed`)."""
-
-    labels: Mapping[str, str]
-    points: Sequence[Point]  # (ts seconds, value), ascending
-    cum: Sequence[float] | None = None
-    reset_idx: Sequence[int] = ()
-
-
-def extend_index(points: Sequence[Point], cum: list[float], reset_idx: list[int], start: int) -> None:
-    """Extend `cum`/`reset_idx` for points[start:] (cum already covers points[:start])."""
-    for j in range(start, len(points)):
-        if j == 0:
-            cum.append(0.0)
-            continue
-        prev, cur = points[j - 1][1], points[j][1]
-        if cur >= prev:
-            cum.append(cum[-1] + (cur - prev))
-        else:
-            cum.append(cum[-1] + cur)
-            reset_idx.append(j)
-
-
-def indexed(labels: Mapping[str, str], points: Sequence[Point]) -> Series:
-    cum: list[float] = []
-    resets: list[int] = []
-    extend_index(points, cum, resets, 0)
-    return Series(labels, points, cum, resets)
+from kvcore.series import Point, Series, increase, reset_times
 
 
 @dataclass(frozen=True)
@@ -157,12 +122,6 @@ def median_gap(series: Sequence[Series]) -> float | None:
             gaps = sorted(b[0] - a[0] for a, b in zip(s.points, s.points[1:], strict=False))
             return gaps[len(gaps) // 2]
     return None
-
-
-def ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or den is None or den <= 0:
-        return None
-    return max(0.0, min(1.0, num / den))
 
 
 def bucket_increases(

@@ -19,8 +19,8 @@ from app.context import AppContext
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    app.include_router(pages.router(ctx))
-    app.include_router(admin_api.router(ctx))
+    app.include_router(pages.router)
+    app.include_router(admin_api.router)
 
     @app.exception_handler(LoginRequired)
     async def _to_login(_req: Request, exc: LoginRequired) -> RedirectResponse:

@@ -38,10 +38,18 @@ def requires(role: str) -> Callable[[F], F]:
     return mark
 
 
-def role_needed(endpoint: Any, method: str) -> str:
-    """The role a route needs: its stated one, else viewer to read and operator to change."""
+def declared_role(endpoint: Any) -> str | None:
+    """The role a route states with @requires, or None when it states none."""
     stated = getattr(endpoint, ROLE_ATTR, None)
-    if isinstance(stated, str):
+    return stated if isinstance(stated, str) else None
+
+
+def role_needed(endpoint: Any, method: str) -> str:
+    """The role a route needs: its stated one. Every route of the app states one (the route sweep,
+    tests/app/test_every_route.py, fails on one that does not); the fallback for a route that
+    forgot, viewer to read and operator to change, keeps such a route closed, never open."""
+    stated = declared_role(endpoint)
+    if stated is not None:
         return stated
     return VIEWER if method in ("GET", "HEAD") else OPERATOR
 

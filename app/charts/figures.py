@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from typing import Any
 
 from app.charts import palette
 from app.derived.panels import Panel, Trace
 from app.storage.events import EventRow
+from app.web.text import readable
 
 EVENT_COLORS = palette.EVENTS
 # a ceiling drawn as a line only when the data reach this share of it; below, a line at the
@@ -27,14 +27,6 @@ MODEBAR_PX = 30  # top margin kept free for Plotly's modebar
 
 def _clean(values: list[float | None]) -> list[float | None]:
     return [v if v is not None and math.isfinite(v) else None for v in values]
-
-
-_NONE_WORDS = re.compile(r"\b(None|nan|NaN|null)\b")
-
-
-def readable(text: object) -> str:
-    """Text for a person: Python's None / nan (config labels, event messages) as 'not set' / 'n/a'."""
-    return _NONE_WORDS.sub(lambda m: "not set" if m.group(1) in ("None", "null") else "n/a", str(text))
 
 
 def plain(text: object) -> str:
@@ -177,7 +169,7 @@ def build_figure(panel: Panel, events: list[EventRow], data_since: float | None 
                 "yref": yref,
                 "y0": y,
                 "y1": y,
-                "line": {"color": "#d62728", "width": 1.5, "dash": "dashdot"},
+                "line": {"color": palette.CEILING, "width": 1.5, "dash": "dashdot"},
             }
         )
         layout["annotations"].append(
@@ -190,7 +182,7 @@ def build_figure(panel: Panel, events: list[EventRow], data_since: float | None 
                 "yanchor": "bottom",
                 "text": label,
                 "showarrow": False,
-                "font": {"size": 10, "color": "#d62728"},
+                "font": {"size": 10, "color": palette.CEILING},
             }
         )
     _add_events(layout, data, events, g.start, g.end)
@@ -209,7 +201,7 @@ def _add_events(
     colors: list[str] = []
     for e in inside:
         x = round(float(e["ts"]) * 1000)
-        color = EVENT_COLORS.get(str(e.get("kind")), "#7f7f7f")
+        color = EVENT_COLORS.get(str(e.get("kind")), palette.EVENT_OTHER)
         layout["shapes"].append(
             {
                 "type": "line",

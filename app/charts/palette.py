@@ -1,27 +1,18 @@
-"""Every colour the instance charts use, in one place, so one meaning has one colour and two
-series drawn side by side never share one.
+"""Every colour the charts use, by role, so one meaning has one colour and two series drawn side
+by side never share one.
 
-Token sources (GPU hit / offload reload / recompute) and hit rates take theirs from the KV
-vocabulary (agent/kv_vocabulary.py), which the A/B charts share.
+The colours themselves (Tableau 10) are defined once, in the KV vocabulary (kvcore/kv_vocabulary.py),
+with the token sources' and hit rates' own; the instance, overview and A/B charts all take theirs here.
 """
 
 from __future__ import annotations
 
-from agent import kv_vocabulary as kv
+from kvcore import kv_vocabulary as kv
 
-# Tableau 10, by role
-GREEN = "#2ca02c"
-BLUE = "#1f77b4"
-RED = "#d62728"
-ORANGE = "#ff7f0e"
-PURPLE = "#9467bd"
-BROWN = "#8c564b"
-PINK = "#e377c2"
-GREY = "#7f7f7f"
-OLIVE = "#bcbd22"
-CYAN = "#17becf"
+GREEN, BLUE, RED, ORANGE, PURPLE = kv.GREEN, kv.BLUE, kv.RED, kv.ORANGE, kv.PURPLE
+BROWN, PINK, GREY, OLIVE, CYAN = kv.BROWN, kv.PINK, kv.GREY, kv.OLIVE, kv.CYAN
 
-SOURCE_COLORS = {src.vllm_label: src.color for src in kv.SOURCES}  # defined in agent/kv_vocabulary.py
+SOURCE_COLORS = {src.vllm_label: src.color for src in kv.SOURCES}  # defined in kvcore/kv_vocabulary.py
 OTHER_SOURCE_COLORS = [PURPLE, CYAN, OLIVE, PINK, BROWN]  # sources vLLM adds later, in order
 
 HIT_RATE = {d.key: d.color for d in kv.HIT_RATES}
@@ -51,6 +42,11 @@ EVENTS = {
     "counter_clamped": OLIVE,
     "experiment": PINK,
 }
+
+
+EVENT_OTHER = GREY
+ARMS = {"A": BLUE, "B": ORANGE}  # the two arms of an A/B experiment
+SPARK = {"hit": GREEN, "ttft95": ORANGE}  # the overview's sparklines
 
 
 def gpu_color(index: int) -> str:

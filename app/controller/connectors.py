@@ -11,7 +11,7 @@
   in the launcher config's env);
 - `kv_events`: KV cache events published on a ZeroMQ endpoint.
 
-Every key rendered here is on the agent's list (agent/flag_policy.py CONNECTORS), which checks the
+Every key rendered here is on the agent's list (kvcore/flag_policy.py CONNECTORS), which checks the
 JSON again before any restart.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from agent import flag_policy
+from kvcore import flag_policy
 
 GIB = 1024**3
 

@@ -13,7 +13,7 @@ Offload is expressed in the simplest form vLLM accepts:
 
 Other connectors (vLLM's ExampleConnector as a disk tier, LMCacheConnectorV1 with its settings,
 MooncakeStoreConnector) and KV events are fields too (app/controller/connectors.py). `extra_args`
-take only the allow-listed flags of agent/flag_policy.py (the agent checks the whole argv again).
+take only the allow-listed flags of kvcore/flag_policy.py (the agent checks the whole argv again).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pydantic import (
     model_validator,
 )
 
-from agent import flag_policy
 from app.controller.connectors import DiskTier, KVEvents, LMCache, MooncakeStore, limits_of
+from kvcore import flag_policy
 
 GIB = 1024**3
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -267,7 +267,7 @@ def parse_profile(
     name: str, spec: dict[str, Any], *, allow_flags: Sequence[str] = (), limits: flag_policy.Limits | None = None
 ) -> Profile:
     """Validate a stored or submitted spec; raise ProfileError with one readable line.
-    `allow_flags`: extra_args flags this app allows beyond agent/flag_policy.py's list; `limits`:
+    `allow_flags`: extra_args flags this app allows beyond kvcore/flag_policy.py's list; `limits`:
     the kv-events hosts and tier roots it allows (policy_limits(settings); default: loopback and
     flag_policy.DEFAULT_TIER_ROOTS)."""
     data = {k: v for k, v in spec.items() if k != "name"}

@@ -15,16 +15,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agent import flag_policy
 from agent import preflight as pf
 from agent.preflight_policy import check_flag_policy
 from agent.probe import probe_settings_error
 from app.context import AppContext
+from app.controller.control import record_push
 from app.controller.profiles import Profile, ProfileError, argv_diff, parse_profile, policy_limits
 from app.derived.series_reader import SeriesQuery, by_name, read_series
 from app.storage import rollouts_store as rs
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
 from app.storage.series_store import InstanceRow, get_instance
+from kvcore import flag_policy
 
 log = logging.getLogger("kvscope.rollouts")
 EXPIRE_JOB = "rollout_expiry"
@@ -165,6 +166,7 @@ def push_hook(ctx: AppContext) -> Any:
         if scraped:
             known = ctx.agent_urls
             known[(host_id, str(batch.agent_id))] = scraped
+            record_push(ctx, host_id, str(batch.agent_id), list(getattr(batch, "controlled", None) or []))
         for u in getattr(batch, "rollout_updates", None) or []:
             ok = rs.apply_update(
                 ctx.engine,
@@ -201,8 +203,8 @@ def expire_job(ctx: AppContext, now: float) -> None:
                 ctx.engine,
                 int(r["id"]),
                 "expired",
-                f"the agent did not acknowledge it in {age:.0f} s: is it running with "
-                "--launcher-config listing this instance?",
+                f"the agent did not acknowledge it in {age:.0f} s: does it control this instance "
+                "(`kvscope up -- vllm serve ...`, or --launcher-config listing it)?",
                 now,
                 only_from=("claimed",),
             )

@@ -14,23 +14,23 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from app.auth.roles import PUBLIC, requires
 from app.context import AppContext
 from app.dashboard import api, instance, overview
 from app.dashboard.memo import live_values
+from app.paths import static_dir
 from app.storage.rollups import run_rollups
 from app.web.jobs import register_job
-from app.web.paths import static_dir
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    app.include_router(api.router(ctx))  # JSON reads: instances, series, events, /healthz, /metrics
     live = live_values(ctx)
     ctx.push_hooks.append(lambda batch, host_id, now: live.note_push(host_id, oldest_sample_ts(batch), now))
-
-    app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
-
-    app.include_router(overview.router(ctx))
-    app.include_router(instance.router(ctx))
+    app.include_router(api.router)  # JSON reads: instances, series, events, summary, charts, /healthz, /metrics
+    # a mount is outside the app-wide role check: PUBLIC says so in the route table
+    app.mount("/static", requires(PUBLIC)(StaticFiles(directory=str(static_dir()))), name="static")
+    app.include_router(overview.router)
+    app.include_router(instance.router)
     register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
     _freeze_once()
 

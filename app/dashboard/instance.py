@@ -1,4 +1,5 @@
-"""The instance page, its chart and worth fragments, and the chart JSON under /api/."""
+"""The instance page and its fragments (chart, worth, summary), and the computations they share
+with the instance JSON reads (app/dashboard/api.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse
 
+from app.auth.roles import VIEWER, requires
 from app.charts.figures import build_figure, compact
 from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
 from app.dashboard.memo import live_values
 from app.dashboard.overview import figure_json
-from app.dashboard.ranges import RANGES, TimeRange, default_range, resolve
 from app.dashboard.workers import run_page_work
 from app.derived.fleet import describe_offload, state_of
 from app.derived.grid import MAX_POINTS
@@ -23,8 +24,9 @@ from app.derived.summary import compute_summary
 from app.derived.worth import compute_worth
 from app.storage.events import EventRow, list_events
 from app.storage.series_store import InstanceRow, get_instance
+from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
 from app.web.errors import html_error
-from app.web.ids import DbId
+from app.web.ranges import RANGES, TimeRange, default_range, resolve
 
 CHART_ORDER = list(CHARTS)
 SUMMARY_PX = 100  # the summary reads increases, not a chart: a coarse grid keeps its scope cheap
@@ -33,7 +35,7 @@ PX_QUANTUM = 50  # plot widths are rounded down to this (viewers of similar widt
 RESTART_MERGE_S = 120.0  # a counter_reset this close to a restart is that restart: one annotation
 
 
-def _instance(ctx: AppContext, instance_id: int) -> InstanceRow:
+def instance_or_404(ctx: AppContext, instance_id: int) -> InstanceRow:
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
         raise HTTPException(404, f"no instance {instance_id}: see the overview for the known ones")
@@ -149,187 +151,135 @@ def parse_time(raw: str | None, what: str) -> float | None:
         raise HTTPException(400, f"{what} must be a Unix time in seconds, not {raw[:40]!r}") from None
 
 
-def router(ctx: AppContext) -> APIRouter:
-    r = APIRouter()
-    # Live fragments: every viewer of an instance shares one computation per chart per quantum.
+def shared_now(ctx: AppContext) -> float:
+    """Now, rounded to the chart cache's quantum: live fragments of one refresh share it."""
+    return quantise(ctx.now(), ctx.settings.chart_cache_s)
+
+
+def frame(ctx: AppContext, inst: InstanceRow, tr: TimeRange, px: int = MAX_POINTS) -> tuple[Scope, list[EventRow]]:
+    """What the eight fragments of one refresh share: the scope (state, grid, fetched series)
+    and the events, computed once per quantum (and plot width). Every viewer of an instance
+    shares one computation per chart per quantum (the app's shared_cache)."""
     cache = shared_cache(ctx)
+    key = (int(inst["id"]), tr.name, tr.start, tr.end)
+    sc = cache.get_or_compute(("scope", *key, px), lambda: _scope(ctx, inst, tr, px))
+    events = cache.get_or_compute(("events", *key), lambda: _events(ctx, inst, tr))
+    return sc, events
 
-    def shared_now() -> float:
-        return quantise(ctx.now(), ctx.settings.chart_cache_s)
 
-    def frame(inst: InstanceRow, tr: TimeRange, px: int = MAX_POINTS) -> tuple[Scope, list[EventRow]]:
-        """What the eight fragments of one refresh share: the scope (state, grid, fetched series)
-        and the events, computed once per quantum (and plot width)."""
-        key = (int(inst["id"]), tr.name, tr.start, tr.end)
-        sc = cache.get_or_compute(("scope", *key, px), lambda: _scope(ctx, inst, tr, px))
-        events = cache.get_or_compute(("events", *key), lambda: _events(ctx, inst, tr))
-        return sc, events
+def _chart_with_json(
+    ctx: AppContext, inst: InstanceRow, key: str, tr: TimeRange, sc: Scope, events: list[EventRow]
+) -> dict[str, Any]:
+    c = chart_data(ctx, inst, key, tr, scope=sc, events=events)
+    c["figure_json"] = figure_json(compact(c["figure"])) if c["figure"] else None
+    return c
 
-    def page_context(instance_id: int, range_: str | None, start: float | None, end: float | None) -> dict[str, Any]:
-        inst = _instance(ctx, instance_id)
-        now = ctx.now()
-        if not range_ and start is None and end is None:
-            range_ = default_range(now, inst.get("first_seen"))
-        tr = resolve(now, range_, start, end)
-        sc = _scope(ctx, inst, tr, MAX_POINTS)
-        events = _events(ctx, inst, tr)
-        charts = []
-        for key in CHART_ORDER:
-            c = chart_data(ctx, inst, key, tr, scope=sc, events=events)
-            c["figure_json"] = figure_json(compact(c["figure"])) if c["figure"] else None
-            charts.append(c)
-        summary = compute_summary(sc)
-        worth = summary.worth
-        return {
-            "inst": inst,
-            "range": tr,
-            "ranges": list(RANGES),
-            "charts": charts,
-            "worth": worth,
-            "summary": summary,
-            "state": sc.state,
-            "offload": describe_offload(inst),
-            "now": ctx.now(),
-            "simulated": bool(inst.get("simulated")),
-            "events": events[-20:],
-            "active_nav": "overview",
-            "tier": sc.grid.tier,
-        }
 
-    @r.get("/instances/{instance_id}", response_class=HTMLResponse, include_in_schema=False)
-    async def instance_page(
-        request: Request,
-        instance_id: str,
-        range: str | None = None,
-        start: str | None = None,
-        end: str | None = None,
-    ) -> HTMLResponse:
-        """The instance page (viewer). Unknown or malformed ids and ranges answer an HTML page."""
-        try:
-            iid = parse_instance_id(instance_id)
-            s, e = parse_time(start, "start"), parse_time(end, "end")
-            data = await run_page_work(ctx, lambda: page_context(iid, range, s, e))
-        except HTTPException as exc:
-            return html_error(request, exc.status_code, str(exc.detail))
-        return ctx.templates.TemplateResponse(request, "dashboard/instance.html", data)
+def page_context(
+    ctx: AppContext, instance_id: int, range_: str | None, start: float | None, end: float | None
+) -> dict[str, Any]:
+    """Everything the instance page renders: its charts, summary, worth, state and events."""
+    inst = instance_or_404(ctx, instance_id)
+    now = ctx.now()
+    if not range_ and start is None and end is None:
+        range_ = default_range(now, inst.get("first_seen"))
+    tr = resolve(now, range_, start, end)
+    sc = _scope(ctx, inst, tr, MAX_POINTS)
+    events = _events(ctx, inst, tr)
+    charts = [_chart_with_json(ctx, inst, key, tr, sc, events) for key in CHART_ORDER]
+    summary = compute_summary(sc)
+    return {
+        "inst": inst,
+        "range": tr,
+        "ranges": list(RANGES),
+        "charts": charts,
+        "worth": summary.worth,
+        "summary": summary,
+        "state": sc.state,
+        "offload": describe_offload(inst),
+        "now": ctx.now(),
+        "simulated": bool(inst.get("simulated")),
+        "events": events[-20:],
+        "active_nav": "overview",
+        "tier": sc.grid.tier,
+    }
 
-    @r.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse, include_in_schema=False)
-    async def chart_fragment(
-        request: Request,
-        instance_id: DbId,
-        key: str,
-        range: str | None = None,
-        start: float | None = None,
-        end: float | None = None,
-        px: int | None = Query(None, ge=1, le=20000, description="plot width in pixels"),
-    ) -> HTMLResponse:
-        width = plot_px(px)
 
-        def build() -> dict[str, Any]:
-            inst = _instance(ctx, instance_id)
-            tr = resolve(shared_now(), range, start, end)
+def chart_fragment_data(ctx: AppContext, instance_id: int, key: str, rq: RangeQuery, width: int) -> dict[str, Any]:
+    """One chart of a live refresh, shared by every viewer of the same range and width."""
+    inst = instance_or_404(ctx, instance_id)
+    tr = resolve(shared_now(ctx), rq.range, rq.start, rq.end)
 
-            def compute() -> dict[str, Any]:
-                sc, events = frame(inst, tr, width)
-                c = chart_data(ctx, inst, key, tr, scope=sc, events=events)
-                c["figure_json"] = figure_json(compact(c["figure"])) if c["figure"] else None
-                return c
+    def compute() -> dict[str, Any]:
+        return _chart_with_json(ctx, inst, key, tr, *frame(ctx, inst, tr, width))
 
-            c = cache.get_or_compute(("chart", instance_id, key, tr.name, tr.start, tr.end, width), compute)
-            return {"c": c, "inst": inst, "range": tr}
+    c = shared_cache(ctx).get_or_compute(("chart", instance_id, key, tr.name, tr.start, tr.end, width), compute)
+    return {"c": c, "inst": inst, "range": tr}
 
-        data = await run_page_work(ctx, build)
-        return ctx.templates.TemplateResponse(request, "dashboard/_chart.html", data)
 
-    async def panel_fragment(
-        request: Request,
-        instance_id: int,
-        range: str | None,
-        start: float | None,
-        end: float | None,
-        name: str,
-        compute: Callable[[Scope], Any],
-    ) -> HTMLResponse:
-        """A panel computed from the range's scope (worth, summary), cached per range, rendered by
-        templates/dashboard/_<name>.html with the result under `name`."""
+def panel_data(
+    ctx: AppContext, instance_id: int, rq: RangeQuery, name: str, compute: Callable[[Scope], Any]
+) -> dict[str, Any]:
+    """A panel computed from the range's scope (worth, summary), cached per range; the result is
+    under `name` for templates/dashboard/_<name>.html."""
+    inst = instance_or_404(ctx, instance_id)
+    tr = resolve(shared_now(ctx), rq.range, rq.start, rq.end)
+    result = shared_cache(ctx).get_or_compute(
+        (name, instance_id, tr.name, tr.start, tr.end), lambda: compute(frame(ctx, inst, tr)[0])
+    )
+    return {name: result, "inst": inst, "range": tr}
 
-        def build() -> dict[str, Any]:
-            inst = _instance(ctx, instance_id)
-            tr = resolve(shared_now(), range, start, end)
-            result = cache.get_or_compute(
-                (name, instance_id, tr.name, tr.start, tr.end), lambda: compute(frame(inst, tr)[0])
-            )
-            return {name: result, "inst": inst, "range": tr}
 
-        data = await run_page_work(ctx, build)
-        return ctx.templates.TemplateResponse(request, f"dashboard/_{name}.html", data)
+router = APIRouter(include_in_schema=False)
 
-    @r.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse, include_in_schema=False)
-    async def worth_fragment(
-        request: Request,
-        instance_id: DbId,
-        range: str | None = None,
-        start: float | None = None,
-        end: float | None = None,
-    ) -> HTMLResponse:
-        return await panel_fragment(request, instance_id, range, start, end, "worth", compute_worth)
 
-    @r.get("/instances/{instance_id}/fragments/summary", response_class=HTMLResponse, include_in_schema=False)
-    async def summary_fragment(
-        request: Request,
-        instance_id: DbId,
-        range: str | None = None,
-        start: float | None = None,
-        end: float | None = None,
-    ) -> HTMLResponse:
-        """The page's opening verdict and its three numbers (role: viewer)."""
+@router.get("/instances/{instance_id}", response_class=HTMLResponse)
+@requires(VIEWER)
+async def instance_page(
+    ctx: CtxDep,
+    request: Request,
+    instance_id: str,
+    range: str | None = None,
+    start: str | None = None,
+    end: str | None = None,
+) -> HTMLResponse:
+    """The instance page. Unknown or malformed ids and ranges answer an HTML page in the
+    dashboard's frame (app.web.errors), so the id and times are parsed here, not by FastAPI
+    (whose 422 is JSON)."""
+    try:
+        iid = parse_instance_id(instance_id)
+        s, e = parse_time(start, "start"), parse_time(end, "end")
+        data = await run_page_work(ctx, lambda: page_context(ctx, iid, range, s, e))
+    except HTTPException as exc:
+        return html_error(request, exc.status_code, str(exc.detail))
+    return ctx.templates.TemplateResponse(request, "dashboard/instance.html", data)
 
-        return await panel_fragment(request, instance_id, range, start, end, "summary", compute_summary)
 
-    @r.get("/api/v1/instances/{instance_id}/summary")
-    async def summary_json(
-        instance_id: DbId,
-        range: str | None = Query(None, description="5m, 15m, 1h, 6h, 24h, 7d, 30d, or custom with start/end"),
-        start: float | None = Query(None, description="custom range start, Unix seconds"),
-        end: float | None = Query(None, description="custom range end, Unix seconds (at most 400 days after start)"),
-    ) -> JSONResponse:
-        """Over the range: prompt tokens by source (gpu_hit, offload_reload, recompute), the GPU,
-        offload-tier and overall hit rates (0..1), and the worth verdict with the figures behind it
-        (prefill_tokens_per_s, load_gbps, reloaded_tokens, saved_prefill_s). The same code as the
-        instance page's header. Role: viewer."""
+@router.get("/instances/{instance_id}/fragments/chart/{key}", response_class=HTMLResponse)
+@requires(VIEWER)
+async def chart_fragment(
+    ctx: CtxDep,
+    request: Request,
+    instance_id: DbId,
+    key: str,
+    rq: RangeQueryDep,
+    px: int | None = Query(None, ge=1, le=20000, description="plot width in pixels"),
+) -> HTMLResponse:
+    width = plot_px(px)
+    data = await run_page_work(ctx, lambda: chart_fragment_data(ctx, instance_id, key, rq, width))
+    return ctx.templates.TemplateResponse(request, "dashboard/_chart.html", data)
 
-        def build() -> dict[str, Any]:
-            inst = _instance(ctx, instance_id)
-            tr = resolve(ctx.now(), range, start, end)
-            sc = make_scope(
-                ctx.engine,
-                inst,
-                start=tr.start,
-                end=tr.end,
-                now=ctx.now(),
-                state=state_of(ctx.engine, inst, ctx.now(), ctx.settings.stale_after_s),
-                raw_retention_s=ctx.settings.raw_retention_h * 3600,
-                px=SUMMARY_PX,
-            )
-            return {"instance_id": instance_id, "range": tr.name, "state": sc.state, **compute_summary(sc).as_json()}
 
-        return JSONResponse(await run_page_work(ctx, build))
+@router.get("/instances/{instance_id}/fragments/worth", response_class=HTMLResponse)
+@requires(VIEWER)
+async def worth_fragment(ctx: CtxDep, request: Request, instance_id: DbId, rq: RangeQueryDep) -> HTMLResponse:
+    data = await run_page_work(ctx, lambda: panel_data(ctx, instance_id, rq, "worth", compute_worth))
+    return ctx.templates.TemplateResponse(request, "dashboard/_worth.html", data)
 
-    @r.get("/api/v1/instances/{instance_id}/charts/{key}")
-    async def chart_json(
-        instance_id: DbId,
-        key: str,
-        range: str | None = None,
-        start: float | None = None,
-        end: float | None = None,
-        px: int = Query(MAX_POINTS, ge=50, le=4000, description="plot width in pixels (at most 600 points)"),
-        tier: str | None = Query(None, pattern="^(raw|1m|1h)$", description="force a storage tier"),
-    ) -> JSONResponse:
-        def build() -> dict[str, Any]:
-            inst = _instance(ctx, instance_id)
-            tr = resolve(ctx.now(), range, start, end)
-            return {**chart_data(ctx, inst, key, tr, px, tier=tier), "start": tr.start, "end": tr.end}
 
-        return JSONResponse(await run_page_work(ctx, build))
-
-    return r
+@router.get("/instances/{instance_id}/fragments/summary", response_class=HTMLResponse)
+@requires(VIEWER)
+async def summary_fragment(ctx: CtxDep, request: Request, instance_id: DbId, rq: RangeQueryDep) -> HTMLResponse:
+    """The page's opening verdict and its three numbers."""
+    data = await run_page_work(ctx, lambda: panel_data(ctx, instance_id, rq, "summary", compute_summary))
+    return ctx.templates.TemplateResponse(request, "dashboard/_summary.html", data)

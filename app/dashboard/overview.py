@@ -7,6 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.auth.roles import VIEWER, requires
+from app.charts import palette
 from app.charts.figures import sparkline
 from app.context import AppContext
 from app.dashboard.chart_cache import quantise, shared_cache
@@ -14,6 +16,7 @@ from app.dashboard.memo import live_values
 from app.dashboard.workers import run_page_work
 from app.derived.fleet import HostOverview, InstanceOverview, overview
 from app.storage.series_store import HostRow
+from app.web.deps import CtxDep
 from app.web.templating import script_json
 
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
@@ -40,9 +43,11 @@ class HostCard(HostRow):
 def _card(inst: InstanceOverview) -> InstanceCard:
     figs = {}
     if "hit" in inst["sparks"]:
-        figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", "#2ca02c"))
+        figs["hit"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["hit"], "%", palette.SPARK["hit"]))
     if "ttft95" in inst["sparks"]:
-        figs["ttft95"] = figure_json(sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", "#ff7f0e"))
+        figs["ttft95"] = figure_json(
+            sparkline(inst["spark_times"], inst["sparks"]["ttft95"], "ms", palette.SPARK["ttft95"])
+        )
     return {**inst, "spark_figs": figs}
 
 
@@ -62,21 +67,22 @@ def _context(ctx: AppContext) -> dict[str, Any]:
     return {"hosts": hosts, "now": now, "simulated": simulated, "active_nav": "overview"}
 
 
-def router(ctx: AppContext) -> APIRouter:
-    r = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False)
 
-    @r.get("/", response_class=HTMLResponse)
-    async def overview_page(request: Request) -> HTMLResponse:
-        data = await run_page_work(ctx, lambda: _context(ctx))
-        return ctx.templates.TemplateResponse(request, "dashboard/overview.html", data)
 
-    @r.get("/fragments/overview", response_class=HTMLResponse)
-    async def overview_fragment(request: Request) -> HTMLResponse:
-        # the live refresh: every open overview shares one computation per refresh interval
-        cache = shared_cache(ctx)
-        quantum = max(ctx.settings.chart_cache_s, LIVE_REFRESH_S) if ctx.settings.chart_cache_s > 0 else 0.0
-        key = ("overview", quantise(ctx.now(), quantum))
-        data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx), quantum))
-        return ctx.templates.TemplateResponse(request, "dashboard/_instances.html", data)
+@router.get("/", response_class=HTMLResponse)
+@requires(VIEWER)
+async def overview_page(ctx: CtxDep, request: Request) -> HTMLResponse:
+    data = await run_page_work(ctx, lambda: _context(ctx))
+    return ctx.templates.TemplateResponse(request, "dashboard/overview.html", data)
 
-    return r
+
+@router.get("/fragments/overview", response_class=HTMLResponse)
+@requires(VIEWER)
+async def overview_fragment(ctx: CtxDep, request: Request) -> HTMLResponse:
+    # the live refresh: every open overview shares one computation per refresh interval
+    cache = shared_cache(ctx)
+    quantum = max(ctx.settings.chart_cache_s, LIVE_REFRESH_S) if ctx.settings.chart_cache_s > 0 else 0.0
+    key = ("overview", quantise(ctx.now(), quantum))
+    data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx), quantum))
+    return ctx.templates.TemplateResponse(request, "dashboard/_instances.html", data)

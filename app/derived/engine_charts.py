@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import wraps
 
-from agent import kv_vocabulary as kv
 from agent.engines import ENGINES
 from agent.engines import kv_series as ks
 from app.charts import palette
-from app.derived.grid_math import counter_rate, gauge_values, ratio, scale, total
+from app.derived.grid_math import counter_rate, gauge_values, scale, total
 from app.derived.panels import Panel, Scope, Trace
 from app.derived.series_reader import TieredSeries
+from kvcore import kv_vocabulary as kv
+from kvcore.series import ratio
 
 GIB = float(2**30)
 # GPU <-> CPU traffic is drawn by the chart from vLLM's families (the readers write both)

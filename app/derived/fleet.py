@@ -6,12 +6,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from agent import kv_vocabulary as kv
-from app.derived.grid_math import Values, add, counter_rate, quantile_series, ratio, scale, sum_by, total
+from app.derived.grid_math import add, counter_rate, quantile_series, scale, sum_by, total
 from app.derived.live import LiveValues
 from app.derived.panels import Scope, make_scope, offload_size_bytes
 from app.storage.events import list_events
 from app.storage.series_store import HostRow, InstanceRow, list_hosts, list_instances
+from kvcore import kv_vocabulary as kv
+from kvcore.series import Values, ratio
 
 SPARK_RANGE_S = 3600.0
 SPARK_PX = 120

@@ -8,19 +8,15 @@ divided by the time those buckets cover. Gauges: last value (raw) or bucket mean
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate
 
 from app.derived.grid import Grid
 from app.derived.live import LiveRawSeries, derived_memo, grid_values, memo_head, memo_store
-from app.derived.rates import gauge_series, increase, rate_series
+from app.derived.rates import gauge_series, rate_series
 from app.derived.series_types import TieredSeries
 from app.storage.rollup_buckets import Bucket
-
-Values = list[float | None]
+from kvcore.series import Values, histogram_quantiles, increase
 
 
 def counter_rate(s: TieredSeries, grid: Grid) -> Values:
@@ -115,13 +111,6 @@ def add(values: Iterable[Values]) -> Values:
     return out
 
 
-def ratio(num: Values, den: Values, scale: float = 1.0) -> Values:
-    """num / den x scale where den > 0, else None (no traffic: no ratio, not 0 %)."""
-    return [
-        (a / b) * scale if a is not None and b is not None and b > 0 else None for a, b in zip(num, den, strict=True)
-    ]
-
-
 def scale(values: Values, k: float) -> Values:
     return [v * k if v is not None else None for v in values]
 
@@ -140,47 +129,6 @@ def total(series: Sequence[TieredSeries], grid: Grid, fn: Callable[[TieredSeries
     if not series:
         return None
     return add(fn(s, grid) for s in series)
-
-
-def histogram_quantile(q: float, buckets: dict[float, float | None]) -> float | None:
-    """Prometheus histogram_quantile on one instant: cumulative per-le rates (or increases),
-    linear interpolation inside the bucket, the highest finite bound when rank falls in +Inf."""
-    items = sorted((le, v) for le, v in buckets.items() if v is not None)
-    return _quantiles_sorted((q,), items)[0]
-
-
-def _quantiles_sorted(qs: Sequence[float], items: Sequence[tuple[float, float]]) -> list[float | None]:
-    """histogram_quantile for several q over (le, cumulative) pairs sorted by le."""
-    return _quantiles_cum(qs, [le for le, _ in items], [v for _, v in items])
-
-
-def _quantiles_cum(qs: Sequence[float], les: Sequence[float], vals: Sequence[float]) -> list[float | None]:
-    """histogram_quantile for several q: `les` ascending, `vals` their cumulative counts (or rates)."""
-    n = len(les)
-    if n < 2 or les[-1] != math.inf:
-        return [None] * len(qs)
-    # cumulative counts must not decrease (scrape races): fix like Prometheus does (running max)
-    cum = list(accumulate(vals, max, initial=-math.inf))
-    del cum[0]
-    count = cum[-1]
-    if count <= 0:
-        return [None] * len(qs)
-    out: list[float | None] = []
-    for q in qs:
-        rank = q * count
-        i = bisect_left(cum, rank)  # the first bucket whose cumulative count reaches the rank
-        if i >= n:
-            out.append(None)
-            continue
-        le, c = les[i], cum[i]
-        prev_le, prev_c = (les[i - 1], cum[i - 1]) if i else (0.0, 0.0)
-        if le == math.inf:
-            out.append(les[-2])
-        elif (i == 0 and le <= 0) or c == prev_c:
-            out.append(le)
-        else:
-            out.append(prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c))
-    return out
 
 
 def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: Grid) -> dict[float, Values]:
@@ -206,9 +154,9 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
     for row in rows:
         if None in row:  # some buckets have no rate at this instant: the others still count
             kept = [(le, v) for le, v in zip(les, row, strict=True) if v is not None]
-            got = _quantiles_cum(qs, [le for le, _ in kept], [v for _, v in kept])
+            got = histogram_quantiles(qs, [le for le, _ in kept], [v for _, v in kept])
         else:
-            got = _quantiles_cum(qs, les, row)  # type: ignore[arg-type]  # no None in row
+            got = histogram_quantiles(qs, les, row)  # type: ignore[arg-type]  # no None in row
         for sink, val in zip(sinks, got, strict=True):
             sink(val)
     if memo is not None:

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent import kv_vocabulary as kv
 from app.charts import palette
 from app.derived.engine_charts import with_engine_names
 from app.derived.grid import Grid
 from app.derived.grid_math import (
-    Values,
     add,
     counter_rate,
     gauge_values,
     quantile_series,
-    ratio,
     scale,
     sum_by,
     total,
@@ -22,6 +19,8 @@ from app.derived.grid_math import (
 from app.derived.panels import Panel, Scope, Trace, offload_capacity_bytes, offload_size_bytes, offload_tier
 from app.derived.pcie import link_ceiling_gbps
 from app.derived.series_reader import TieredSeries
+from kvcore import kv_vocabulary as kv
+from kvcore.series import Values, ratio
 
 GIB = float(2**30)
 NO_OFFLOAD = "no CPU offload configured (kv_offloading_size not set)"

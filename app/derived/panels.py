@@ -9,15 +9,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from agent import kv_vocabulary as kv
 from app.derived.grid import Grid, make_grid
-from app.derived.grid_math import Values, gauge_window, range_increase
+from app.derived.grid_math import gauge_window, range_increase
 from app.derived.live import LiveValues
 from app.derived.series_reader import DEFAULT_PX, LiveRead, SeriesQuery, TieredSeries, by_name, pick_tier, read_series
 from app.storage.raw_store import counter_increases, series_meta
 from app.storage.rollouts_store import list_rollouts
 from app.storage.rollups import scrape_gap
 from app.storage.series_store import InstanceRow
+from kvcore import kv_vocabulary as kv
+from kvcore.series import Values
 
 Increase = tuple[dict[str, Any], float]  # (labels, increase) of one series
 
@@ -225,7 +226,7 @@ def scope_connector(scope: Any) -> str | None:
 
 def offload_tiers(scope: Scope) -> list[str]:
     """The offload tiers of the instance over the scope's range, named by what they are (see
-    agent.kv_vocabulary.offload_tiers). Memoised on the scope."""
+    kvcore.kv_vocabulary.offload_tiers). Memoised on the scope."""
     memo: list[str] | None = getattr(scope, "_tiers", None)
     if memo is not None:
         return memo

@@ -1,7 +1,7 @@
-"""Counter arithmetic in one place: increases, per-second rates, resets. Pure functions.
+"""Counter rates and gauges on a query grid (PromQL-style). Pure functions.
 
-A decrease of a cumulative counter is a reset (the process restarted and counts from zero):
-the increase across it is the new value, never negative.
+The counter arithmetic itself (a decrease is a reset: the increase across it is the new value,
+never negative) is kvcore.series; this module walks it over windows and grid instants.
 """
 
 from __future__ import annotations
@@ -10,16 +10,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-Point = tuple[float, float]
-
-
-def increase(points: Sequence[Point]) -> float:
-    """Reset-corrected increase from the first to the last point."""
-    return sum((cur - prev if cur >= prev else cur for (_, prev), (_, cur) in itertools.pairwise(points)), 0.0)
-
-
-def reset_times(points: Sequence[Point]) -> list[float]:
-    return [t for (_, prev), (t, cur) in itertools.pairwise(points) if cur < prev]
+from kvcore.series import Point, rate, steps
 
 
 def step_grid(start: float, end: float, step: float) -> list[float]:
@@ -32,13 +23,7 @@ def rate_at(points: Sequence[Point], t: float, window: float) -> float | None:
     """Per-second rate over (t - window, t]: reset-corrected increase between the first and the
     last sample inside the window, divided by the time between them (no extrapolation).
     None when fewer than two samples fall in the window."""
-    inside = [p for p in points if t - window < p[0] <= t]
-    if len(inside) < 2:
-        return None
-    dt = inside[-1][0] - inside[0][0]
-    if dt <= 0:
-        return None
-    return increase(inside) / dt
+    return rate([p for p in points if t - window < p[0] <= t])
 
 
 def rate_series(
@@ -48,13 +33,10 @@ def rate_series(
     w = window if window is not None else max(step, 2.0 * _median_gap(points))
     # Walk with two indices so a long range stays O(n + grid); the reset-corrected step between
     # consecutive samples is computed once, and a window's increase is the in-order sum of its
-    # steps (the same additions as increase(), so the same bits as rate_at).
+    # steps (the same additions as kvcore.series.increase, so the same bits as rate_at).
     n = len(points)
     ts = [p[0] for p in points]
-    steps = [0.0] * n
-    for i in range(1, n):
-        prev, cur = points[i - 1][1], points[i][1]
-        steps[i] = cur - prev if cur >= prev else cur
+    inc = steps(points)
     out: list[tuple[float, float | None]] = []
     lo = 0
     hi = 0
@@ -66,7 +48,7 @@ def rate_series(
         if hi - lo < 2 or (dt := ts[hi - 1] - ts[lo]) <= 0:
             out.append((t, None))
         else:
-            out.append((t, sum(steps[lo + 1 : hi], 0.0) / dt))
+            out.append((t, sum(inc[lo + 1 : hi], 0.0) / dt))
     return out
 
 

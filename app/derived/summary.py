@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.derived import worth as w
 from app.derived.panels import TIER_FAMILIES, Scope, offload_size_bytes, scope_connector, tiers_from
 from app.storage.series_store import InstanceRow
+from kvcore import kv_vocabulary as kv
 
 NAMES = sorted({*w.NAMES, *TIER_FAMILIES, *(n for fams in kv.HIT_RATE_FAMILIES.values() for n in fams)})
 

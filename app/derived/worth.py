@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.derived.panels import TIER_FAMILIES, Scope, offload_size_bytes, scope_connector, tiers_from
+from kvcore import kv_vocabulary as kv
 
 PREFILL_SUM = "vllm:request_prefill_time_seconds_sum"
 QUEUE_SUM = "vllm:request_queue_time_seconds_sum"

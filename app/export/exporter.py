@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agent import kv_vocabulary as kv
 from app.derived.fleet import instance_state
 from app.derived.rates import rate_at
 from app.derived.series_reader import SeriesQuery, TieredSeries, read_series
 from app.storage.series_store import InstanceRow, list_instances
+from kvcore import kv_vocabulary as kv
 
 PREFIX = "kvscope_"
 INSTANCE_LABELS = ("host", "vllm_url", "instance_id", "model", "simulated")
@@ -29,20 +29,20 @@ HOST_LABELS = ("host",)
 
 # The stored names the exporter reads (vLLM's current names; the agent maps older ones).
 INSTANCE_INPUTS = (
-    "vllm:prefix_cache_hits_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:external_prefix_cache_hits_total",
-    "vllm:external_prefix_cache_queries_total",
-    "vllm:prompt_tokens_total",
-    "vllm:prompt_tokens_cached_total",
-    "vllm:prompt_tokens_by_source_total",
-    "vllm:kv_offload_load_bytes_total",
-    "vllm:kv_offload_load_time_total",
-    "vllm:kv_offload_store_bytes_total",
-    "vllm:kv_offload_store_time_total",
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
+    kv.GPU_HITS,
+    kv.GPU_QUERIES,
+    kv.EXT_HITS,
+    kv.EXT_QUERIES,
+    kv.PROMPT_TOKENS,
+    kv.CACHED,
+    kv.BY_SOURCE,
+    kv.LOAD_BYTES,
+    kv.LOAD_TIME,
+    kv.STORE_BYTES,
+    kv.STORE_TIME,
+    kv.KV_CACHE_USAGE,
+    kv.REQUESTS_RUNNING,
+    kv.REQUESTS_WAITING,
 )
 HOST_INPUTS = (
     "kvscope:pinned_offload_file_bytes",
@@ -213,16 +213,16 @@ def _instance_samples(
         if value is not None:
             yield key, lab, value
     for direction in ("load", "store"):
-        b = r(f"vllm:kv_offload_{direction}_bytes_total")
-        t = r(f"vllm:kv_offload_{direction}_time_total")
+        b = r(kv.OFFLOAD_BYTES[direction])
+        t = r(kv.OFFLOAD_TIME[direction])
         if b is not None:
             yield "instance_kv_offload_bytes_per_second", {**lab, "direction": direction}, b
             if t is not None and t > 0:
                 yield "instance_kv_offload_transfer_bytes_per_second", {**lab, "direction": direction}, b / t
-    usage = _last(got.get("vllm:kv_cache_usage_perc", []))
+    usage = _last(got.get(kv.KV_CACHE_USAGE, []))
     if usage is not None:
         yield "instance_kv_cache_usage_ratio", lab, usage
-    for state, name in (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting")):
+    for state, name in (("running", kv.REQUESTS_RUNNING), ("waiting", kv.REQUESTS_WAITING)):
         v = _last(got.get(name, []))
         if v is not None:
             yield "instance_requests", {**lab, "state": state}, v

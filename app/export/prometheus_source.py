@@ -36,7 +36,6 @@ import httpx
 
 from app.derived.series_reader import TieredSeries
 from app.storage.series_store import InstanceRow
-from app.web.ids import DbId
 
 MAX_POINTS_PER_QUERY = 10_000  # Prometheus refuses more than 11,000 per series
 MAX_RAW_POINTS = 11_000  # raw samples per series read as they are
@@ -267,51 +266,3 @@ def source_from_settings(settings: Any) -> PrometheusSource | None:
     return PrometheusSource(
         url, instance_label=settings.prometheus_instance_label, timeout_s=settings.prometheus_timeout_s
     )
-
-
-def install(app: Any, ctx: Any) -> None:
-    """GET /api/v1/prometheus/instances/{id}/charts/{key}: the dashboard's chart JSON with the
-    instance's series read from Prometheus (same figure code, same events from the store)."""
-    from fastapi import APIRouter, HTTPException
-    from fastapi.responses import JSONResponse
-    from starlette.concurrency import run_in_threadpool
-
-    r = APIRouter()
-
-    @r.get("/api/v1/prometheus/instances/{instance_id}/charts/{key}", response_model=None)
-    async def prom_chart(
-        instance_id: DbId, key: str, range: str | None = None, start: float | None = None, end: float | None = None
-    ) -> JSONResponse:
-        source = source_from_settings(ctx.settings)
-        if source is None:
-            raise HTTPException(404, "no Prometheus configured: set KVSCOPE_PROMETHEUS_URL (prometheus_url)")
-
-        def build() -> dict[str, Any]:
-            from app.dashboard.instance import _instance, chart_data
-            from app.dashboard.ranges import resolve
-            from app.derived.fleet import state_of
-
-            inst = _instance(ctx, instance_id)
-            tr = resolve(ctx.now(), range, start, end)
-            now = ctx.now()
-            sc = prometheus_scope(
-                source,
-                ctx.engine,
-                inst,
-                start=tr.start,
-                end=tr.end,
-                now=now,
-                state=state_of(ctx.engine, inst, now, ctx.settings.stale_after_s),
-            )
-            out = chart_data(ctx, inst, key, tr, scope=sc)
-            out["source"] = "prometheus"
-            if sc.error:
-                out["error"] = sc.error
-            return out
-
-        data = await run_in_threadpool(build)
-        if data.get("error") and data.get("figure") is None:
-            return JSONResponse(data, status_code=502)
-        return JSONResponse(data)
-
-    app.include_router(r)

@@ -12,8 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.guard import agent_host_check
 from app.auth.roles import AGENT, requires
 from app.context import AppContext
+from app.ingest import commands as command_poll
 from app.ingest.parse import BadBatch, parse_batch
 from app.storage.ingest_store import SeriesCapExceeded, SeriesLimits, WriteResult
+from app.web.deps import CtxDep
 
 log = logging.getLogger("kvscope.ingest")
 
@@ -63,47 +65,45 @@ def _store(ctx: AppContext, request: Request, body: bytes, now: float) -> tuple[
     return result, commands
 
 
-def router(ctx: AppContext) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
 
-    @r.post("/api/v1/ingest")
-    @requires(AGENT)
-    async def ingest(request: Request) -> JSONResponse:
-        """Agent (bound to the batch's host): store a push. The token is checked before the body is read."""
-        cap = ctx.settings.max_batch_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            try:
-                if int(declared) > cap:
-                    ctx.metrics.ingest_batches.labels("too_large").inc()
-                    return _error(413, f"batch of {declared} bytes over the {cap}-byte cap: push more often")
-            except ValueError:
-                return _error(400, "bad Content-Length header")
-        body = bytearray()
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > cap:
+
+@router.post("/api/v1/ingest")
+@requires(AGENT)
+async def ingest(ctx: CtxDep, request: Request) -> JSONResponse:
+    """Agent (bound to the batch's host): store a push. The token is checked before the body is read."""
+    cap = ctx.settings.max_batch_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > cap:
                 ctx.metrics.ingest_batches.labels("too_large").inc()
-                return _error(413, f"batch over the {cap}-byte cap: push more often")
-        now = ctx.now()
-        try:  # one trip to a worker thread for the whole push: under load every hop waits its turn
-            result, commands = await run_in_threadpool(_store, ctx, request, bytes(body), now)
-        except BadBatch as exc:
-            ctx.metrics.ingest_batches.labels("rejected").inc()
-            return _error(422, str(exc))
-        return JSONResponse(
-            {
-                "accepted": True,
-                "duplicate": result.duplicate,
-                "stored_samples": result.stored,
-                # samples refused one by one (negative counters): the rest of the batch is stored
-                "dropped_samples": result.dropped_samples,
-                "dropped": result.dropped,
-                "commands": commands,
-            }
-        )
-
-    return r
+                return _error(413, f"batch of {declared} bytes over the {cap}-byte cap: push more often")
+        except ValueError:
+            return _error(400, "bad Content-Length header")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > cap:
+            ctx.metrics.ingest_batches.labels("too_large").inc()
+            return _error(413, f"batch over the {cap}-byte cap: push more often")
+    now = ctx.now()
+    try:  # one trip to a worker thread for the whole push: under load every hop waits its turn
+        result, commands = await run_in_threadpool(_store, ctx, request, bytes(body), now)
+    except BadBatch as exc:
+        ctx.metrics.ingest_batches.labels("rejected").inc()
+        return _error(422, str(exc))
+    return JSONResponse(
+        {
+            "accepted": True,
+            "duplicate": result.duplicate,
+            "stored_samples": result.stored,
+            # samples refused one by one (negative counters): the rest of the batch is stored
+            "dropped_samples": result.dropped_samples,
+            "dropped": result.dropped,
+            "commands": commands,
+        }
+    )
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -112,7 +112,5 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def install(app: FastAPI, ctx: AppContext) -> None:
     """The ingest part: the agents' push and the command long-poll (the same commands, sooner)."""
-    from app.ingest import commands
-
-    app.include_router(router(ctx))
-    app.include_router(commands.router(ctx))
+    app.include_router(router)
+    app.include_router(command_poll.router)

@@ -31,6 +31,7 @@ from app.auth.roles import AGENT, requires
 from app.context import AppContext
 from app.ingest.parse import CONTROL_CHARS as _CONTROL
 from app.storage.series_store import list_hosts
+from app.web.deps import CtxDep
 
 log = logging.getLogger("kvscope.commands")
 
@@ -53,50 +54,48 @@ def poll_state(ctx: AppContext) -> PollState:
     return state
 
 
-def router(ctx: AppContext) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
+
+
+@router.post("/api/v1/commands")
+@requires(AGENT)
+async def commands(ctx: CtxDep, request: Request, wait: str = "0") -> JSONResponse:
+    """Agent (bound to the asked host): the host's pending commands, long-polled."""
+    try:
+        wait_s = float(wait)
+    except ValueError:
+        return _error(422, f"wait={wait!r} is not a number of seconds")
+    if not 0.0 <= wait_s < float("inf"):
+        return _error(422, "wait must be 0 or more seconds")
+    wait_s = min(wait_s, MAX_WAIT_S)
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > MAX_BODY_BYTES:
+            return _error(413, f"request over {MAX_BODY_BYTES} bytes: send at most {MAX_KNOWN} known ids")
+    parsed = _parse(bytes(body))
+    if isinstance(parsed, str):
+        return _error(422 if parsed != "not JSON" else 400, f"bad request body: {parsed}")
+    agent_id, host, known = parsed
+    agent_host_check(request, host)
+    host_id = await run_in_threadpool(_host_id, ctx, host)
+    if host_id is None:
+        return _error(409, f"host {host!r} is not known yet: the agent's first push creates it; retry after it")
+    deadline = time.monotonic() + wait_s
     state = poll_state(ctx)
-
-    @r.post("/api/v1/commands")
-    @requires(AGENT)
-    async def commands(request: Request, wait: str = "0") -> JSONResponse:
-        """Agent (bound to the asked host): the host's pending commands, long-polled."""
-        try:
-            wait_s = float(wait)
-        except ValueError:
-            return _error(422, f"wait={wait!r} is not a number of seconds")
-        if not 0.0 <= wait_s < float("inf"):
-            return _error(422, "wait must be 0 or more seconds")
-        wait_s = min(wait_s, MAX_WAIT_S)
-        body = bytearray()
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > MAX_BODY_BYTES:
-                return _error(413, f"request over {MAX_BODY_BYTES} bytes: send at most {MAX_KNOWN} known ids")
-        parsed = _parse(bytes(body))
-        if isinstance(parsed, str):
-            return _error(422 if parsed != "not JSON" else 400, f"bad request body: {parsed}")
-        agent_id, host, known = parsed
-        agent_host_check(request, host)
-        host_id = await run_in_threadpool(_host_id, ctx, host)
-        if host_id is None:
-            return _error(409, f"host {host!r} is not known yet: the agent's first push creates it; retry after it")
-        deadline = time.monotonic() + wait_s
-        state.waiting += 1
-        try:
-            while True:
-                found = await run_in_threadpool(_gather, ctx, host_id, agent_id, ctx.now())
-                new = [c for c in found if _cid(c) not in known]
-                if new:
-                    state.answered += 1
-                    return JSONResponse({"commands": new})
-                left = deadline - time.monotonic()
-                if left <= 0 or await _gone(request, min(POLL_EVERY_S, left)):
-                    return JSONResponse({"commands": []})
-        finally:
-            state.waiting -= 1
-
-    return r
+    state.waiting += 1
+    try:
+        while True:
+            found = await run_in_threadpool(_gather, ctx, host_id, agent_id, ctx.now())
+            new = [c for c in found if _cid(c) not in known]
+            if new:
+                state.answered += 1
+                return JSONResponse({"commands": new})
+            left = deadline - time.monotonic()
+            if left <= 0 or await _gone(request, min(POLL_EVERY_S, left)):
+                return JSONResponse({"commands": []})
+    finally:
+        state.waiting -= 1
 
 
 async def _gone(request: Request, seconds: float) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.protocol import PROTOCOL_VERSION, PushBatch, Sample, Scrape
+from kvcore.protocol import PROTOCOL_VERSION, PushBatch, Sample, Scrape
 
 # Prometheus' grammar (fullmatch: "$" would let a trailing newline through).
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -30,6 +30,7 @@ MAX_EVENT_MESSAGE = 10_000
 MAX_SCRAPE_ERROR = 2_000  # scrapes[].error: longer is truncated (refusing would lose the samples)
 MAX_ROLLOUT_MESSAGE = 10_000  # rollout_updates[].message: longer is truncated
 MAX_TYPES = 10_000  # entries of scrapes[].types / host_types
+MAX_CONTROLLED = 256  # controlled: the servers one agent may restart
 TRUNCATED = " [truncated by kvscope]"
 MAX_SEQ = 2**63 - 1  # ingest_batches.seq is BIGINT
 MAX_INT32 = 2**31 - 1  # INTEGER columns (PostgreSQL: 4 bytes): ids, max_model_len
@@ -130,6 +131,11 @@ def check_batch(batch: PushBatch, now: float, *, max_future_skew_s: float, max_p
     for i, w in enumerate(batch.reuse):
         if not w.instance or len(w.instance) > 1024 or _CONTROL.search(w.instance):
             raise BadBatch(f"reuse.{i}.instance must be 1-1024 printable characters")
+    if len(batch.controlled) > MAX_CONTROLLED:
+        raise BadBatch(f"controlled lists {len(batch.controlled)} servers; at most {MAX_CONTROLLED}")
+    for i, url in enumerate(batch.controlled):
+        if not url or len(url) > 1024 or _CONTROL.search(url):
+            raise BadBatch(f"controlled.{i} must be 1-1024 printable characters")
     if total > MAX_SAMPLES:
         raise BadBatch(f"{total} samples in one batch; at most {MAX_SAMPLES}: push more often")
 

@@ -15,15 +15,15 @@ import math
 import re
 from typing import Any
 
-from agent.protocol import PushBatch, ReuseWindow
 from app.context import AppContext
 from app.controller.profiles import ProfileError, parse_profile
-from app.derived.rates import increase
 from app.derived.series_reader import SeriesQuery, read_series
 from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve, reconcile
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance
 from app.storage.sizing_store import prune_windows, store_windows, windows_in
+from kvcore.protocol import PushBatch, ReuseWindow
+from kvcore.series import increase
 
 log = logging.getLogger("kvscope.sizing")
 MAX_WINDOWS_PER_PUSH = 64

@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from agent.private_files import private_dir, tighten
-from app.web.paths import migrations_dir
+from app.paths import migrations_dir
 from kvscope.errors import UserError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000

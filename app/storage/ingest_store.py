@@ -15,7 +15,6 @@ from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from agent.protocol import PushBatch, Sample
 from app.storage.events import add_event
 from app.storage.models import Host, IngestBatch, Instance, SampleRow
 from app.storage.rollup_late import mark_late
@@ -29,6 +28,7 @@ from app.storage.series_index import (
     last_values,
     scope_name,
 )
+from kvcore.protocol import PushBatch, Sample
 
 CUMULATIVE_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 INFO_CONFIG = "vllm:cache_config_info"

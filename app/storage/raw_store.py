@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from itertools import pairwise
 from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, bindparam, select, text
 
 from app.storage.models import SampleRow, Series
+from kvcore.series import increase_of_values
 
 Point = tuple[float, float]  # (ts seconds, value)
 
@@ -146,7 +146,7 @@ def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: flo
     """Reset-corrected increase of each counter over [start, end], counted from the last sample
     before start (as PromQL's increase over adjacent windows and the rollup buckets do: traffic
     between that sample and the first one inside belongs to the window). A decrease is a restart:
-    the new value is all increase, as app.derived.rates.increase computes it. Series with no point in
+    the new value is all increase, as kvcore.series.increase computes it. Series with no point in
     [start, end] are absent; one point and nothing before it gives 0."""
     if not ids:
         return {}
@@ -162,7 +162,7 @@ def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: flo
                     values = [v for (v,) in cur.execute(sql, (sid, lo, hi))]
                     if values:
                         values[:0] = [v for (v,) in cur.execute(before, (sid, lo))]
-                        out[int(sid)] = sum((b - a if b >= a else b for a, b in pairwise(values)), 0.0)
+                        out[int(sid)] = increase_of_values(values)
             finally:
                 cur.close()
             return out

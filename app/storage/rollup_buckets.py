@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, select
 
 from app.storage.rollup_models import RollupWatermark
+from kvcore.series import reset_step
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -63,7 +64,7 @@ def fold_minutes(
         vsum += v
         vlast = v
         if prev is not None:
-            inc += v - prev if v >= prev else v
+            inc += reset_step(prev, v)
         prev = v
         last_ts = ts
     if cur_b is not None:

@@ -1,6 +1,6 @@
 """Cache-sizing windows. Migration: migrations/versions/0010_sizing.py.
 
-One row per pushed ReuseWindow (agent/protocol.py): one push interval of one instance's
+One row per pushed ReuseWindow (kvcore/protocol.py): one push interval of one instance's
 KV-event stream as sampled LRU reuse distances. Windows add, so a range's curve is the sum of
 its rows (app/sizing/curve.py).
 """

@@ -6,10 +6,10 @@ from typing import Any, TypedDict, cast
 
 from sqlalchemy import Engine, Table, delete, insert, select
 
-from agent.protocol import ReuseWindow
 from app.storage.models import Instance
 from app.storage.rows import typed_row
 from app.storage.sizing_models import SizingWindow
+from kvcore.protocol import ReuseWindow
 
 COUNT_FIELDS = (
     "references",

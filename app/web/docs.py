@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.auth.roles import VIEWER, requires
@@ -29,14 +29,21 @@ PAGE = """<!doctype html>
 """
 
 
-def install_docs(app: FastAPI) -> None:
-    @app.get("/api/openapi.json", include_in_schema=False)
-    @requires(VIEWER)
-    def openapi_json() -> JSONResponse:
-        schema: dict[str, Any] = app.openapi()
-        return JSONResponse(schema)
+router = APIRouter(include_in_schema=False)
 
-    @app.get("/api/docs", include_in_schema=False)
-    @requires(VIEWER)
-    def docs() -> HTMLResponse:
-        return HTMLResponse(PAGE)
+
+@router.get("/api/openapi.json")
+@requires(VIEWER)
+def openapi_json(request: Request) -> JSONResponse:
+    schema: dict[str, Any] = request.app.openapi()
+    return JSONResponse(schema)
+
+
+@router.get("/api/docs")
+@requires(VIEWER)
+def docs() -> HTMLResponse:
+    return HTMLResponse(PAGE)
+
+
+def install_docs(app: FastAPI) -> None:
+    app.include_router(router)

@@ -9,8 +9,8 @@ from typing import Any
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
-from app.charts.figures import readable
-from app.web.paths import templates_dir
+from app.paths import templates_dir
+from app.web.text import readable
 
 # Inside <script> the HTML parser ends the element at `</script`, and `<!--` + `<script` switch it
 # to the "double-escaped" state that swallows the rest of the page: no `<` may reach a script block

@@ -7,21 +7,23 @@ import threading
 import time
 from typing import Any
 
-from agent.protocol import AgentEvent, Command, PushBatch
 from agent.workloads.agent_side import WorkloadRunner
 from agent.workloads.spec import WorkloadSpec
 from app.ab.agent_executor import AgentExecutor, workload_command_id
 from app.storage import ab_store as st
+from kvcore.protocol import AgentEvent, Command, PushBatch
+from tests.waits import wait_until
 
 
 def _wait_events(runner: WorkloadRunner, n: int = 1) -> list[AgentEvent]:
     got: list[AgentEvent] = []
-    for _ in range(3000):  # a bound on a worker thread, not a timing assertion
-        got += runner.drain_events()
-        if len(got) >= n:
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"only {len(got)} events")
+
+    def enough() -> bool:
+        got.extend(runner.drain_events())
+        return len(got) >= n
+
+    wait_until(enough, f"{n} event(s) from the worker thread", interval=0.01)
+    return got
 
 
 def test_runner_runs_reports_and_dedups() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent.protocol import PushBatch, Scrape
 from app.storage import ab_store as st
 from app.storage.ingest_store import IngestWriter
+from kvcore.protocol import PushBatch, Scrape
 from kvscope.demo import pause_traffic_during_experiments
 from kvscope.traffic import Mix, Traffic
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from agent.protocol import PushBatch, Scrape
 from app.storage import ab_store as st
 from app.storage.events import list_events
 from app.storage.ingest_store import IngestWriter
+from kvcore.protocol import PushBatch, Scrape
 
 pytestmark = pytest.mark.both_databases
 

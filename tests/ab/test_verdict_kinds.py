@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.protocol import PushBatch, Sample
 from agent.workloads.spec import WorkloadSpec
 from app.ab.charts import experiment_figures
 from app.ab.orchestrator import host_pinned_bytes
@@ -18,6 +17,8 @@ from app.ab.ports import ThreadExecutor
 from app.ab.results import summarise_run
 from app.ab.verdict import compute_verdict, describe, headline_metrics
 from app.storage.ingest_store import IngestWriter
+from kvcore.protocol import PushBatch, Sample
+from tests.waits import wait_until
 
 GIB = 1024**3
 
@@ -181,18 +182,10 @@ def test_thread_executor_runs_reports_and_stops() -> None:
     ex.start((1, 0), "http://x", WorkloadSpec(), "k", lambda: False)  # idempotent
     assert ex.known((1, 0)) and ex.result((1, 0)) is None
     gate.set()
-    for _ in range(3000):  # a bound, not a timing assertion
-        res = ex.result((1, 0))
-        if res is not None:
-            break
-        time.sleep(0.01)
+    res = wait_until(lambda: ex.result((1, 0)), "the first run's result", interval=0.01)
     assert res == {"ok": True, "url": "http://x"} and not ex.known((1, 0))
     ex.start((2, 0), "http://x", WorkloadSpec(), "boom", lambda: False)
-    for _ in range(3000):  # a bound, not a timing assertion
-        res = ex.result((2, 0))
-        if res is not None:
-            break
-        time.sleep(0.01)
+    res = wait_until(lambda: ex.result((2, 0)), "the failed run's result", interval=0.01)
     assert res is not None and not res["ok"] and "workload runner error: RuntimeError: bug" in res["error"]
     gate.clear()
     ex.start((3, 0), "http://x", WorkloadSpec(), "k", lambda: False)

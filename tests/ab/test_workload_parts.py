@@ -21,10 +21,10 @@ from agent.workloads.snapshot import (
     Snapshot,
     configured_offload_bytes,
     delta,
-    histogram_quantile,
     parse_snapshot,
 )
 from agent.workloads.spec import WorkloadSpec, parse_workload
+from kvcore.series import histogram_quantile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 

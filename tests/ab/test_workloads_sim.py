@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from agent.workloads.runner import execute_run
 from agent.workloads.spec import parse_workload
 from app.ab.results import summarise_run
 from tests.ports import free_port
+from tests.waits import wait_until
 
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
 LAPTOP = [
@@ -59,17 +59,14 @@ def sim(tmp_path: Path) -> Iterator[Any]:
         )
         procs.append(p)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60  # a bound on a real process start, not a timing assertion
-        while time.monotonic() < deadline:
-            if p.poll() is not None:
-                raise AssertionError((tmp_path / f"sim-{port}.log").read_text()[-2000:])
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    return url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("sim did not become healthy")
+        wait_until(
+            lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
+            "the sim to become healthy",
+            timeout=60.0,
+            interval=0.1,
+            abort=lambda: None if p.poll() is None else (tmp_path / f"sim-{port}.log").read_text()[-2000:],
+        )
+        return url
 
     try:
         yield start

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from tests.ports import free_port
+from tests.waits import wait_until
 
 
 class LiveServer:
@@ -25,10 +25,14 @@ class LiveServer:
         )
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            assert self._thread.is_alive() and time.monotonic() < deadline, "app did not start"
-            time.sleep(0.02)
+        server, thread = self._server, self._thread
+        wait_until(
+            lambda: server.started,
+            "the app to start",
+            timeout=20.0,
+            interval=0.02,
+            abort=lambda: None if thread.is_alive() else "its thread ended",
+        )
 
     def stop(self) -> None:
         if self._server is not None:

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakevllm import PROM, FakeVllm, ServedFake
 
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 from kvscope.cli import main
+from tests.agent.fakevllm import PROM, FakeVllm, ServedFake
 
 HEAVY = ("fastapi", "sqlalchemy", "jinja2", "plotly", "pydantic", "pydantic_settings", "starlette", "uvicorn")
 

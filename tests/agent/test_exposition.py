@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES
 
 FIXTURES = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "vllm").glob("*.prom")) + sorted(
     (Path(__file__).resolve().parent / "captures").glob("*.prom")

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from fakevllm import FakeVllm, ServedFake
 
 from agent.fetch import FetchError, HttpxFetcher, StdlibFetcher
 from agent.vllm_reader import VllmReader
+from tests.agent.fakevllm import FakeVllm, ServedFake
 from tests.ports import free_port
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +13,7 @@ from agent.gpu import AutoGpuSource
 from agent.gpu_nvml import NvmlSource
 from agent.gpu_smi import SmiSource, number, parse_dmon, parse_query_csv, query_fields, rows_to_reading
 from agent.host_sources import HostReading
+from tests.waits import wait_until
 
 SMI = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
 FAKE = Path(__file__).resolve().parent / "fake_nvidia_smi.py"
@@ -104,12 +104,11 @@ def _wrapper(tmp_path: Path, mode: str, log: Path) -> str:
 
 
 def _read_until(src: SmiSource, pred: Any, now: float = 1000.0) -> HostReading:
-    deadline = time.monotonic() + 20
-    while True:
+    def reading() -> HostReading | None:
         r = src.read(now)
-        if pred(r) or time.monotonic() > deadline:
-            return r
-        time.sleep(0.05)
+        return r if pred(r) else None
+
+    return wait_until(reading, "a reading from the long-lived nvidia-smi processes", timeout=20.0)
 
 
 @pytest.mark.parametrize("mode,gen_field", [("ok", "pcie.link.gen.gpucurrent"), ("old", "pcie.link.gen.current")])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.exposition import parse
 from agent.hygiene import CounterHygiene
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 
 
 def _scrape(start: float, created: float, prompt: float, by_source: dict[str, float]) -> str:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from agent.instance_gpus import INSTANCE_GPU, PROCESS_MEMORY, InstanceGpus, url_port
-from agent.protocol import Sample, Scrape
+from kvcore.protocol import Sample, Scrape
 
 
 def _proc(root: Path, pid: int, session: int, sockets: tuple[int, ...] = ()) -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fakevllm import FakeVllm
 
 from agent.host_sources import HostCollector, HostReading
 from agent.loop import Agent, AgentConfig
-from agent.protocol import AgentEvent, Command, RolloutUpdate
+from kvcore.protocol import AgentEvent, Command, RolloutUpdate
+from tests.agent.fakevllm import FakeVllm
 
 
 class FlakySource:

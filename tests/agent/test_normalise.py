@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "vllm"
 

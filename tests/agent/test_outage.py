@@ -8,8 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fakevllm import FakeVllm
-from livesrv import LiveServer
 from sqlalchemy import func, select
 
 from agent.fetch import StdlibFetcher
@@ -17,6 +15,8 @@ from agent.loop import Agent, AgentConfig
 from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.models import IngestBatch
 from app.storage.series_store import list_instances
+from tests.agent.fakevllm import FakeVllm
+from tests.agent.livesrv import LiveServer
 
 
 @pytest.fixture

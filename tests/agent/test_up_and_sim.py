@@ -7,37 +7,28 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fakevllm import FakeVllm, ServedFake
-from livesrv import LiveServer
 
 from agent.host_sources import HostCollector
 from agent.hostmem import HostMemorySource
 from agent.loop import Agent, AgentConfig
 from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.series_store import list_instances
+from tests.agent.fakevllm import FakeVllm, ServedFake
+from tests.agent.livesrv import LiveServer
 from tests.ports import free_port
+from tests.waits import wait_until
 
 KVSCOPE = [sys.executable, "-m", "kvscope"]
 
 
 def _wait(pred: Any, timeout: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = pred()
-            if got:
-                return got
-        except (httpx.HTTPError, OSError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(pred, what, timeout=timeout, interval=0.2)
 
 
 def _stop(p: subprocess.Popen[str], sig: int = signal.SIGINT) -> int:

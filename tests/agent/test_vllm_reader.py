@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import httpx
-from fakevllm import FakeVllm
 
 from agent.vllm_reader import VllmReader
+from tests.agent.fakevllm import FakeVllm
 
 
 def test_ok_scrape_reads_everything_with_plain_accept() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.protocol import AgentEvent, PushBatch, RolloutUpdate, Sample, Scrape, to_wire
-from agent.wire import batch_to_wire
+from kvcore.protocol import AgentEvent, PushBatch, RolloutUpdate, Sample, Scrape, to_wire
+from kvcore.wire import batch_to_wire
 
 
 def test_fast_wire_equals_asdict() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import httpx
 
 from tests.ports import free_port
 from tests.tiers import unavailable
+from tests.waits import wait_until
 
 CONFIG = """\
 global:
@@ -85,18 +85,15 @@ def alertmanager(tmp: Path) -> Iterator[Alertmanager]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"alertmanager exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"alertmanager not ready after 30 s: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
+        try:
+            wait_until(
+                lambda: httpx.get(url + "/-/ready", timeout=1).status_code == 200,
+                "alertmanager to be ready",
+                interval=0.1,
+                abort=lambda: None if proc.poll() is None else f"it exited with {proc.returncode}",
+            )
+        except AssertionError as exc:
+            raise RuntimeError(f"{exc}: {log.read_text()[-2000:]}") from None
         yield Alertmanager(url, log)
     finally:
         proc.terminate()

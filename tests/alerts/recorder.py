@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from app.alerts.rule_io import TargetData
-from app.alerts.series import Series, SeriesMap
-
-from .traffic import Mix, Server
+from app.alerts.series import SeriesMap
+from kvcore.series import Series
+from tests.alerts.traffic import Mix, Server
 
 
 class Recorder:

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.web.jobs import run_job_now
-
-from .traffic import Mix, Server, batch, scrape
+from tests.alerts.traffic import Mix, Server, batch, scrape
 
 INSTANCE = "http://127.0.0.1:8000"
 

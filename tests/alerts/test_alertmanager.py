@@ -14,8 +14,8 @@ from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
 from app.alerts.delivery import DeliveryConfig, run_deliveries, send_test
 from app.storage import alerts_store as store
-
-from .alertmanager import Alertmanager, alertmanager
+from tests.alerts.alertmanager import Alertmanager, alertmanager
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.alertmanager
 
@@ -85,10 +85,8 @@ def test_firing_then_resolved_through_the_v2_api(am: Alertmanager, engine: Any) 
         engine, None, [store.NewDelivery("am", "resolved", snapshot(_alert(done, "resolved"), "resolved"))], done
     )
     assert run_deliveries(engine, [ch], done, cfg).sent == 1
-    deadline = time.monotonic() + 10
-    while _ours(am) and time.monotonic() < deadline:  # Alertmanager applies the update asynchronously
-        time.sleep(0.1)
-    assert _ours(am) == []
+    # Alertmanager applies the update asynchronously
+    wait_until(lambda: _ours(am) == [], "Alertmanager to drop the resolved alert", timeout=10.0, interval=0.1)
 
 
 def test_send_test_reaches_alertmanager(am: Alertmanager, engine: Any) -> None:
@@ -112,9 +110,9 @@ def test_evaluated_alert_reaches_alertmanager_and_resolves(am: Alertmanager, eng
     the agent comes back -> resolved -> Alertmanager drops it."""
     from pydantic import TypeAdapter
 
-    from agent.protocol import PushBatch
     from app.alerts.evaluate import EvalConfig, Evaluator
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
 
     now = time.time()
@@ -131,7 +129,4 @@ def test_evaluated_alert_reaches_alertmanager_and_resolves(am: Alertmanager, eng
     writer.write(TypeAdapter(PushBatch).validate_python(make_batch(2, back)), back)  # the agent pushes again
     assert ev.run(back).resolved == 1
     assert run_deliveries(engine, [ch], back, DeliveryConfig()).sent == 1
-    deadline = time.monotonic() + 10
-    while _ours(am) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _ours(am) == []
+    wait_until(lambda: _ours(am) == [], "Alertmanager to drop the resolved alert", timeout=10.0, interval=0.1)

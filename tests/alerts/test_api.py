@@ -10,9 +10,8 @@ import pytest
 
 from app.web.jobs import run_job_now
 from kvscope.errors import UserError
+from tests.alerts.receiver import Receiver, receiver
 from tests.conftest import api_token
-
-from .receiver import Receiver, receiver
 
 
 @pytest.fixture

@@ -9,15 +9,14 @@ from typing import Any
 
 import pytest
 
-from agent.protocol import PushBatch
 from app.alerts.channel_config import AlertChannel
 from app.alerts.delivery import DeliveryConfig, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
 from app.storage import alerts_store as store
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
-
-from .receiver import Receiver, receiver
+from kvcore.protocol import PushBatch
+from tests.alerts.receiver import Receiver, receiver
 
 pytestmark = pytest.mark.both_databases
 

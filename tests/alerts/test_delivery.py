@@ -14,8 +14,7 @@ from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
 from app.alerts.delivery import DeliveryConfig, backoff_s, run_deliveries
 from app.storage import alerts_store as store
-
-from .receiver import Receiver, receiver
+from tests.alerts.receiver import Receiver, receiver
 
 ALERT = {
     "id": 4,
@@ -176,9 +175,9 @@ def test_a_hung_channel_costs_one_timeout_and_never_starves_the_others(
 def test_evaluation_sends_nothing_itself(engine: Any, hook: Receiver, clock: Any) -> None:
     from pydantic import TypeAdapter
 
-    from agent.protocol import PushBatch
     from app.alerts.evaluate import EvalConfig, Evaluator
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
 
     IngestWriter(engine).write(TypeAdapter(PushBatch).validate_python(make_batch(1, clock())), clock())
@@ -202,9 +201,9 @@ def test_firing_alerts_are_refreshed_to_alertmanager_until_resolved(engine: Any,
     is still unsent, none while silenced."""
     from pydantic import TypeAdapter
 
-    from agent.protocol import PushBatch
     from app.alerts.evaluate import EvalConfig, Evaluator
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
 
     t0 = clock()

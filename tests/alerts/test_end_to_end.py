@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.alerts.receiver import Receiver, receiver
+from tests.alerts.rig import Rig
+from tests.alerts.traffic import COLD, HEALTHY, UNIQUE
 from tests.conftest import api_token
-
-from .receiver import Receiver, receiver
-from .rig import Rig
-from .traffic import COLD, HEALTHY, UNIQUE
 
 # each test backfills a day of history through the ingest API, then plays the live part
 pytestmark = pytest.mark.slow

@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from agent.protocol import PushBatch
 from app.alerts.inputs import SeriesCache
 from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.ingest_store import IngestWriter
+from kvcore.protocol import PushBatch
 
 NAME = "vllm:prompt_tokens_total"
 

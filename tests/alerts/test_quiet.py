@@ -10,13 +10,13 @@ from app.alerts import expected, units
 from app.alerts.catalog import BY_NAME
 from app.alerts.params import effective
 from app.alerts.rule_io import TargetData
-from app.alerts.series import Series, SeriesMap
-
-from .receiver import Receiver
-from .recorder import Recorder
-from .rig import Rig
-from .test_end_to_end import hook, rig  # noqa: F401  (fixtures: the real app on a fake clock)
-from .traffic import HEALTHY, UNIQUE, Mix
+from app.alerts.series import SeriesMap
+from kvcore.series import Series
+from tests.alerts.receiver import Receiver
+from tests.alerts.recorder import Recorder
+from tests.alerts.rig import Rig
+from tests.alerts.test_end_to_end import hook, rig  # noqa: F401  (fixtures: the real app on a fake clock)
+from tests.alerts.traffic import HEALTHY, UNIQUE, Mix
 
 
 def run(rule: str, data: TargetData, now: float, **kw: object):  # type: ignore[no-untyped-def]

@@ -9,10 +9,10 @@ import pytest
 from app.alerts.catalog import BY_NAME
 from app.alerts.params import effective
 from app.alerts.rule_io import TargetData
-from app.alerts.series import Series, SeriesMap, window_increase
-
-from .recorder import Recorder
-from .traffic import COLD, HEALTHY, UNIQUE, Mix, Server
+from app.alerts.series import SeriesMap, window_increase
+from kvcore.series import Series
+from tests.alerts.recorder import Recorder
+from tests.alerts.traffic import COLD, HEALTHY, UNIQUE, Mix, Server
 
 GIB = 1024**3
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.alerts.series import Series, indexed, window_increase
+from app.alerts.series import window_increase
+from kvcore.series import Series, indexed
 
 values = st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=0, max_size=60)
 
@@ -33,9 +34,9 @@ def test_indexed_equals_plain(vals: list[float], start: float, length: float, an
 def test_cache_series_carry_a_valid_index(engine, clock) -> None:  # type: ignore[no-untyped-def]
     from pydantic import TypeAdapter
 
-    from agent.protocol import PushBatch
     from app.alerts.inputs import SeriesCache
     from app.storage.ingest_store import IngestWriter
+    from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
 
     w = IngestWriter(engine)

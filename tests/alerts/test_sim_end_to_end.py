@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from app.web.jobs import run_job_now
 from tests.conftest import api_token
 from tests.ports import free_port
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,16 +73,14 @@ class Sim:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.proc.poll() is None, "kvscope sim exited"
-            try:
-                if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "kvscope sim did not become healthy"
-            time.sleep(0.1)
+        proc = self.proc
+        wait_until(
+            lambda: httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200,
+            "kvscope sim to become healthy",
+            timeout=60.0,
+            interval=0.1,
+            abort=lambda: None if proc.poll() is None else "kvscope sim exited",
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

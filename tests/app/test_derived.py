@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from app.derived.grid import Grid, make_grid
-from app.derived.grid_math import add, counter_rate, gauge_values, histogram_quantile, range_increase, ratio
+from app.derived.grid_math import add, counter_rate, gauge_values, range_increase
 from app.derived.panels import offload_capacity_bytes, offload_size_bytes
 from app.derived.pcie import link_ceiling_gbps
 from app.derived.series_reader import TieredSeries
 from app.derived.worth import compute_worth
 from app.storage.rollup_buckets import Bucket
+from kvcore.series import histogram_quantile, ratio
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:

@@ -1,4 +1,4 @@
-"""One KV vocabulary (agent/kv_vocabulary.py): the same window computed through every consumer of
+"""One KV vocabulary (kvcore/kv_vocabulary.py): the same window computed through every consumer of
 the hit rates gives the same numbers. Consumers: the summary (database increases), the alert
 rules (window increases), the Prometheus exporter (rates), the A/B workload snapshots (two
 /metrics texts), the instance hit-rate chart and the overview sparkline (rates on a grid).
@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from agent import kv_vocabulary as kv
 from agent.workloads.snapshot import delta, parse_snapshot
 from app.alerts.hitrates import hit_rate
-from app.alerts.series import SeriesMap, indexed
+from app.alerts.series import SeriesMap
 from app.derived.fleet import sparklines
 from app.derived.grid import Grid
 from app.derived.instance_charts import hit_rates as hit_rate_chart
@@ -32,6 +31,8 @@ from app.export.exporter import derive
 from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
 from app.storage.series_store import list_instances
+from kvcore import kv_vocabulary as kv
+from kvcore.series import indexed
 from tests.app.pages.recorded import TYPES, recorded_batches
 
 T0 = 1_800_000_000.0

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.dashboard.ranges import RANGES
 from app.derived.grid import MAX_POINTS, make_grid
-from app.derived.rates import increase
 from app.derived.series_reader import DEFAULT_PX, pick_tier
 from app.storage.models import SampleRow
 from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, fold_hours, fold_minutes
 from app.storage.rollup_models import Rollup1h, Rollup1m
+from app.web.ranges import RANGES
+from kvcore.series import increase
 from tests.app.pages.recorded import recorded_batches
 from tests.fed_databases import Feed
 

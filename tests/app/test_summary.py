@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
 from app.ingest.parse import parse_batch
 from app.storage.ingest_store import IngestWriter
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 from tests.app.pages.recorded import recorded_batches
 from tests.fed_databases import Feed
 

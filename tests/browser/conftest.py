@@ -14,6 +14,7 @@ import pytest
 
 from tests.ports import free_port
 from tests.tiers import unavailable
+from tests.waits import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -52,11 +53,11 @@ class LiveApp:
 
     def start(self) -> None:
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the app did not start")
-            time.sleep(0.05)
+        wait_until(
+            lambda: self.server.started,
+            "the app to start",
+            abort=lambda: None if self.thread.is_alive() else "its thread ended",
+        )
 
     def login(self, context: Any, role: str = "admin") -> None:
         """Give a Chromium context a session of a new user of `role` on this app (a session row and

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,17 +46,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _wait(url: str, deadline_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            pytest.fail(f"process exited ({proc.returncode}): {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{url} not up after {deadline_s} s: {log.read_text()[-2000:]}")
+    try:
+        wait_until(
+            lambda: httpx.get(url, timeout=1.0).status_code == 200,
+            f"{url} to be up",
+            timeout=deadline_s,
+            interval=0.2,
+            abort=lambda: None if proc.poll() is None else f"the process exited ({proc.returncode})",
+        )
+    except AssertionError as exc:
+        pytest.fail(f"{exc}: {log.read_text()[-2000:]}")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from agent.launcher.base import LauncherError
 from agent.launcher.subprocess import SubprocessLauncher
 from tests.controller.test_launchers import FAKE
 from tests.ports import free_port
+from tests.waits import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TREE = REPO / "tests" / "agent" / "trees" / "adopt" / "proc"
@@ -118,11 +118,7 @@ time.sleep(600)
 
 
 def _wait_port(port: int) -> None:
-    for _ in range(400):  # a bound on a real process, not a timing assertion
-        if pid_id.port_use(port).in_use:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}")
+    wait_until(lambda: pid_id.port_use(port).in_use, f"something to listen on {port}", timeout=20.0)
 
 
 def test_a_console_script_server_is_adopted_after_kill_9_of_the_agent(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from kvscope.cli import main
 from kvscope.errors import UserError
 from tests.agent.livesrv import LiveServer
 from tests.ports import free_port
+from tests.waits import wait_until
 
 
 @pytest.fixture
@@ -66,11 +67,11 @@ def test_profile_commands(tmp_path: Path, capsys: Any, live: LiveServer) -> None
 
 
 def _seed_instance(tmp_path: Path) -> int:
-    from agent.protocol import PushBatch, Scrape
     from app.settings import load_settings
     from app.storage.engine import open_database
     from app.storage.ingest_store import IngestWriter
     from app.storage.series_store import list_instances
+    from kvcore.protocol import PushBatch, Scrape
 
     eng = open_database(load_settings(None, data_dir=str(tmp_path / "data")).effective_database_url)
     now = time.time()
@@ -106,10 +107,7 @@ def test_apply_wait_exit_codes(tmp_path: Path, capsys: Any, live: LiveServer) ->
     host_id = 1
 
     def agent(rid: int, final: str) -> None:  # plays the agent: claims, then reports
-        for _ in range(100):
-            if rs.claim_for_host(eng, host_id, "a", time.time()):
-                break
-            time.sleep(0.05)
+        wait_until(lambda: rs.claim_for_host(eng, host_id, "a", time.time()), "the rollout to be claimed", timeout=5.0)
         for st in ("preflight", "restarting", final):
             rs.apply_update(
                 eng, rollout_id=rid, host_id=host_id, state=st, ts=time.time(), message=st, data={}, now=time.time()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ from agent.launcher.base import LauncherError
 from agent.launcher.health import HealthResult
 from agent.preflight import GIB
 from agent.probe import ProbeResult
-from agent.protocol import Command
+from kvcore.protocol import Command
+from tests.waits import wait_until
 
 FIX = Path(__file__).parent / "fixtures"
 BOX = FIX / "hosts" / "box32g-cgv2"
@@ -128,6 +130,12 @@ def _cmd(rid: int, argv: list[str], pinned: int = 0, **extra: Any) -> Command:
     return Command(id=rid, kind="rollout", instance=URL, payload=payload)
 
 
+def _finished(ctl: Any, states: list[str]) -> bool:
+    """Add the rollout states the controller reported since the last call; True once it ended."""
+    states += _states(ctl)
+    return bool(states) and states[-1] in ("healthy", "failed")
+
+
 def _states(ctl: Controller) -> list[str]:
     return [u.state for u in ctl.drain_updates()]
 
@@ -215,13 +223,12 @@ def test_submit_dedups_and_refuses_unmanaged_instances() -> None:
     ctl.submit(other, 0.0)
     ctl.submit(other, 0.0)
     ups = ctl.drain_updates()
-    assert [u.state for u in ups] == ["failed"] and "not in this agent's launcher config" in ups[0].message
+    assert [u.state for u in ups] == ["failed"] and "not a server this agent may restart" in ups[0].message
     ctl.submit(Command(id=10, kind="workload", instance=URL, payload={}), 0.0)
     assert ctl.drain_events()[0].kind == "note"
 
 
 def test_worker_thread_runs_submitted_rollouts() -> None:
-    import time
 
     ctl = _ctl(FakeLauncher())
     ctl.supervise_every_s = 0.05
@@ -229,11 +236,7 @@ def test_worker_thread_runs_submitted_rollouts() -> None:
     try:
         ctl.submit(_cmd(11, ["--kv-cache-dtype", "fp8"], probe={"enabled": False}), 0.0)
         states: list[str] = []
-        for _ in range(200):  # bounded wait for the worker thread, not for a clock
-            states += _states(ctl)
-            if states and states[-1] in ("healthy", "failed"):
-                break
-            time.sleep(0.01)
+        wait_until(lambda: _finished(ctl, states), "the rollout to end", interval=0.01)
         assert states == ["accepted", "preflight", "restarting", "waiting_health", "healthy"]
     finally:
         ctl.stop_on_exit = False
@@ -247,10 +250,40 @@ def test_supervise_restarts_an_exited_server() -> None:
     fl.running = False
     ctl.supervise()
     assert fl.calls == [("start", ["--a"])]
-    assert "restarting" in ctl.drain_events()[0].message
+    ev = ctl.drain_events()[0]
+    assert ev.kind == "restart" and "restarted by kvscope (restart 1 in a row" in ev.message
     fl.running = False
     ctl.supervise()  # inside the back-off: no second restart yet
     assert len(fl.calls) == 1
+
+
+def test_supervised_restarts_back_off_1_2_4_to_60_s_and_start_over_after_a_healthy_minute() -> None:
+    clock = [1000.0]
+    fl = FakeLauncher()
+    ctl = _ctl(fl)
+    ctl.monotonic = lambda: clock[0]
+    fl._argv = ["--a"]
+    restarts_at: list[float] = []
+    for _ in range(900):  # 15 minutes of a server that dies at once, checked every second
+        fl.running = False
+        n = len(fl.calls)
+        ctl.supervise()
+        if len(fl.calls) > n:
+            restarts_at.append(clock[0] - 1000.0)
+        clock[0] += 1.0
+    waits = [b - a for a, b in itertools.pairwise(restarts_at)]
+    assert waits[:7] == [1, 2, 4, 8, 16, 32, 60] and set(waits[7:]) == {60}
+    evs = [e for e in ctl.drain_events() if e.kind == "restart"]
+    assert len(evs) == len(restarts_at) and "restart 3 in a row" in evs[2].message
+    # it stays up a minute: the next death restarts at once, and the waits start over at 1 s
+    fl.running = True
+    ctl.supervise()
+    clock[0] += 61.0
+    ctl.supervise()
+    fl.running = False
+    n = len(fl.calls)
+    ctl.supervise()
+    assert len(fl.calls) == n + 1 and "restart 1 in a row" in ctl.drain_events()[-1].message
 
 
 def test_load_config(tmp_path: Path) -> None:
@@ -377,7 +410,6 @@ def test_rollback_reports_the_servers_own_error_line() -> None:
 
 def test_the_servers_help_is_read_once_at_start_not_in_the_first_rollouts_preflight() -> None:
     import threading
-    import time
 
     ctl = _ctl(FakeLauncher())
     ctl.supervise_every_s = 0.05
@@ -392,20 +424,13 @@ def test_the_servers_help_is_read_once_at_start_not_in_the_first_rollouts_prefli
     ctl.help_reader = slow_help
     ctl.start_worker()  # the worker, and the warm-up beside it
     try:
-        for _ in range(500):  # bounded wait for the warm-up to be inside the read
-            if reads:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: reads, "the warm-up to be inside the read", interval=0.01)
         assert reads == [["fake-vllm", "serve", "--help"]]
         # a rollout arriving meanwhile waits for that read instead of starting a second one
         ctl.submit(_cmd(12, ["--kv-cache-dtype", "fp8"], probe={"enabled": False}), 0.0)
         gate.set()
         states: list[str] = []
-        for _ in range(500):
-            states += _states(ctl)
-            if states and states[-1] in ("healthy", "failed"):
-                break
-            time.sleep(0.01)
+        wait_until(lambda: _finished(ctl, states), "the rollout to end", interval=0.01)
         assert states[-1] == "healthy", states
         assert len(reads) == 1
     finally:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,12 @@ import pytest
 from agent.commands_poll import CommandPoller, PollConnection
 from agent.fetch import HttpxFetcher, StdlibFetcher
 from agent.loop import Agent, AgentConfig
-from agent.protocol import AgentEvent, Command, RolloutUpdate
 from app.ingest.commands import poll_state
+from kvcore.protocol import AgentEvent, Command, RolloutUpdate
 from tests.agent.fakevllm import FakeVllm
 from tests.agent.livesrv import LiveServer
 from tests.conftest import api_token, make_batch
+from tests.waits import wait_until
 
 AUTH = "Authorization"
 INSTANCE = "http://127.0.0.1:8000"
@@ -54,10 +54,7 @@ class Sink:
 
 
 def until(cond: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + BOUND_S
-    while not cond():
-        assert time.monotonic() < end, f"gave up waiting for {what}"
-        time.sleep(0.01)
+    wait_until(cond, what, timeout=BOUND_S, interval=0.01)
 
 
 def _push(client: Any, token: str, seq: int, ts: float, agent_id: str = "agent-1") -> dict[str, Any]:

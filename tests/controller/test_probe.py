@@ -108,3 +108,48 @@ def test_prefixes_are_deterministic_and_distinct() -> None:
     assert len(make_prefix("n", 0, 20).split()) == 22
     assert counters_from_text("not prometheus {") == {}
     assert ProbeConfig.from_dict({"prefix_words": "x", "evict_count": 3, "request_timeout_s": -1}).evict_count == 3
+
+
+class OlderNamesServer(Server):
+    """A vLLM that still exports the older names the normaliser maps (fixtures/vllm/NOTES.md):
+    vllm:gpu_prefix_cache_{queries,hits} and vllm:kv_offload_total_bytes{transfer_type}."""
+
+    def __call__(self, req: httpx.Request) -> httpx.Response:
+        r = super().__call__(req)
+        if req.url.path != "/metrics":
+            return r
+        hits = self.counts["local_cache_hit"]
+        loaded = self.counts["external_kv_transfer"] * 4096
+        older = (
+            "# TYPE vllm:gpu_prefix_cache_queries counter\n"
+            f'vllm:gpu_prefix_cache_queries_total{{engine="0"}} {sum(self.counts.values())}\n'
+            "# TYPE vllm:gpu_prefix_cache_hits counter\n"
+            f'vllm:gpu_prefix_cache_hits_total{{engine="0"}} {hits}\n'
+            "# TYPE vllm:kv_offload_total_bytes counter\n"
+            f'vllm:kv_offload_total_bytes_total{{engine="0",transfer_type="CPU_to_GPU"}} {loaded}\n'
+            f'vllm:kv_offload_total_bytes_total{{engine="0",transfer_type="GPU_to_CPU"}} {loaded}\n'
+        )
+        return httpx.Response(200, text=r.text + older)
+
+
+def test_the_probe_reads_older_vllm_names_through_the_agents_normaliser() -> None:
+    r = _run(OlderNamesServer())
+    assert r.ok and r.reload_source == "external_kv_transfer"
+    gpu_hit, reload = r.steps[1].deltas, r.steps[-1].deltas
+    assert gpu_hit["prefix_cache_hits"] == gpu_hit["local_cache_hit"] > 50
+    assert gpu_hit["prefix_cache_queries"] == gpu_hit["prompt_tokens"]
+    assert reload["kv_offload_load_bytes"] == reload["external_kv_transfer"] * 4096 > 0
+
+
+def test_a_server_exporting_older_and_current_names_is_counted_once_by_the_probe() -> None:
+    from pathlib import Path
+
+    prom = (
+        Path(__file__).resolve().parent.parent
+        / "fixtures"
+        / "vllm"
+        / "synthetic__qwen3-8b-h200__native-cpu-offload.prom"
+    )
+    got = counters_from_text(prom.read_text())
+    assert got["kv_offload_load_bytes"] == 1.04476704768e11  # not twice: the older split name is shadowed
+    assert got["kv_offload_store_bytes"] == 3.00201541632e11

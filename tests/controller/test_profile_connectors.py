@@ -14,8 +14,8 @@ import pytest
 
 from agent.preflight import GIB, OffloadPlan
 from agent.preflight_policy import check_disk_tier
-from agent.protocol import Command
 from app.controller.profiles import ProfileError, parse_profile
+from kvcore.protocol import Command
 from simulator.config import StartupError, config_from_argv
 from tests.conftest import make_batch
 from tests.controller.test_controller import FakeLauncher, _ctl

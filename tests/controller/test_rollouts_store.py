@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agent.protocol import PushBatch, Scrape
 from app.storage import rollouts_store as rs
 from app.storage.events import list_events
 from app.storage.ingest_store import IngestWriter
+from kvcore.protocol import PushBatch, Scrape
 
 
 def _instance(

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.ports import free_port
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,36 +59,37 @@ def test_demo_fills_the_dashboard_and_stops_cleanly(tmp_path: Path) -> None:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 150
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if not (data / "api-token").exists():
-                    raise httpx.HTTPError("no API token written yet")
-                auth = {"Authorization": "Bearer " + (data / "api-token").read_text().strip()}
-                inst = httpx.get(base + "/api/v1/instances", timeout=2, headers=auth).json()["instances"]
-                if len(inst) == 2 and all(i["state"] == "up" for i in inst):
-                    iid = next(i["id"] for i in inst if i["model"] == "qwen3-4b")
-                    r = httpx.get(
-                        base + "/api/v1/series",
-                        timeout=5,
-                        headers=auth,
-                        params={
-                            "instance": iid,
-                            "metric": "vllm:prompt_tokens_total",
-                            "start": time.time() - 120,
-                            "end": time.time(),
-                            "step": 5,
-                        },
-                    )
-                    pts = [p[1] for s in r.json()["series"] for p in s["points"] if p[1]]
-                    if pts:
-                        ready = True
-                        break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        assert ready, "the demo never showed two live simulated instances with prompt traffic"
+
+        def live() -> tuple[dict[str, str], list[dict[str, Any]]] | None:
+            if not (data / "api-token").exists():
+                raise httpx.HTTPError("no API token written yet")
+            auth = {"Authorization": "Bearer " + (data / "api-token").read_text().strip()}
+            inst = httpx.get(base + "/api/v1/instances", timeout=2, headers=auth).json()["instances"]
+            if len(inst) != 2 or not all(i["state"] == "up" for i in inst):
+                return None
+            iid = next(i["id"] for i in inst if i["model"] == "qwen3-4b")
+            r = httpx.get(
+                base + "/api/v1/series",
+                timeout=5,
+                headers=auth,
+                params={
+                    "instance": iid,
+                    "metric": "vllm:prompt_tokens_total",
+                    "start": time.time() - 120,
+                    "end": time.time(),
+                    "step": 5,
+                },
+            )
+            pts = [p[1] for s in r.json()["series"] for p in s["points"] if p[1]]
+            return (auth, inst) if pts else None
+
+        auth, inst = wait_until(
+            live,
+            "the demo to show two live simulated instances with prompt traffic",
+            timeout=150.0,
+            interval=1.0,
+            abort=lambda: None if proc.poll() is None else f"the demo exited ({proc.returncode})",
+        )
         assert all(i["simulated"] for i in inst)
         cfg = {i["model"]: i["cache_config"] for i in inst}
         assert cfg["qwen3-4b"]["kv_offloading_size"] == "0.5"  # the dense server runs with CPU offload

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from .captures import shape
+from tests.realvllm.captures import shape
 
 # Families both must expose identically (the ones kvscope reads).
 CORE_FAMILIES = (

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .server import VLLM_VERSION
+from tests.realvllm.server import VLLM_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "vllm"

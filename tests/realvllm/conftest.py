@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
+from tests.realvllm.server import IN_PROCESS_ENGINE, Install, Server, default_install
+from tests.realvllm.workload import POOL_BLOCKS
 from tests.tiers import unavailable
-
-from .server import IN_PROCESS_ENGINE, Install, Server, default_install
-from .workload import POOL_BLOCKS
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import httpx
 
-from agent.protocol import Scrape
 from agent.vllm_reader import VllmReader
-
-from .workload import complete, prompt_tokens_of
+from kvcore.protocol import Scrape
+from tests.realvllm.workload import complete, prompt_tokens_of
+from tests.waits import wait_until
 
 # The families the dashboard, alerts and controller read, as the agent must send them
 # (current names, counters with _total, histograms as _bucket/_sum/_count).
@@ -120,14 +120,17 @@ class AgentView:
 
 def read_until(agent: AgentView, ok: Callable[[Reading], bool], what: str, deadline_s: float = 30.0) -> Reading:
     """vLLM publishes stats from its output loop: the counters can trail the HTTP reply a little."""
-    end = time.monotonic() + deadline_s
-    reading = agent.read()
-    while not ok(reading):
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} not seen within {deadline_s:.0f} s: {reading.snapshot()}")
-        time.sleep(0.5)
-        reading = agent.read()
-    return reading
+    last: list[Reading] = []
+
+    def seen() -> bool:
+        last[:] = [agent.read()]
+        return ok(last[0])
+
+    try:
+        wait_until(seen, what, timeout=deadline_s, interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {last[0].snapshot() if last else 'no reading'}") from None
+    return last[0]
 
 
 def send(base_url: str, agent: AgentView, prompt: list[int]) -> Reading:

@@ -23,7 +23,7 @@ from pathlib import Path
 from tests.ports import free_port
 
 try:
-    from . import watchdog
+    from tests.realvllm import watchdog
 except ImportError:  # run as a script (smoke.py): this folder is on sys.path
     import watchdog  # type: ignore[no-redef]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from . import watchdog
-from .server import (
+from tests.realvllm import watchdog
+from tests.realvllm.server import (
     HEALTH_DEADLINE_S,
     IN_PROCESS_ENGINE,
     Install,

@@ -13,20 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.ports import free_port
-
-from .behaviour import differences, record
-from .captures import agent_capture, keep_or_compare
-from .conftest import ServerPool
-from .readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, delta, read_until, send
-from .server import Server, http_get
-from .workload import BLOCK, POOL_BLOCKS, PREFIX, TAIL, complete, tokens
+from tests.realvllm.behaviour import differences, record
+from tests.realvllm.captures import agent_capture, keep_or_compare
+from tests.realvllm.conftest import ServerPool
+from tests.realvllm.readings import DASHBOARD_SAMPLES, DASHBOARD_TYPES, SOURCES, AgentView, delta, read_until, send
+from tests.realvllm.server import Server, http_get
+from tests.realvllm.workload import BLOCK, POOL_BLOCKS, PREFIX, TAIL, complete, tokens
+from tests.waits import wait_until
 
 # vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
 pytestmark = pytest.mark.timeout(1200)
@@ -235,10 +234,13 @@ def test_the_simulator_answers_like_the_real_server(server: Server, tmp_path: Pa
     log.close()
     url = f"http://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 60
-        while http_get(url + "/health", timeout=2)[0] != 200:
-            assert sim.poll() is None and time.monotonic() < end, (tmp_path / "sim.log").read_text()[-2000:]
-            time.sleep(0.2)
+        wait_until(
+            lambda: http_get(url + "/health", timeout=2)[0] == 200,
+            "kvscope sim to become healthy",
+            timeout=60.0,
+            interval=0.2,
+            abort=lambda: None if sim.poll() is None else (tmp_path / "sim.log").read_text()[-2000:],
+        )
         simulated = record(url, "tiny", 2048)
     finally:
         if sim.poll() is None:

@@ -25,11 +25,10 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import chromium_context, page  # noqa: F401  (fixtures)
-
-from .conftest import ServerPool
-from .cpu import FP8_REFUSAL, this_cpu
-from .server import Install
-from .stack import KVSCOPE, Stack
+from tests.realvllm.conftest import ServerPool
+from tests.realvllm.cpu import FP8_REFUSAL, this_cpu
+from tests.realvllm.server import Install
+from tests.realvllm.stack import KVSCOPE, Stack
 
 # vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
 pytestmark = pytest.mark.timeout(3000)

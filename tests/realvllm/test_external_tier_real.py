@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from .captures import agent_capture, keep_or_compare
-from .readings import SOURCES, AgentView, delta, send
-from .server import Server
-from .workload import PREFIX, TAIL, tokens
+from tests.realvllm.captures import agent_capture, keep_or_compare
+from tests.realvllm.readings import SOURCES, AgentView, delta, send
+from tests.realvllm.server import Server
+from tests.realvllm.workload import PREFIX, TAIL, tokens
 
 # vLLM starts take minutes on a busy 2-core machine (pyproject's default is 600 s per test).
 pytestmark = pytest.mark.timeout(1200)

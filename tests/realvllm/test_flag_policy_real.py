@@ -1,7 +1,7 @@
 """The flag policy reads argv the way the installed vLLM does (no server: vLLM's own parser).
 
 For every bypass of issue 14 that vLLM's `serve` parser accepts, the flag it really sets is the one
-agent/flag_policy.py names in its refusal: underscores, abbreviations (vLLM leaves argparse's
+kvcore/flag_policy.py names in its refusal: underscores, abbreviations (vLLM leaves argparse's
 allow_abbrev on), dotted JSON keys and short options are read alike."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import subprocess
 from typing import Any
 
-from agent import flag_policy
+from kvcore import flag_policy
 from tests.security.test_flags import BYPASSES
 
 PARSE = r"""

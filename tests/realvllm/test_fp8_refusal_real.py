@@ -19,9 +19,8 @@ import pytest
 
 from agent.failure_cause import failure_cause
 from tests.ports import free_port
-
-from .cpu import FP8_REFUSAL
-from .server import Install, die_with_parent, serve_argv, server_env
+from tests.realvllm.cpu import FP8_REFUSAL
+from tests.realvllm.server import Install, die_with_parent, serve_argv, server_env
 
 pytestmark = pytest.mark.timeout(900)
 NO_AVX512 = """

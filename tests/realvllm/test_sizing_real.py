@@ -27,12 +27,12 @@ from agent.fetch import StdlibFetcher
 from agent.kvevents.collector import KvEventsCollector
 from agent.kvevents.decode import decode_message
 from agent.kvevents.reuse import hits_at
-from agent.protocol import ReuseWindow
-
-from .captures import FIXTURES, PREFIX, UPDATE
-from .readings import AgentView, delta, send
-from .server import Server
-from .workload import BLOCK, TAIL, tokens
+from kvcore.protocol import ReuseWindow
+from tests.realvllm.captures import FIXTURES, PREFIX, UPDATE
+from tests.realvllm.readings import AgentView, delta, send
+from tests.realvllm.server import Server
+from tests.realvllm.workload import BLOCK, TAIL, tokens
+from tests.waits import wait_until
 
 pytestmark = pytest.mark.timeout(1500)
 DOC_BLOCKS = [3, 4, 5, 6, 3, 4, 5, 6]  # 8 documents; the pool holds 24 blocks
@@ -64,11 +64,17 @@ def test_unbounded_tier_prediction_matches_the_disk_tier_reloads(server: Server,
     windows: list[ReuseWindow] = []
     recorded: list[tuple[float, list[bytes]]] = []
     try:
-        deadline = time.monotonic() + 30
-        while collector.instances[0].subscriber is None:
-            windows += collector.windows(time.time())
-            assert time.monotonic() < deadline, f"no KV-event source found: {collector.instances[0].note}"
-            time.sleep(0.5)
+
+        def source_found() -> bool:
+            if collector.instances[0].subscriber is not None:
+                return True
+            windows.extend(collector.windows(time.time()))
+            return False
+
+        try:
+            wait_until(source_found, "a KV-event source", timeout=30.0, interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {collector.instances[0].note}") from None
         sub = collector.instances[0].subscriber
         assert sub.ready.wait(10) and sub.error is None, sub.error
         sub.tap = lambda frames: recorded.append((time.time(), frames))
@@ -86,11 +92,17 @@ def test_unbounded_tier_prediction_matches_the_disk_tier_reloads(server: Server,
 
         # the publisher thread trails the replies a little: wait until every stored block arrived
         expected_full_blocks = sum(DOC_BLOCKS[d] for d in order) - d_counters["src:local_cache_hit"] / BLOCK
-        deadline = time.monotonic() + 30
-        while total(windows, "references") < expected_full_blocks:
-            windows += collector.windows(time.time())
-            assert time.monotonic() < deadline, (total(windows, "references"), expected_full_blocks, d_counters)
-            time.sleep(0.5)
+
+        def all_arrived() -> bool:
+            if total(windows, "references") >= expected_full_blocks:
+                return True
+            windows.extend(collector.windows(time.time()))
+            return False
+
+        try:
+            wait_until(all_arrived, "every stored block in the windows", timeout=30.0, interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(total(windows, 'references'), expected_full_blocks, d_counters)}") from None
     finally:
         collector.close()
 

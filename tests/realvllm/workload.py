@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .server import http_post_json
+from tests.realvllm.server import http_post_json
 
 BLOCK = 128  # the CPU backend's KV block size
 POOL_BLOCKS = 24  # --num-gpu-blocks-override for the eviction tests: a 3,072-token pool

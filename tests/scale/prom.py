@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
 
 from tests.ports import free_port
+from tests.waits import wait_until
 
 
 def binaries() -> tuple[str, str] | None:
@@ -111,18 +111,20 @@ class PromServer:
                 stderr=subprocess.STDOUT,
                 cwd=str(self.work),
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {self.log.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("prometheus did not become ready in time")
+        proc = self.proc
+        try:
+            wait_until(
+                lambda: httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200,
+                "prometheus to become ready",
+                timeout=timeout,
+                interval=0.2,
+                abort=lambda: None if proc.poll() is None else "it exited",
+            )
+        except AssertionError as exc:
+            exited = proc.poll() is not None
+            if not exited:
+                self.stop()
+            raise RuntimeError(f"{exc}: {self.log.read_text(errors='replace')[-2000:]}") from None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -6,11 +6,12 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
+
+from tests.waits import wait_until
 
 
 def sim_command(port: int, work: Path, host: str = "127.0.0.1", extra: Sequence[str] = ()) -> list[str]:
@@ -42,17 +43,16 @@ def sim_command(port: int, work: Path, host: str = "127.0.0.1", extra: Sequence[
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"kvscope sim exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"kvscope sim at {url} not healthy in {timeout:.0f} s")
+    try:
+        wait_until(
+            lambda: httpx.get(f"{url}/health", timeout=1.0).status_code == 200,
+            f"kvscope sim at {url} to become healthy",
+            timeout=timeout,
+            interval=0.2,
+            abort=lambda: None if proc.poll() is None else f"kvscope sim exited with {proc.returncode}",
+        )
+    except AssertionError as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 @contextlib.contextmanager

@@ -22,11 +22,10 @@ import httpx
 import pytest
 
 from tests.ports import free_port
+from tests.scale.netns import TestLab, why_not_available
+from tests.scale.sim import sim_command
 from tests.tiers import unavailable
 from tests.waits import wait_until
-
-from .netns import TestLab, why_not_available
-from .sim import sim_command
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 N_HOSTS = 3

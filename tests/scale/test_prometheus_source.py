@@ -35,10 +35,9 @@ from app.export.prometheus_source import (
 )
 from tests.fed_databases import Feed
 from tests.ports import free_port
+from tests.scale.prom import PromServer, backfill, binaries, openmetrics
 from tests.tiers import unavailable
 from tests.waits import wait_until
-
-from .prom import PromServer, backfill, binaries, openmetrics
 
 pytestmark = pytest.mark.prometheus
 REPO = Path(__file__).resolve().parents[2]
@@ -460,7 +459,7 @@ def _by_source(text: str) -> dict[str, float]:
 def test_reads_a_prometheus_that_scrapes_kvscope_sim(tmp_path: Path, prometheus: ModulePrometheus) -> None:
     """Prometheus scrapes a `kvscope sim` every SCRAPE_S while requests with a shared prefix run;
     the source reads back the by-source token counters the sim reports."""
-    from .sim import running_sim
+    from tests.scale.sim import running_sim
 
     with running_sim(prometheus.sim_port, tmp_path / "sim") as sim_url:
         doc = " ".join(f"word{i}" for i in range(600))

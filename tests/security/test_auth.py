@@ -15,21 +15,23 @@ from app.storage.tokens import create_token, revoke_token
 from app.storage.users_store import create_user, set_password
 from tests.conftest import make_batch
 
-PUBLIC_PATHS = {"/healthz", "/login", "/login/once", "/static/vendor/plotly.min.js"}
+PUBLIC_PATHS = {"/healthz", "/login", "/login/once", "/static/{path}"}
 
 
 def _routes(app: Any) -> list[tuple[str, str, str]]:
-    """(method, path with ids filled in, role) of every route."""
+    """(method, path with ids filled in, role) of every route, read from the app (role_table)."""
     out = [(m, re.sub(r"\{[^}]+\}", "1", p), role) for m, p, role in role_table(app)]
     assert len(out) > 40, "the route table looks empty"
     return out
 
 
 def test_every_route_refuses_an_anonymous_caller_except_the_public_ones(app: Any, anon: Any) -> None:
-    for method, path, need in _routes(app):
+    for method, template, need in role_table(app):
+        path = re.sub(r"\{[^}]+\}", "1", template)
         r = anon.request(method, path, headers={"accept": "application/json"}, follow_redirects=False)
         if need == PUBLIC:
-            assert path in PUBLIC_PATHS, f"{method} {path} is public: add it to PUBLIC_PATHS only if it must be"
+            assert template in PUBLIC_PATHS, f"{method} {template} is public: add it to PUBLIC_PATHS only if it must be"
+            assert "WWW-Authenticate" not in r.headers, (method, path, r.status_code, r.text[:200])  # no guard refusal
             continue
         assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
         assert "error" in r.json()
@@ -49,6 +51,21 @@ def test_a_viewer_may_read_but_changes_nothing(app: Any, as_role: Any) -> None:
         if need in (PUBLIC, VIEWER, AGENT):
             continue
         r = viewer.request(method, path, follow_redirects=False)
+        assert r.status_code == 403, (method, path, r.status_code, r.text[:200])
+
+
+def test_an_agent_token_is_refused_on_every_route_not_for_agents_and_people_on_the_agent_routes(
+    app: Any, anon: Any, token: str, as_role: Any
+) -> None:
+    admin = as_role("admin")
+    for method, path, need in _routes(app):
+        if need == PUBLIC:
+            continue
+        if need == AGENT:
+            r = admin.request(method, path, follow_redirects=False)
+            assert r.status_code == 403 and "agent token" in r.json()["error"], (method, path, r.status_code)
+            continue
+        r = anon.request(method, path, headers={"Authorization": f"Bearer {token}"}, follow_redirects=False)
         assert r.status_code == 403, (method, path, r.status_code, r.text[:200])
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agent import flag_policy
 from agent.controller import load_config
 from agent.preflight_policy import check_flag_policy
 from app.controller.profiles import ProfileError, parse_profile
+from kvcore import flag_policy
 
 
 def _events_argv(endpoint: str) -> list[str]:

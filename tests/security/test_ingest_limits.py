@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select
 
-from agent.protocol import PushBatch, Sample, Scrape
 from app.storage.models import Event, IngestBatch, Instance, SampleRow, Series
+from kvcore.protocol import PushBatch, Sample, Scrape
 from tests.conftest import make_batch
 
 CAP = 300  # per instance, in these tests

@@ -87,3 +87,33 @@ def test_a_carriage_return_bound_for_the_unit_is_refused(tmp_path: Path, capsys:
     assert _install(tmp_path, "up", "--", "--vllm-url", "http://x\r\nExecStartPre=/bin/sh") != 0
     assert "control character" in capsys.readouterr().err
     assert not (tmp_path / "units" / "kvscope-up.service").exists()
+
+
+def test_up_takes_the_dash_dash_server_command_in_both_forms_with_its_full_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "vllm").write_text("#!/bin/sh\n")
+    (bin_dir / "vllm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    unit = tmp_path / "units" / "kvscope-up.service"
+    # with up options: a second `--` starts the server's command, kept in the unit
+    assert _install(tmp_path, "up", "--", "--port", "9090", "--", "vllm", "serve", "m", "--port", "8001") == 0
+    text = unit.read_text()
+    assert f" up --port 9090 -- {bin_dir / 'vllm'} serve m --port 8001\n" in text
+    assert f"WorkingDirectory={tmp_path}\n" in text and "KillMode=mixed\n" in text
+    # without: the command right after the first `--`
+    assert _install(tmp_path, "up", "--", "vllm", "serve", "m") == 0
+    assert f" up -- {bin_dir / 'vllm'} serve m\n" in unit.read_text()
+    if ANALYZE is not None:
+        r = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_up_with_a_server_command_not_on_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _install(tmp_path, "up", "--", "nosuchvllm", "serve", "m") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kvscope: error: cannot find 'nosuchvllm' for the unit: not found on PATH; give its full path"
+    assert not (tmp_path / "units").exists()

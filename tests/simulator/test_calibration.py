@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from simdrive import app, client, doc_text
+
+from tests.simulator.simdrive import app, client, doc_text
 
 TOL = 0.15
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simdrive import doc_ids, engine, run, settle
-
 from simulator.engine import Engine
+from tests.simulator.simdrive import doc_ids, engine, run, settle
 
 
 def test_concurrent_prefills_share_engine_steps_first_come_first_served() -> None:

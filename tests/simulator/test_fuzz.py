@@ -8,7 +8,8 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from simdrive import app, client
+
+from tests.simulator.simdrive import app, client
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 3000), st.floats(allow_nan=False), st.text(max_size=8))
 values = st.recursive(

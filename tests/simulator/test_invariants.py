@@ -8,11 +8,11 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from simdrive import doc_ids
 
 from simulator.config import config_from_argv
 from simulator.engine import Engine
 from simulator.metrics import build_registry, render
+from tests.simulator.simdrive import doc_ids
 
 request = st.tuples(
     st.integers(0, 4),  # which shared document the prompt starts with

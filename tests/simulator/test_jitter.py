@@ -8,10 +8,10 @@ import math
 import statistics
 
 import pytest
-from simdrive import doc_ids, run
 
 from simulator.config import StartupError, config_from_argv
 from simulator.engine import Engine
+from tests.simulator.simdrive import doc_ids, run
 
 DENSE = ["--profile", "rtx4070-qwen3-4b"]
 

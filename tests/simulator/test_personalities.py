@@ -7,14 +7,14 @@ import json
 
 import pytest
 from prometheus_client import generate_latest
-from simdrive import doc_ids, engine, run
 
 from agent.engines import KEEP_PREFIXES as ENGINE_KEEP
 from agent.engines import read_engines
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 from simulator.metrics import build_registry
 from simulator.personalities import personality_registry
+from tests.simulator.simdrive import doc_ids, engine, run
 
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 ARGS = (
@@ -71,7 +71,7 @@ def test_an_unknown_personality_is_refused() -> None:
 def test_the_simulated_server_serves_sglangs_families_at_metrics_when_asked() -> None:
     import asyncio
 
-    from simdrive import app, client
+    from tests.simulator.simdrive import app, client
 
     async def go() -> str:
         a = app(*ARGS, personality="sglang")
@@ -102,9 +102,9 @@ def test_a_trtllm_personality_serves_json_at_metrics_and_text_at_prometheus_metr
     import asyncio
 
     import httpx
-    from simdrive import app, client
 
     from agent.vllm_reader import VllmReader
+    from tests.simulator.simdrive import app, client
 
     async def go() -> tuple[object, str]:
         a = app(*ARGS, personality="trtllm")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from simdrive import doc_text
 
 from simulator.profiles import GIB, MIB
 from tests.ports import free_port
+from tests.simulator.simdrive import doc_text
 from tests.waits import wait_until
 
 KVSCOPE = [sys.executable, "-m", "kvscope", "sim"]

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from simdrive import app, client, doc_text
 
 from simulator.server import SimApp
+from tests.simulator.simdrive import app, client, doc_text
 from tests.waits import wait_until_async
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import httpx
-from kvstreams import message, stored_map
 
 from agent.kvevents.decode import decode_message
 from agent.kvevents.tier_model import TierModel
 from agent.loop import Agent, AgentConfig
-from agent.protocol import PushBatch, ReuseWindow
-from agent.wire import batch_to_wire
+from kvcore.protocol import PushBatch, ReuseWindow
+from kvcore.wire import batch_to_wire
+from tests.sizing.kvstreams import message, stored_map
 
 
 def quiet_vllm(req: httpx.Request) -> httpx.Response:
@@ -32,7 +32,7 @@ def test_the_push_carries_the_windows_of_the_tick_and_the_wire_form_equals_to_wi
     agent = agent_with(tmp_path, lambda now: [w for w in [model.take_window(now)] if w is not None])
     batch = agent.build_batch(5.0)
     assert [(w.instance, w.references, w.end) for w in batch.reuse] == [("http://v:8000", 2, 5.0)]
-    from agent.protocol import to_wire
+    from kvcore.protocol import to_wire
 
     assert batch_to_wire(batch) == to_wire(batch)
     assert "reuse" not in batch_to_wire(agent.build_batch(6.0))  # nothing new: left off the wire

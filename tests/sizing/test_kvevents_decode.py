@@ -6,15 +6,6 @@ import random
 
 import msgpack
 import pytest
-from kvstreams import (
-    fixture_streams,
-    message,
-    recorded_frames,
-    removed_array,
-    removed_map,
-    stored_array,
-    stored_map,
-)
 
 from agent.kvevents.decode import (
     MAX_PAYLOAD_BYTES,
@@ -25,6 +16,15 @@ from agent.kvevents.decode import (
     block_hash,
     decode_event,
     decode_message,
+)
+from tests.sizing.kvstreams import (
+    fixture_streams,
+    message,
+    recorded_frames,
+    removed_array,
+    removed_map,
+    stored_array,
+    stored_map,
 )
 
 

@@ -6,24 +6,15 @@ import json
 import time
 
 import httpx
-import pytest
-from kvpublisher import FakePublisher
-from kvstreams import removed_map, stored_map
 
 from agent.fetch import HttpxFetcher
 from agent.kvevents.collector import KvEventsCollector
 from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of, vllm_binds
 from agent.kvevents.tier_model import TierModel
 from tests.ports import free_port
-
-
-def wait_for(cond, what: str, timeout: float = 10.0) -> None:
-    """Sockets deliver on their own threads: wait for a condition, fail with a reason."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from tests.sizing.kvpublisher import FakePublisher
+from tests.sizing.kvstreams import removed_map, stored_map
+from tests.waits import wait_until
 
 
 def test_vllm_binds_wildcards_and_ipc_and_connects_to_host_names():
@@ -73,7 +64,7 @@ def publish_until_seen(pub: FakePublisher, sub: Subscriber) -> None:
             seen.append(w)
         return bool(seen)
 
-    wait_for(heard, "the first message")
+    wait_until(heard, "the first message")
 
 
 def test_subscriber_connects_to_a_publisher_that_binds_and_models_its_stream():
@@ -85,7 +76,7 @@ def test_subscriber_connects_to_a_publisher_that_binds_and_models_its_stream():
         pub.publish([stored_map([1, 2])])
         pub.publish([removed_map([1, 2]), stored_map([1, 2])])
         got = []
-        wait_for(lambda: got.append(sub.take_window(1.0)) or sum(w.references for w in got if w) >= 4, "4 blocks")
+        wait_until(lambda: got.append(sub.take_window(1.0)) or sum(w.references for w in got if w) >= 4, "4 blocks")
         windows = [w for w in got if w]
         assert sum(w.cold for w in windows) == 2
         assert sum(w.lost for w in windows) == 0
@@ -110,7 +101,7 @@ def test_subscriber_binds_where_vllm_connects_and_repairs_a_gap_from_the_replay_
         pub.publish([stored_map([2])], send=False)
         pub.publish([stored_map([3])])
         got = []
-        wait_for(lambda: got.append(sub.take_window(1.0)) or sum(w.references for w in got if w) >= 3, "3 blocks")
+        wait_until(lambda: got.append(sub.take_window(1.0)) or sum(w.references for w in got if w) >= 3, "3 blocks")
         windows = [w for w in got if w]
         assert sum(w.lost for w in windows) == 0
         assert sum(w.references for w in windows) == 3
@@ -130,7 +121,7 @@ def test_a_gap_without_replay_is_counted_lost_and_garbage_frames_are_counted():
         pub.pub.send_multipart([b"kv-events", b"\x00" * 8, b"\xc1garbage"])
         pub.pub.send_multipart([b"only one frame"])
         got = []
-        wait_for(lambda: got.append(sub.take_window(1.0)) or sum(w.garbage for w in got if w) >= 2, "garbage")
+        wait_until(lambda: got.append(sub.take_window(1.0)) or sum(w.garbage for w in got if w) >= 2, "garbage")
         windows = [w for w in got if w]
         assert sum(w.lost for w in windows) == 1
     finally:
@@ -173,7 +164,7 @@ def test_collector_discovers_sources_from_vllm_and_pushes_windows():
             got.extend(col.windows(20.0))
             return bool(got)
 
-        wait_for(heard, "a window")
+        wait_until(heard, "a window")
         assert got[0].instance == "http://127.0.0.1:8000" and got[0].references >= 1
     finally:
         col.close()
@@ -235,7 +226,7 @@ def test_a_host_endpoint_vllm_bound_itself_is_connected_to_instead():
 
 def windows_until(sub: Subscriber, cond, what: str) -> list:
     got: list = []
-    wait_for(lambda: got.append(sub.take_window(1.0)) or cond([w for w in got if w]), what)
+    wait_until(lambda: got.append(sub.take_window(1.0)) or cond([w for w in got if w]), what, timeout=10)
     return [w for w in got if w]
 
 
@@ -276,7 +267,7 @@ def test_an_unanswered_replay_request_does_not_hold_the_receive_path():
     )
     sub = Subscriber("u", [src], TierModel("u", 0.0, max_keys=None))
     try:
-        from kvstreams import message
+        from tests.sizing.kvstreams import message
 
         now = time.time()
         sub._handle(src, message(0, [stored_map([1])]), now)
@@ -312,7 +303,7 @@ def test_a_frame_over_the_size_cap_never_reaches_the_model():
                 windows.append(w)
             return sum(x.references for x in windows) >= 1
 
-        wait_for(heard, "the next batch")
+        wait_until(heard, "the next batch", timeout=10)
         # ZMQ refused it unread (the dropped link counts once as garbage) and the stream goes on
         assert sum(w.garbage for w in windows) == 1
     finally:

@@ -7,13 +7,14 @@ import json
 import time
 
 import pytest
-from simdrive import app, client, doc_ids, engine, run
-from workloads import WORKLOADS
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
 from agent.kvevents.subscriber import EventSource, Subscriber
 from agent.kvevents.tier_model import TierModel
 from simulator.kv_events import KvEventsConfigError, SimKvEventPublisher, parse_config
+from tests.simulator.simdrive import app, client, doc_ids, engine, run
+from tests.sizing.workloads import WORKLOADS
+from tests.waits import wait_until
 
 MASK = (1 << 64) - 1
 # a dense 4B model whose GPU KV pool is capped at 1 GiB (455 blocks of 16 tokens), as in the demo
@@ -113,14 +114,15 @@ def test_the_simulator_publishes_its_cache_changes_as_vllm_frames(encoding):
         docs = [doc_ids(i, 1500) for i in range(3)]
         for n in range(12):
             run(e, docs[n % 3] + doc_ids(500 + n, 20), 2)
-        deadline = time.monotonic() + 10
         got = []
-        while sum(w.references for w in got) < 3 * 1500 // 16:
-            assert time.monotonic() < deadline, got
-            time.sleep(0.1)
+
+        def referenced() -> bool:
             w = sub.take_window(1.0)
             if w is not None:
                 got.append(w)
+            return sum(w.references for w in got) >= 3 * 1500 // 16
+
+        wait_until(referenced, "the blocks' references in the subscriber's windows", timeout=10.0, interval=0.1)
         assert sum(w.lost for w in got) == 0 and sum(w.garbage for w in got) == 0
         assert {w.block_size for w in got} == {16}
     finally:

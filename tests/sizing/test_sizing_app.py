@@ -9,10 +9,10 @@ from dataclasses import asdict
 from typing import Any
 
 import pytest
-from kvstreams import fixture_streams, recorded_frames
 
 from agent.kvevents.decode import decode_message
 from agent.kvevents.tier_model import TierModel
+from tests.sizing.kvstreams import fixture_streams, recorded_frames
 
 INSTANCE = "http://127.0.0.1:8000"
 # vllm:cache_config_info of the tiny Llama on the CPU build with 1 GiB of KV space (REAL_VLLM.md)
@@ -213,7 +213,7 @@ def test_the_page_shows_the_curve_the_sources_and_the_apply_form(client, token, 
 
 
 def test_a_push_without_reuse_windows_stays_as_older_agents_send_it(client, token, batch_factory, clock):
-    from agent.protocol import PushBatch, to_wire
+    from kvcore.protocol import PushBatch, to_wire
 
     wire = to_wire(PushBatch(agent_id="a", host="rig1", seq=1, sent_at=clock()))
     assert "reuse" not in wire

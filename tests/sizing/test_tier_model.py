@@ -6,12 +6,12 @@ import json
 import random
 
 import pytest
-from kvstreams import FIXTURES, fixture_streams, message, recorded_frames, removed_map, stored_map
-from vllm_tier import VllmLruTier
 
 from agent.kvevents.decode import Stored, decode_message
 from agent.kvevents.reuse import hits_at
 from agent.kvevents.tier_model import TierModel
+from tests.sizing.kvstreams import FIXTURES, fixture_streams, message, recorded_frames, removed_map, stored_map
+from tests.sizing.vllm_tier import VllmLruTier
 
 ROTATION = next(p for p in fixture_streams() if "rotation" in p.name)
 # vLLM's counter deltas over the capture (the fixture's NOTES.md)
@@ -264,7 +264,7 @@ def test_a_hybrid_models_other_kv_groups_are_not_counted_twice():
 def test_the_model_follows_vllms_tier_on_three_workloads_where_a_stack_pass_cannot():
     """Built streams of the three workloads through a GPU prefix cache: the simulated points are
     vLLM's tier exactly; the one-pass stack curve alone misses where the tier stores nothing."""
-    from workloads import WORKLOADS, replay
+    from tests.sizing.workloads import WORKLOADS, replay
 
     caps = (113, 227, 455, 910, 1820)
     misses = 0
@@ -314,8 +314,8 @@ def test_the_backlog_fixture_is_left_out_by_its_vllm_timestamps_and_the_rest_rec
 
 
 def test_with_arc_the_model_follows_vllms_arc_tier_which_an_lru_curve_does_not():
-    from vllm_tier import VllmArcTier
-    from workloads import WORKLOADS, replay
+    from tests.sizing.vllm_tier import VllmArcTier
+    from tests.sizing.workloads import WORKLOADS, replay
 
     caps = (113, 455, 910)
     differs = 0
@@ -334,7 +334,7 @@ def test_with_arc_the_model_follows_vllms_arc_tier_which_an_lru_curve_does_not()
 
 
 def test_arc_on_random_streams_matches_vllms_arc_tier():
-    from vllm_tier import VllmArcTier
+    from tests.sizing.vllm_tier import VllmArcTier
 
     rng = random.Random(5)
     for _ in range(20):

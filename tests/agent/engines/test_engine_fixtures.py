@@ -28,8 +28,8 @@ from agent.engines.kv_series import (
     TIER_USED_BYTES,
     family_type,
 )
-from agent.exposition import parse
-from agent.normalise import KEEP_PREFIXES, normalise
+from kvcore.exposition import parse
+from kvcore.normalise import KEEP_PREFIXES, normalise
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 FOLDERS = {

@@ -13,7 +13,7 @@ from agent.engines.kv_series import (
     TIER_TRANSFER_TOKENS,
     Derived,
 )
-from agent.exposition import parse
+from kvcore.exposition import parse
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from app.charts.figures import build_figure, compact, readable
+from app.charts.figures import build_figure, compact
 from app.dashboard.instance import merge_restarts, plot_px
-from app.dashboard.ranges import RANGES, default_range
 from app.derived.grid import MAX_POINTS, MIN_RATE_WINDOW_S, make_grid, rate_interval
 from app.derived.panels import Panel, Trace
+from app.web.ranges import RANGES, default_range
+from app.web.text import readable
 from tests.app.pages.recorded import fed_app, recorded_batches
 
 T0 = 1_800_000_000.0

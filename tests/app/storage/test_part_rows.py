@@ -8,7 +8,6 @@ from typing import Any, cast
 
 from sqlalchemy import Table
 
-from agent.protocol import PushBatch, Scrape
 from app.storage import ab_store as st
 from app.storage import alerts_store as al
 from app.storage import rollouts_store as rs
@@ -28,6 +27,7 @@ from app.storage.controller_rows import (
 )
 from app.storage.ingest_store import IngestWriter
 from app.storage.series_store import list_instances
+from kvcore.protocol import PushBatch, Scrape
 
 T0 = 1_800_000_000.0
 URL = "http://127.0.0.1:8000"

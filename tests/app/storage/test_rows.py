@@ -8,7 +8,6 @@ from typing import Any, cast
 
 from sqlalchemy import Table
 
-from agent.protocol import AgentEvent, PushBatch, ReuseWindow, Sample, Scrape
 from app.storage.events import EventRow, list_events
 from app.storage.ingest_store import IngestWriter
 from app.storage.models import AgentToken, Event, Host, Instance
@@ -16,6 +15,7 @@ from app.storage.series_store import HostRow, InstanceRow, get_instance, list_ho
 from app.storage.sizing_models import SizingWindow
 from app.storage.sizing_store import SizingWindowRow, store_windows, windows_in
 from app.storage.tokens import TokenRow, create_token, list_tokens
+from kvcore.protocol import AgentEvent, PushBatch, ReuseWindow, Sample, Scrape
 
 T0 = 1_800_000_000.0
 URL = "http://127.0.0.1:8000"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent.parent  # the app package (this file is app/web/paths.py)
+_PKG = Path(__file__).resolve().parent.parent  # the app package (this file is app/paths.py)
 
 
 def _find(name: str) -> Path:

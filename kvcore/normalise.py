@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from agent.exposition import Exposition, RawSample
+from kvcore.exposition import Exposition, RawSample
 
 # Families kept, as name prefixes (a prefix also keeps the family's _bucket/_sum/_count/_created).
 KEEP_PREFIXES: tuple[str, ...] = (

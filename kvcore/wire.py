@@ -11,7 +11,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from agent.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Sample, Scrape
+from kvcore.protocol import AgentEvent, PushBatch, ReuseWindow, RolloutUpdate, Sample, Scrape
 
 
 def _samples(samples: list[Sample]) -> list[dict[str, Any]]:
@@ -73,4 +73,5 @@ def batch_to_wire(b: PushBatch) -> dict[str, Any]:
         "events": [_event(e) for e in b.events],
         "rollout_updates": [_update(u) for u in b.rollout_updates],
         **({"reuse": [_reuse(w) for w in b.reuse]} if b.reuse else {}),
+        **({"controlled": list(b.controlled)} if b.controlled else {}),
     }

@@ -146,6 +146,9 @@ class PushBatch:
     events: list[AgentEvent] = field(default_factory=list)
     rollout_updates: list[RolloutUpdate] = field(default_factory=list)
     reuse: list[ReuseWindow] = field(default_factory=list)  # optional: KV-event reuse distances
+    # optional: the vLLM base URLs this agent's controller may restart (its launcher's servers), so
+    # the app's control pages can say which instances are steerable. Left out when empty.
+    controlled: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -172,10 +175,13 @@ class PushReply:
 
 
 def to_wire(obj: PushBatch | PushReply) -> dict[str, Any]:
-    """Plain JSON-able dict of a batch or reply (an empty ``reuse`` is left out: older apps refuse it)."""
+    """Plain JSON-able dict of a batch or reply (an empty ``reuse`` or ``controlled`` is left out:
+    older apps refuse it)."""
     data = asdict(obj)
-    if isinstance(obj, PushBatch) and not obj.reuse:
-        data.pop("reuse", None)
+    if isinstance(obj, PushBatch):
+        for key in ("reuse", "controlled"):
+            if not data.get(key):
+                data.pop(key, None)
     return data
 
 

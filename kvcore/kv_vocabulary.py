@@ -1,7 +1,7 @@
 """The KV vocabulary every part of kvscope speaks: where prompt tokens came from, how hit rates are
 defined (one fallback order), which offload tier reloaded them, and their colours and labels.
 
-Pure standard library, beside the wire contract (agent/protocol.py): the agent (workload
+Pure standard library, beside the wire contract (kvcore/protocol.py): the agent (workload
 snapshots, probes) and the app (charts, overview, worth, summary API, exporter, alerts, A/B)
 import the same definitions, so a hit rate or a source colour cannot drift between them.
 
@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kvcore.series import share
+
 # --- metric families -------------------------------------------------------------------------
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
@@ -43,9 +45,36 @@ LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
 LOAD_TIME = "vllm:kv_offload_load_time_total"
 STORE_BYTES = "vllm:kv_offload_store_bytes_total"
 STORE_TIME = "vllm:kv_offload_store_time_total"
+OFFLOAD_BYTES = {"load": LOAD_BYTES, "store": STORE_BYTES}  # by direction (load: tier -> GPU)
+OFFLOAD_TIME = {"load": LOAD_TIME, "store": STORE_TIME}
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+TTFT = "vllm:time_to_first_token_seconds"  # histograms: the family name, without _bucket/_sum/_count
+ITL = "vllm:inter_token_latency_seconds"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
+KV_FETCH_BY_STAGE = "vllm:num_requests_kv_fetch_by_stage"
 TIERING_PREFIX = "vllm:kv_offload_tiering_"
 LMCACHE_PREFIX = "lmcache:"
 LMCACHE_HITS = "lmcache:num_hit_tokens_total"  # present where an LMCache engine runs in vLLM
+
+
+# --- colours ---------------------------------------------------------------------------------
+# Tableau 10, the one definition of every chart colour (app/charts/palette.py gives them roles).
+GREEN = "#2ca02c"
+BLUE = "#1f77b4"
+RED = "#d62728"
+ORANGE = "#ff7f0e"
+PURPLE = "#9467bd"
+BROWN = "#8c564b"
+PINK = "#e377c2"
+GREY = "#7f7f7f"
+OLIVE = "#bcbd22"
+CYAN = "#17becf"
 
 
 # --- token sources ---------------------------------------------------------------------------
@@ -57,9 +86,9 @@ class TokenSource:
     color: str
 
 
-GPU_HIT = TokenSource("gpu_hit", "local_cache_hit", "GPU prefix-cache hit", "#2ca02c")
-OFFLOAD_RELOAD = TokenSource("offload_reload", "external_kv_transfer", "offload reload", "#1f77b4")
-RECOMPUTE = TokenSource("recompute", "local_compute", "recompute", "#d62728")
+GPU_HIT = TokenSource("gpu_hit", "local_cache_hit", "GPU prefix-cache hit", GREEN)
+OFFLOAD_RELOAD = TokenSource("offload_reload", "external_kv_transfer", "offload reload", BLUE)
+RECOMPUTE = TokenSource("recompute", "local_compute", "recompute", RED)
 SOURCES: tuple[TokenSource, ...] = (GPU_HIT, OFFLOAD_RELOAD, RECOMPUTE)  # stacking order
 SOURCE_BY_LABEL: dict[str, TokenSource] = {s.vllm_label: s for s in SOURCES}
 CACHED_SOURCE_LABELS: frozenset[str] = frozenset({GPU_HIT.vllm_label, OFFLOAD_RELOAD.vllm_label})
@@ -191,13 +220,26 @@ class HitRateDef:
     hits: str  # the numerator's family (overall: see overall_terms for its fallbacks)
     queries: str
     meaning: str
+    # the key of this rate in an A/B run's counters and summary (stored with every run, so kept as
+    # first written: "external_hit_rate" is the offload rate; the Python side says "offload")
+    run_key: str
 
 
-HIT_GPU = HitRateDef("gpu", "GPU prefix cache", GPU_HIT.color, GPU_HITS, GPU_QUERIES, "GPU prefix-cache hits / queries")
-HIT_OFFLOAD = HitRateDef(
-    "offload", "offload tier", OFFLOAD_RELOAD.color, EXT_HITS, EXT_QUERIES, "external (connector) hits / queries"
+HIT_GPU = HitRateDef(
+    "gpu", "GPU prefix cache", GPU_HIT.color, GPU_HITS, GPU_QUERIES, "GPU prefix-cache hits / queries", "gpu_hit_rate"
 )
-HIT_OVERALL = HitRateDef("overall", "overall", "#ff7f0e", CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens")
+HIT_OFFLOAD = HitRateDef(
+    "offload",
+    "offload tier",
+    OFFLOAD_RELOAD.color,
+    EXT_HITS,
+    EXT_QUERIES,
+    "external (connector) hits / queries",
+    "external_hit_rate",
+)
+HIT_OVERALL = HitRateDef(
+    "overall", "overall", ORANGE, CACHED, PROMPT_TOKENS, "cached prompt tokens / prompt tokens", "overall_hit_rate"
+)
 HIT_RATES: tuple[HitRateDef, ...] = (HIT_GPU, HIT_OFFLOAD, HIT_OVERALL)
 HIT_RATE_NOTE = "GPU = hits/queries; offload = external hits/queries; overall = cached/prompt tokens."
 # every family a hit rate may read, per rate
@@ -228,18 +270,15 @@ def overall_terms(
     return cached, prompts
 
 
-def share(part: float | None, whole: float | None) -> float | None:
-    """part / whole in 0..1; None without volume (a window without traffic has no hit rate)."""
-    if part is None or whole is None or whole <= 0:
-        return None
-    return max(0.0, min(1.0, part / whole))
-
-
 @dataclass(frozen=True)
 class HitRates:
     gpu: float | None
     offload: float | None
     overall: float | None
+
+    def by_run_key(self) -> dict[str, float | None]:
+        """The three rates under the keys an A/B run stores them by (HitRateDef.run_key)."""
+        return {HIT_GPU.run_key: self.gpu, HIT_OFFLOAD.run_key: self.offload, HIT_OVERALL.run_key: self.overall}
 
 
 def hit_rates(increases: Mapping[str, float | None], by_source: Mapping[str, float]) -> HitRates:
