@@ -23,9 +23,8 @@ from pathlib import Path
 import zmq
 
 from tests.ports import free_port
-
-from .server import Server, default_install, http_get
-from .workload import BLOCK, complete, prompt_tokens_of, tokens
+from tests.realvllm.server import Server, default_install, http_get
+from tests.realvllm.workload import BLOCK, complete, prompt_tokens_of, tokens
 
 PREFIX = "real__vllm-0.32.0-cpu__tiny__backlog"
 
