@@ -83,10 +83,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--kv-events",
-        choices=["off", "auto"],
+        choices=["off", "auto", "arc"],
         default="off",
-        help="auto: follow vLLM's KV-cache events (GET /kv_event_sources) for cache sizing; "
-        "needs the kvevents extra (pyzmq, msgpack)",
+        help="auto: follow vLLM's KV-cache events (GET /kv_event_sources) for cache sizing; arc: the same, "
+        "also simulating vLLM's ARC tier (eviction_policy arc); needs the kvevents extra (pyzmq, msgpack)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_agent)
@@ -219,8 +219,8 @@ def run_agent(args: argparse.Namespace) -> int:
     gc.freeze()  # start-up objects never need collecting: keeps each tick's GC passes short
     if args.launcher_config:
         agent.sink = _launcher_sink(Path(args.launcher_config))
-    if getattr(args, "kv_events", "off") == "auto":
-        agent.reuse_source = kv_events_source(agent)
+    if getattr(args, "kv_events", "off") in ("auto", "arc"):
+        agent.reuse_source = kv_events_source(agent, arc=args.kv_events == "arc")
     stop = threading.Event()
 
     def _stop(_sig: int, _frame: Any) -> None:
@@ -237,7 +237,7 @@ def run_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def kv_events_source(agent: Any) -> Any:
+def kv_events_source(agent: Any, *, arc: bool = False) -> Any:
     """The windows of vLLM's KV-cache events for the agent's push (GET /kv_event_sources per server)."""
     try:
         from agent.kvevents.collector import KvEventsCollector
@@ -245,7 +245,7 @@ def kv_events_source(agent: Any) -> Any:
         raise UserError(f"--kv-events auto needs pyzmq and msgpack: pip install 'kvscope[kvevents]' ({exc})") from None
     from agent.fetch import StdlibFetcher
 
-    return KvEventsCollector([r.base_url for r in agent.readers], StdlibFetcher()).windows
+    return KvEventsCollector([r.base_url for r in agent.readers], StdlibFetcher(), arc=arc).windows
 
 
 def _launcher_sink(path: Path) -> Any:

@@ -1,12 +1,21 @@
-"""Exact Mattson pass vs fixed-size SHARDS on one large synthetic trace: time, memory, error.
+"""Cache sizing: predicted vs measured per workload and size, then the model's speed and memory.
+
+1. Accuracy (simulated): each workload of tests/sizing/workloads.py (rotation, growing chat, RAG)
+   is served by the simulator without a tier, its KV events recorded and fed to the tier model;
+   then served again with a 0.5/1/2/4 GiB CPU tier, whose ``external_kv_transfer`` tokens are
+   the measurement. Printed: predicted, measured, error in tokens, in % of the prompt tokens and
+   in % of the measured reloads (targets: <= 1 % of prompt tokens; <= 15 % of the reloads where
+   those are >= 5 % of the prompt tokens).
+2. Exact Mattson pass vs fixed-size SHARDS on one large synthetic trace: time, memory, error.
 
 Same trace, same process; CPU time of one untraced run of each pass, memory tracemalloc's peak
 during another run of it (the tracking state: stack, Fenwick tree, heap). Error: mean and max absolute difference
 of the hit ratio at 7 cache sizes (SHARDS-adj applied). Then the whole agent path (msgpack
 decode + tier model) on KV-event messages built like vLLM's, as blocks per second.
 
-    .venv/bin/python bench/sizing.py [--keys 200000] [--refs 400000] [--max-keys 8192]
-Targets (issue 17): SHARDS mean error < 0.01; agent path >= 100,000 blocks/s on one core.
+    .venv/bin/python bench/sizing.py [--keys 200000] [--refs 400000] [--max-keys 8192] [--no-accuracy]
+Targets (issues 17, 27): SHARDS mean error < 0.01; agent path >= 100,000 events/s on one core;
+<= 20 MB of model state per instance.
 """
 
 from __future__ import annotations
@@ -65,13 +74,50 @@ def kv_messages(keys: list[int], per_event: int = 8) -> list[list[bytes]]:
     return out
 
 
+def accuracy() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' drivers and workloads
+    from agent.kvevents.decode import Batch
+    from tests.simulator.simdrive import engine, run
+    from tests.sizing.test_sim_kv_events import BASE, SIZES_GIB, recorded_run
+    from tests.sizing.workloads import WORKLOADS
+
+    print("workload  size     predicted     measured      error  %prompt  %reloads  (simulated)")
+    for name in sorted(WORKLOADS):
+        prompts = WORKLOADS[name]()
+        e = engine(*BASE)
+        events = recorded_run(e, prompts)
+        chunk = e.cfg.bytes_per_token * e.cfg.block_size
+        caps = [int(g * 2**30 // chunk) for g in SIZES_GIB]
+        model = TierModel("bench", now=0.0, max_keys=None, capacities=caps)
+        model.observe(Batch(b"", 0, 0.0, 0, events))
+        w = model.take_window(1.0)
+        assert w is not None
+        points = {int(c): n for c, n in w.points}
+        prompt = sum(len(p) for p in prompts)
+        for gib, cap in zip(SIZES_GIB, caps, strict=True):
+            tier = engine(*BASE, "--kv-offloading-size", str(gib))
+            meas = sum(run(tier, ids, 2).ext_tokens for ids in prompts)
+            pred = points[cap] * e.cfg.block_size
+            rel = f"{(pred - meas) / meas * 100:+7.1f}%" if meas else "    n/a"
+            print(
+                f"{name:9s} {gib:>4} GiB {pred:>10,.0f} {meas:>12,} {pred - meas:>+10,.0f} "
+                f"{(pred - meas) / prompt * 100:+7.2f}%  {rel}   of {prompt:,} prompt tokens"
+            )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--keys", type=int, default=200_000)
     ap.add_argument("--refs", type=int, default=400_000)
     ap.add_argument("--max-keys", type=int, default=8192)
     ap.add_argument("--alpha", type=float, default=0.8)
     args = ap.parse_args()
+    if not args.no_accuracy:
+        accuracy()
     keys = zipf_trace(args.keys, args.refs, args.alpha, seed=3)
     n = len(keys)
     (exact, _, _), t_exact, m_exact = measured(lambda: distances_histogram(keys))
@@ -88,21 +134,26 @@ def main() -> int:
     print(f"hit-ratio error: mean {sum(errors) / len(errors):.4f}, max {max(errors):.4f} (target mean < 0.01)")
 
     msgs = kv_messages(keys)
-    model = TierModel("bench", now=0.0)
-    t0 = time.process_time()
-    for frames in msgs:
-        model.observe(decode_message(frames))
-    dt = time.process_time() - t0
-    w = model.take_window(1.0)
-    assert w is not None and w.references == n
     decode_only = time.process_time()
     for frames in msgs:
         decode_message(frames)
     t_decode = time.process_time() - decode_only
-    print(
-        f"agent path (decode + tier model, max_keys {model.tracked_keys():,} tracked): {n / dt:,.0f} blocks/s "
-        f"({n / t_decode:,.0f} blocks/s decode alone; target >= 100,000)"
-    )
+    for label, caps in (("stack curve only", ()), ("with the simulated tiers", None)):
+
+        def agent_path(caps: Any = caps) -> TierModel:
+            model = TierModel("bench", now=0.0) if caps is None else TierModel("bench", now=0.0, capacities=caps)
+            for frames in msgs:
+                model.observe(decode_message(frames))
+            return model
+
+        model, dt, peak = measured(agent_path)
+        w = model.take_window(1.0)
+        assert w is not None and w.references == n
+        print(
+            f"agent path, {label}: {len(msgs) / dt:,.0f} events/s = {n / dt:,.0f} blocks/s (8 blocks an event; "
+            f"decode alone {len(msgs) / t_decode:,.0f} events/s; target >= 100,000 events/s); "
+            f"model state peak {peak / 2**20:.1f} MiB (target <= 20 MB per instance)"
+        )
     return 0
 
 

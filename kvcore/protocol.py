@@ -114,6 +114,16 @@ class ReuseWindow:
     tier_stored: int = 0  # blocks stored by other media (CPU / STORAGE offload tiers)
     tier_removed: int = 0
     tracked_keys: int = 0
+    duplicates: int = 0  # messages seen again (replayed or resent): skipped, not a restart
+    stale_messages: int = 0  # batches older than STALE_AFTER_S on arrival (a backlog): not counted
+    stale_tokens: int = 0  # their token_ids (state only)
+    other_group_blocks: int = 0  # GPU blocks of KV-cache groups other than 0 (hybrid models)
+    kv_groups: int = 1  # KV-cache groups seen: each takes its own slot in the tier per chunk
+    first_ts: float | None = None  # vLLM timestamps of the counted batches (the span to reconcile)
+    last_ts: float | None = None
+    # [[tier size in chunks, chunks it loaded], ...]: vLLM's LRU tier simulated at those sizes
+    points: list[list[float]] = field(default_factory=list)
+    arc_points: list[list[float]] = field(default_factory=list)  # the same for vLLM's ARC policy
 
 
 @dataclass(slots=True)

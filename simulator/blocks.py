@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 BlockHash = bytes
-# Told of every prefix-cache change, like vLLM's KV events: ("stored", hash), ("removed", hash),
-# ("cleared", None). simulator/kv_events.py publishes them.
-CacheListener = Callable[[str, BlockHash | None], None]
+# Told of every prefix-cache change, like vLLM's KV events: ("stored", hash, parent hash or None),
+# ("removed", hash, None), ("cleared", None, None). simulator/kv_events.py publishes them.
+CacheListener = Callable[[str, BlockHash | None, BlockHash | None], None]
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash = b"") -> list[BlockHash]:
@@ -90,19 +90,26 @@ class BlockPool:
                     del self.cached[h]
                     self.evictions += 1
                     if self.listener is not None:
-                        self.listener("removed", h)
+                        self.listener("removed", h, None)
                 self.block_hash[bid] = None
             self.ref_cnt[bid] = 1
             out.append(bid)
         return out
 
-    def cache(self, bid: int, h: BlockHash) -> None:
+    def cache(self, bid: int, h: BlockHash, parent: BlockHash | None = None) -> None:
         """Mark a computed full block as cached under `h` (first writer wins, like vLLM)."""
         if self.block_hash[bid] is None and h not in self.cached:
             self.block_hash[bid] = h
             self.cached[h] = bid
             if self.listener is not None:
-                self.listener("stored", h)
+                self.listener("stored", h, parent)
+
+    def cache_chain(self, block_ids: Sequence[int], hashes: Sequence[BlockHash]) -> None:
+        """Cache a request's blocks in order, each told with its parent (the block before it)."""
+        parent: BlockHash | None = None
+        for bid, h in zip(block_ids, hashes, strict=False):
+            self.cache(bid, h, parent)
+            parent = h
 
     def release(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block; blocks reaching zero join the free queue tail-first."""
@@ -120,5 +127,5 @@ class BlockPool:
         self.cached.clear()
         self.block_hash = [None] * self.num_blocks
         if self.listener is not None:
-            self.listener("cleared", None)
+            self.listener("cleared", None, None)
         return True

@@ -67,7 +67,8 @@ class OffloadConnector:
             self._tier_inc("vllm:kv_offload_tiering_block_queries", 1, tier="0:primary")
             if h in self.cpu:
                 self._tier_inc("vllm:kv_offload_tiering_block_hits", 1, tier="0:primary")
-                self.cpu.touch(h)
+                if self.cpu.policy != "lru":  # vLLM's LRU re-ranks at the request's end (finish())
+                    self.cpu.touch(h)
             else:
                 found = False
                 for i, fs in enumerate(self.fs, start=1):
@@ -108,14 +109,25 @@ class OffloadConnector:
         if self.on_cpu_store is not None:
             self.on_cpu_store(self.cpu.slot[h])
 
-    def store(self, hashes: Sequence[BlockHash], now: float) -> None:
-        """Store the full chunks of `hashes` not yet in the CPU tier (async GPU->CPU copy, fs write-through)."""
+    def store(
+        self, hashes: Sequence[BlockHash], now: float, start_chunk: int = 0, recorded: list[BlockHash] | None = None
+    ) -> None:
+        """Offer the full chunks of `hashes` from `start_chunk` on (async GPU->CPU copy, fs write-through).
+
+        As vLLM 0.32's OffloadingConnector (tests/sizing/vllm_tier.py cites it): chunks already in
+        the CPU tier are recorded for the request's end-of-request re-rank, new ones are stored
+        if the LRU tier can make room outside the offer, else none of them is
+        ("cannot store chunks"). ``recorded`` collects the request's chunks for ``finish``."""
         k = self.chunk_blocks
         threshold = self.offload.store_threshold
         new: list[BlockHash] = []
-        for j in range(len(hashes) // k):
+        offer: list[BlockHash] = []
+        for j in range(start_chunk, len(hashes) // k):
             h = hashes[(j + 1) * k - 1]
+            offer.append(h)
             if h in self.cpu:
+                if recorded is not None:
+                    recorded.append(h)
                 continue
             if threshold >= 2:
                 if len(self.store_counts) > STORE_SIGHTINGS_MAX:
@@ -128,8 +140,20 @@ class OffloadConnector:
             new.append(h)
         if not new:
             return
+        stored = True
+        if self.cpu.policy == "lru":
+            if self.cpu.store_lru(new, set(offer)) is None:
+                self.stats.inc("vllm:kv_offload_allocation_failure", 1)
+                stored = False  # the secondary (fs) tiers are still written through below
+            elif self.on_cpu_store is not None:
+                for h in new:
+                    self.on_cpu_store(self.cpu.slot[h])
+        else:
+            for h in new:
+                self._cpu_insert(h)
+        if recorded is not None and stored:
+            recorded.extend(new)
         for h in new:
-            self._cpu_insert(h)
             for i, fs in enumerate(self.fs, start=1):
                 wrote = fs.write(h, {"model": self.cfg.profile.model.name, "tokens": self.chunk_tokens})
                 if wrote:
@@ -137,6 +161,8 @@ class OffloadConnector:
                     self._tier_inc(
                         "vllm:kv_offload_tiering_write_time", wrote / self.device.disk_bytes_per_s, tier=f"{i}:fs"
                     )
+        if not stored:
+            return
         nbytes = len(new) * self.chunk_bytes
         secs = nbytes / self.device.pcie_bytes_per_s
         self.tx_bytes += nbytes
@@ -150,6 +176,14 @@ class OffloadConnector:
             self.stats.observe("vllm:kv_offload_size", nbytes, transfer_type="GPU_to_CPU")
             self.stats.observe("vllm:kv_offload_cpu_allocation_size", len(new))
         self.config_emitted = True
+
+    def finish(self, recorded: list[BlockHash], hashes: Sequence[BlockHash]) -> None:
+        """The request ended: its recorded chunks re-ranked in prefix order, last block first."""
+        if not recorded:
+            return
+        k = self.chunk_blocks
+        position = {hashes[(j + 1) * k - 1]: j for j in range(len(hashes) // k)}
+        self.cpu.rerank(sorted(set(recorded), key=lambda h: position.get(h, -1)))
 
     def record_load(self, load_bytes: int, secs: float) -> None:
         """Connector-load counters (the engine attributes them with the prompt accounting)."""

@@ -343,8 +343,7 @@ class Engine:
         if v in self.prefilling:
             self.prefilling.remove(v)
         if self.cfg.enable_prefix_caching and v.first_token_at is not None:
-            for bid, h in zip(v.blocks, self._seq_hashes(v), strict=False):
-                self.pool.cache(bid, h)
+            self.pool.cache_chain(v.blocks, self._seq_hashes(v))
         self.pool.release(v.blocks)
         v.blocks = []
         self.running -= 1
@@ -422,7 +421,14 @@ class Engine:
         r.first_token_at = self.t
         self._cache_prompt_blocks(r)
         if self.conn is not None:
-            self.conn.store(r.hashes, self.t)
+            k = self.conn.chunk_tokens
+            if r.ext_tokens:  # vLLM's CHUNK_LEVEL: loaded chunks recorded, only what follows offered
+                first, end = r.gpu_hit_tokens // k, (r.gpu_hit_tokens + r.ext_tokens) // k
+                r.tier_keys = [r.hashes[(j + 1) * self.conn.chunk_blocks - 1] for j in range(first, end)]
+                self.conn.store(r.hashes, self.t, start_chunk=end, recorded=r.tier_keys)
+            else:  # nothing loaded: every chunk is offered from chunk 0, GPU hits included
+                r.tier_keys = []
+                self.conn.store(r.hashes, self.t, recorded=r.tier_keys)
             self.conn.record_load(r.load_bytes, r.load_secs)
         record_first_token(self.stats, self.cfg, r)
         self._emit_token(r, events, "first_token")
@@ -454,10 +460,12 @@ class Engine:
         r.phase = "done"
         all_hashes = block_hashes(r.prompt_ids + r.output_ids, self.B)
         if self.cfg.enable_prefix_caching:
-            for bid, h in zip(r.blocks, all_hashes, strict=False):
-                self.pool.cache(bid, h)
-        if self.conn is not None and not self.conn.offload.offload_prompt_only:
-            self.conn.store(all_hashes, self.t)
+            self.pool.cache_chain(r.blocks, all_hashes)
+        if self.conn is not None:
+            if not self.conn.offload.offload_prompt_only:
+                start = len(r.hashes) // self.conn.chunk_blocks
+                self.conn.store(all_hashes, self.t, start_chunk=start, recorded=r.tier_keys)
+            self.conn.finish(r.tier_keys, all_hashes)
         self.pool.release(r.blocks)
         self.running -= 1
         record_finish(self.stats, self.cfg, r)
@@ -465,8 +473,7 @@ class Engine:
 
     def _cache_prompt_blocks(self, r: SimRequest) -> None:
         if self.cfg.enable_prefix_caching:
-            for bid, h in zip(r.blocks, r.hashes, strict=False):
-                self.pool.cache(bid, h)
+            self.pool.cache_chain(r.blocks, r.hashes)
 
     # ---- gauges and control ------------------------------------------------------------------
     def gauges(self) -> dict[str, float]:

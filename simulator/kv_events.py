@@ -6,8 +6,10 @@ socket bound when the endpoint has ``*``/``::``/``ipc://`` and connected otherwi
 ROUTER replay socket answering a start seq with the buffered batches and ``[b"", -1, b""]``.
 Events are maps (vLLM >= 0.24, as 0.32 sends them) or, with ``"sim_encoding": "arrays"`` in the
 config, positional arrays (<= 0.23). Hashes are the low 64 bits of the simulator's block hash
-(vLLM's int form). The simulator has no token ids at hand: ``token_ids`` is empty and
-``parent_block_hash`` None (each block is its own event). Everything it publishes is simulated.
+(vLLM's int form). Consecutive blocks of one request are one ``BlockStored`` whose
+``parent_block_hash`` is the block before the first (None at the start of a prompt), as vLLM
+publishes them. The simulator has no token ids at hand: ``token_ids`` is empty. Everything it
+publishes is simulated.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ class SimKvEventPublisher:
         self.topic = str(cfg["topic"]).encode()
         self.seq = 0
         self._pending: deque[Any] = deque(maxlen=int(cfg["max_queue_size"]))
+        self._lock = threading.Lock()  # record() extends the last pending event: not while flush() packs
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=max(1, int(cfg["buffer_steps"])))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sim-kv-events", daemon=True)
@@ -117,17 +120,25 @@ class SimKvEventPublisher:
         cfg.update({"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint})
         return {"0": cfg}
 
-    def record(self, kind: str, block_hash: bytes | None) -> None:
+    def record(self, kind: str, block_hash: bytes | None, parent: bytes | None = None) -> None:
         """The pool's listener (simulator/blocks.py): called from the engine's thread."""
+        with self._lock:
+            self._record(kind, block_hash, parent)
+
+    def _record(self, kind: str, block_hash: bytes | None, parent: bytes | None) -> None:
         h = int.from_bytes(block_hash, "big") & _MASK64 if block_hash else 0
         if kind == "stored":
+            p = int.from_bytes(parent, "big") & _MASK64 if parent else None
+            last = self._pending[-1] if self._pending else None
+            if p is not None and last is not None and self._extend(last, p, h):
+                return
             if self.arrays:
-                ev: Any = ["BlockStored", [h], None, [], self.block_size, None, "GPU"]
+                ev: Any = ["BlockStored", [h], p, [], self.block_size, None, "GPU"]
             else:
                 ev = {
                     "type": "BlockStored",
                     "block_hashes": [h],
-                    "parent_block_hash": None,
+                    "parent_block_hash": p,
                     "token_ids": [],
                     "block_size": self.block_size,
                     "lora_id": None,
@@ -149,14 +160,27 @@ class SimKvEventPublisher:
             return
         self._pending.append(ev)
 
+    def _extend(self, last: Any, parent: int, h: int) -> bool:
+        """Append ``h`` to the pending BlockStored whose last block is its parent (one event per run)."""
+        if isinstance(last, dict):
+            if last.get("type") != "BlockStored" or last["block_hashes"][-1] != parent:
+                return False
+            last["block_hashes"].append(h)
+            last["extra_keys"].append(None)
+            return True
+        if last[0] != "BlockStored" or last[1][-1] != parent:
+            return False
+        last[1].append(h)
+        return True
+
     def flush(self) -> int:
         """Publish what is pending as one batch; the number of events sent."""
-        events = []
-        while self._pending:
-            events.append(self._pending.popleft())
-        if not events:
-            return 0
-        payload = self._packb([time.time(), events, 0], use_bin_type=True)
+        with self._lock:
+            events = list(self._pending)
+            self._pending.clear()
+            if not events:
+                return 0
+            payload = self._packb([time.time(), events, 0], use_bin_type=True)
         seq = self.seq
         self.seq += 1
         self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])

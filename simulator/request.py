@@ -31,6 +31,7 @@ class SimRequest:
     first_token_at: float | None = None
     finished_at: float | None = None
     gpu_hit_tokens: int = 0
+    tier_keys: list[BlockHash] = field(default_factory=list)  # chunks the offload tier recorded (re-ranked at the end)
     ext_tokens: int = 0
     ext_disk_tokens: int = 0
     load_bytes: int = 0

@@ -51,6 +51,38 @@ class CpuTier:
         elif h in self.t2:
             self.t2.move_to_end(h)
 
+    def store_lru(self, keys: list[BlockHash], protected: set[BlockHash]) -> list[BlockHash] | None:
+        """vLLM 0.32's ``CPUOffloadingManager.prepare_store`` with the LRU policy: make room from the
+        least recent chunks *outside the offer* (``protected``), or store nothing (None) when too few
+        are evictable; then insert the chunks in offer order. Returns the evicted chunks."""
+        need = len(self.t1) + len(keys) - self.capacity
+        victims: list[BlockHash] = []
+        if need > 0:
+            for k in self.t1:
+                if k not in protected:
+                    victims.append(k)
+                    if len(victims) == need:
+                        break
+            if len(victims) < need:
+                return None
+            for k in victims:
+                del self.t1[k]
+                self._free_slots.append(self.slot.pop(k))
+        for k in keys:
+            self.t1[k] = None
+            self.slot[k] = self._free_slots.pop()
+        self.evictions += len(victims)
+        return victims
+
+    def rerank(self, keys: list[BlockHash]) -> None:
+        """``LRUCachePolicy.on_request_finished``: a request's chunks (prefix order) re-ranked last
+        block first, so its first chunk ends the most recent. ARC keeps its own hit promotion."""
+        if self.policy != "lru":
+            return
+        for k in reversed(keys):
+            if k in self.t1:
+                self.t1.move_to_end(k)
+
     def insert(self, h: BlockHash) -> list[BlockHash]:
         """Store a chunk; returns the chunks evicted to make room (their slots are reused)."""
         if h in self:

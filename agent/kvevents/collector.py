@@ -43,8 +43,11 @@ class KvEventsCollector:
         discover_every_s: float = 60.0,
         max_keys: int = DEFAULT_MAX_KEYS,
         start: Callable[[Subscriber], None] = Subscriber.start,
+        arc: bool = False,
     ) -> None:
+        """``arc``: the models also simulate vLLM's ARC tier (for ``eviction_policy: arc``)."""
         self.fetcher = fetcher
+        self.arc = arc
         self.discover_every_s = discover_every_s
         self.max_keys = max_keys
         self._start = start
@@ -90,7 +93,7 @@ class KvEventsCollector:
             if sub is None or (not inst.configured and now >= inst.next_discovery):
                 sources = self._discover(inst, now)
                 if sources and (sub is None or sources != sub.sources):
-                    model = TierModel(inst.url, now, max_keys=self.max_keys) if sub is None else sub.model
+                    model = TierModel(inst.url, now, max_keys=self.max_keys, arc=self.arc) if sub is None else sub.model
                     if sub is not None:
                         sub.stop()
                     sub = inst.subscriber = Subscriber(inst.url, sources, model)

@@ -27,7 +27,12 @@ from typing import Any
 import msgpack
 
 _MASK64 = (1 << 64) - 1
-MAX_PAYLOAD_BYTES = 64 * 1024 * 1024  # a batch bigger than this is refused, not parsed
+# A batch bigger than this is refused before it is parsed (the subscriber also sets ZMQ_MAXMSGSIZE
+# so such a frame never reaches memory). vLLM publishes one batch per engine step: even an
+# 8,192-token prefill with its token ids is ~60 KiB, so 4 MiB is ample headroom.
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+MAX_BLOCK_SIZE = 1 << 20  # tokens per block; vLLM's largest (hybrid models' aligned blocks) are ~1e3
+MAX_GROUP_IDX = 1024
 REPLAY_END_SEQ = -1
 
 
@@ -44,12 +49,14 @@ class Stored:
     block_size: int | None
     medium: str | None
     n_tokens: int  # len(token_ids); 0 for placeholder events (offload tiers without tokens)
+    group_idx: int = 0  # the KV-cache group (hybrid models publish one event per group)
 
 
 @dataclass(slots=True, frozen=True)
 class Removed:
     hashes: tuple[int, ...]
     medium: str | None
+    group_idx: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,22 +114,38 @@ def _opt_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _stored(hashes: Any, parent: Any, token_ids: Any, block_size: Any, medium: Any) -> Stored | None:
+def _group(value: Any) -> int | None:
+    """``group_idx`` (absent before 0.2x: group 0); None when it is not a sane group number."""
+    if value is None:
+        return 0
+    g = _opt_int(value)
+    return g if g is not None and 0 <= g <= MAX_GROUP_IDX else None
+
+
+def _stored(
+    hashes: Any, parent: Any, token_ids: Any, block_size: Any, medium: Any, group_idx: Any = None
+) -> Stored | None:
     hs = _hashes(hashes)
-    if hs is None:
+    group = _group(group_idx)
+    if hs is None or group is None:
         return None
+    bs = _opt_int(block_size)
+    if block_size is not None and (bs is None or not 0 <= bs <= MAX_BLOCK_SIZE):
+        return None  # e.g. 2**40: refuse this event only, not the batch or the window
     return Stored(
         hashes=hs,
         parent=block_hash(parent) if parent is not None else None,
-        block_size=_opt_int(block_size),
+        block_size=bs,
         medium=_opt_str(medium),
         n_tokens=len(token_ids) if isinstance(token_ids, list | tuple) else 0,
+        group_idx=group,
     )
 
 
-def _removed(hashes: Any, medium: Any) -> Removed | None:
+def _removed(hashes: Any, medium: Any, group_idx: Any = None) -> Removed | None:
     hs = _hashes(hashes)
-    return None if hs is None else Removed(hashes=hs, medium=_opt_str(medium))
+    group = _group(group_idx)
+    return None if hs is None or group is None else Removed(hashes=hs, medium=_opt_str(medium), group_idx=group)
 
 
 def decode_event(raw: Any) -> Event | None:
@@ -136,9 +159,10 @@ def decode_event(raw: Any) -> Event | None:
                 raw.get("token_ids"),
                 raw.get("block_size"),
                 raw.get("medium"),
+                raw.get("group_idx"),
             )
         if kind == "BlockRemoved":
-            return _removed(raw.get("block_hashes"), raw.get("medium"))
+            return _removed(raw.get("block_hashes"), raw.get("medium"), raw.get("group_idx"))
         if kind == "AllBlocksCleared":
             return Cleared()
         return None

@@ -152,6 +152,13 @@ class LruStack:
         self._clock = t + 1
         return dist
 
+    def distance(self, key: int) -> int | None:
+        """The stack distance ``key`` would have now, without referencing it."""
+        prev = self._last.get(key)
+        if prev is None:
+            return None
+        return len(self._last) - self._tree.prefix(prev)
+
     def forget(self, key: int) -> None:
         prev = self._last.pop(key, None)
         if prev is not None:
@@ -201,6 +208,15 @@ class ReuseSampler:
                 self._shrink()
         scaled = None if dist is None else dist / rate
         return True, scaled, 1.0 / rate
+
+    def peek(self, key: int) -> tuple[bool, float | None, float]:
+        """Like ``access`` but without referencing ``key`` (the distance a lookup sees now)."""
+        bucket = mix64(key) % _P
+        if bucket >= self.threshold:
+            return False, None, 0.0
+        rate = self.threshold / _P
+        dist = self.stack.distance(key)
+        return True, (None if dist is None else dist / rate), 1.0 / rate
 
     def _shrink(self) -> None:
         assert self.max_keys is not None

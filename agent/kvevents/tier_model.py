@@ -1,24 +1,31 @@
-"""One vLLM instance's KV-event stream -> what an LRU offload tier of any size would have served.
+"""One vLLM instance's KV-event stream -> what vLLM's LRU offload tier of any size would have served.
 
-The model (docs/cache-sizing.md has the reasons):
+The model follows vLLM's OffloadingConnector (0.32; docs/cache-sizing.md has the reasons and
+tests/sizing/vllm_tier.py the reference re-implementation):
 
-- An offload tier sits behind the GPU prefix cache and is looked up only for blocks the GPU
-  does not hold. vLLM publishes a GPU ``BlockStored`` for each block it computes *or* reloads
-  into the prefix cache (a GPU hit publishes nothing), so the stream of GPU BlockStored blocks
-  is the tier's lookup stream, and it is the same with or without a tier.
-- The tier stores what the GPU computes (vLLM's OffloadingConnector stores every new block),
-  so an LRU tier of C blocks holds a block looked up again iff its LRU stack distance in that
-  stream is < C (Mattson).
-- vLLM reloads only a contiguous prefix: a block counts only if every earlier block of its
-  request (its chain, followed by ``parent_block_hash``) was also held, so each block is
-  recorded with the running maximum of the distances along its chain.
+- A request's chunks are its GPU-hit prefix (published nothing, found back through
+  ``parent_block_hash`` and the parents of blocks seen before) plus the blocks it stored (GPU
+  ``BlockStored``: computed or reloaded). The tier is looked up from the GPU-hit boundary, so the
+  stored blocks are the lookups; a block counts only if every earlier stored block of its request
+  was held too (the running maximum of the distances along the chain).
+- When nothing loads, vLLM offers every chunk of the request to the tier, GPU hits included, and
+  at the request's end re-ranks them *last block first* (``LRUCachePolicy.on_request_finished``),
+  so the first block ends the most recent. The model references a request's chunks in that
+  order, after taking every lookup's distance as it stood when the request arrived; one pass
+  of Mattson's stack algorithm still gives the hits of every size.
 - A block re-announced while it is still on the GPU (``kv_cache_report_mode="full"`` in 0.33)
   is a GPU hit, not a lookup: skipped and counted.
-- Publisher restart (sequence goes back) and ``AllBlocksCleared`` start a new epoch: the GPU
-  and tier contents are gone, so nothing before can be reused.
+- Only KV-cache group 0 is a lookup stream; other groups (hybrid models) are counted: each
+  group takes its own slot in the tier, which the app divides the capacity by.
+- A publisher restart (the sequence goes back with a newer vLLM timestamp) and
+  ``AllBlocksCleared`` start a new epoch; a message seen again (same or older sequence, not
+  newer) is a duplicate and skipped; a batch older than ``STALE_AFTER_S`` by its own vLLM
+  timestamp when it arrives (a backlog vLLM queued while nobody listened) updates the cache
+  state but is left out of the window's counts, which therefore cover the span [first_ts,
+  last_ts] the app reconciles against vLLM's ``local_compute`` counter.
 
-Memory is bounded by the SHARDS sampler's ``max_keys`` (plus a bounded chain table), whatever
-the number of distinct blocks. Time is passed in (``now``); no sockets here.
+Memory is bounded by the SHARDS sampler's ``max_keys`` plus bounded chain and parent tables,
+whatever the number of distinct blocks. Time is passed in (``now``); no sockets here.
 """
 
 from __future__ import annotations
@@ -29,10 +36,16 @@ from dataclasses import dataclass
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
 from agent.kvevents.reuse import ReuseSampler, bin_lower
+from agent.kvevents.tier_bank import DEFAULT_CAPACITIES, TierBank
 from kvcore.protocol import ReuseWindow
 
 DEFAULT_MAX_KEYS = 8_192  # ~3.5 MiB of tracking state; SHARDS mean error ~0.005 (bench/sizing.py)
 MAX_CHAINS = 4_096
+MAX_PARENTS = 32_768  # block -> parent links kept to find a request's GPU-hit prefix (~3.5 MiB)
+MAX_PREFIX_WALK = 8_192  # blocks walked back from a GPU-hit parent
+MAX_GAP = 1_000_000  # a sequence jump beyond this is a garbage seq, not that many lost messages
+STALE_AFTER_S = 10.0  # a batch this much older than its arrival is a backlog, not "now"
+CONTINUE_BATCHES = 2  # an event extending a chain stored this recently continues that request
 GPU = "GPU"
 
 
@@ -56,20 +69,43 @@ class _Window:
     epochs: int = 0
     tier_stored: int = 0
     tier_removed: int = 0
+    duplicates: int = 0
+    stale_messages: int = 0
+    stale_tokens: int = 0
+    other_group_blocks: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
 
     def __post_init__(self) -> None:
         self.bins: dict[int, float] = {}
+        self.points: dict[int, int] = {}  # tier size (chunks) -> chunks it loaded (miniature simulation)
+        self.arc_points: dict[int, int] = {}  # the same for vLLM's ARC policy (when asked for)
 
 
 class TierModel:
     """Reuse distances of one instance (all its DP ranks: each rank has its own GPU pool)."""
 
-    def __init__(self, instance: str, now: float, *, rate: float = 1.0, max_keys: int | None = DEFAULT_MAX_KEYS):
+    def __init__(
+        self,
+        instance: str,
+        now: float,
+        *,
+        rate: float = 1.0,
+        max_keys: int | None = DEFAULT_MAX_KEYS,
+        capacities: tuple[int, ...] | list[int] | range = DEFAULT_CAPACITIES,
+        arc: bool = False,
+    ):
+        """``capacities``: the tier sizes (chunks) simulated exactly; () for the stack curve only.
+        ``arc``: simulate vLLM's ARC policy at those sizes too (``eviction_policy: arc`` tiers,
+        where an LRU curve is not valid)."""
+        self._arc = arc
         self.instance = instance
+        self._capacities = tuple(TierBank(capacities).capacities)
         self._rate = rate
         self._max_keys = max_keys
         self._ranks: dict[int, _Rank] = {}
         self.block_size: int | None = None
+        self.groups: set[int] = set()
         self._win = _Window(start=now)
 
     def _rank(self, rank: int | None) -> _Rank:
@@ -80,7 +116,11 @@ class TierModel:
                 key = -1
                 r = self._ranks.get(key)
             if r is None:
-                r = self._ranks[key] = _Rank(ReuseSampler(self._rate, self._max_keys))
+                r = self._ranks[key] = _Rank(
+                    ReuseSampler(self._rate, self._max_keys),
+                    TierBank(self._capacities),
+                    TierBank(self._capacities, "arc") if self._arc else None,
+                )
         return r
 
     def garbage(self, count: int = 1) -> None:
@@ -90,39 +130,78 @@ class TierModel:
     def lost(self, count: int) -> None:
         self._win.lost += max(0, count)
 
-    def observe(self, batch: Batch) -> None:
-        """Fold one decoded message (in sequence order per rank) into the model."""
+    def _sequence(self, rank: _Rank, batch: Batch) -> bool:
+        """Check the batch's place in its rank's sequence; False when it must be skipped."""
+        win = self._win
+        last = rank.last_seq
+        if last is None:
+            return True
+        if batch.seq <= last:
+            if rank.last_ts is not None and batch.ts > rank.last_ts:  # newer, lower seq: restarted
+                rank.new_epoch()
+                win.epochs += 1
+                return True
+            win.duplicates += 1  # seen before (a replay answering twice, a resent message)
+            return False
+        gap = batch.seq - last - 1
+        if gap > MAX_GAP:
+            if rank.suspect_seq is not None and batch.seq == rank.suspect_seq + 1:
+                rank.suspect_seq = None
+                return True  # two in a row: the publisher really is there now
+            rank.suspect_seq = batch.seq
+            win.garbage += 1
+            return False
+        win.lost += gap
+        return True
+
+    def observe(self, batch: Batch, now: float | None = None) -> None:
+        """Fold one decoded message (in sequence order per rank) into the model.
+
+        ``now`` is when it arrived (the agent's clock, on vLLM's host): a batch whose own vLLM
+        timestamp is more than ``STALE_AFTER_S`` older is a backlog and is not counted as now."""
         if batch.replay_end:
             return
         win = self._win
-        win.messages += 1
-        win.garbage += batch.skipped
         rank = self._rank(batch.dp_rank)
-        if rank.last_seq is not None:
-            if batch.seq <= rank.last_seq:  # the publisher started again: a restarted engine
-                rank.new_epoch()
-                win.epochs += 1
-            elif batch.seq > rank.last_seq + 1:
-                win.lost += batch.seq - rank.last_seq - 1
+        if not self._sequence(rank, batch):
+            return
+        rank.suspect_seq = None
         rank.last_seq = batch.seq
+        rank.last_ts = batch.ts if rank.last_ts is None else max(rank.last_ts, batch.ts)
+        rank.batches += 1
+        stale = now is not None and now - batch.ts > STALE_AFTER_S
+        count = _Window(start=0.0) if stale else win  # a stale batch changes state, not the counts
+        count.messages += 1
+        count.garbage += batch.skipped
+        if not stale:
+            win.first_ts = batch.ts if win.first_ts is None else min(win.first_ts, batch.ts)
+            win.last_ts = batch.ts if win.last_ts is None else max(win.last_ts, batch.ts)
         for ev in batch.events:
-            win.events += 1
+            count.events += 1
             if isinstance(ev, Stored):
                 if not is_gpu(ev.medium):
-                    win.tier_stored += len(ev.hashes)
+                    count.tier_stored += len(ev.hashes)
+                    continue
+                self.groups.add(ev.group_idx)
+                if ev.group_idx != 0:
+                    count.other_group_blocks += len(ev.hashes)
                     continue
                 if ev.block_size and ev.block_size > 0:  # tokens per block (placeholders carry no tokens)
                     self.block_size = ev.block_size
-                win.stored_tokens += ev.n_tokens
-                rank.stored(ev, win)
+                count.stored_tokens += ev.n_tokens
+                rank.stored(ev, count)
             elif isinstance(ev, Removed):
-                if is_gpu(ev.medium):
+                if not is_gpu(ev.medium):
+                    count.tier_removed += len(ev.hashes)
+                elif ev.group_idx == 0:
                     rank.removed(ev)
-                else:
-                    win.tier_removed += len(ev.hashes)
             elif isinstance(ev, Cleared):
                 rank.new_epoch()
                 win.epochs += 1
+        if stale:
+            win.stale_messages += 1
+            win.stale_tokens += count.stored_tokens
+            win.garbage += count.garbage
 
     def tracked_keys(self) -> int:
         return sum(len(r.sampler.stack) for r in self._ranks.values())
@@ -133,7 +212,7 @@ class TierModel:
     def take_window(self, now: float) -> ReuseWindow | None:
         """The window since the last call (None when nothing arrived), and start the next one."""
         win, self._win = self._win, _Window(start=now)
-        if not win.messages and not win.garbage and not win.lost:
+        if not win.messages and not win.garbage and not win.lost and not win.stale_messages and not win.duplicates:
             return None
         return ReuseWindow(
             instance=self.instance,
@@ -155,39 +234,106 @@ class TierModel:
             tier_stored=win.tier_stored,
             tier_removed=win.tier_removed,
             tracked_keys=self.tracked_keys(),
+            duplicates=win.duplicates,
+            stale_messages=win.stale_messages,
+            stale_tokens=win.stale_tokens,
+            other_group_blocks=win.other_group_blocks,
+            kv_groups=max(1, len(self.groups)),
+            first_ts=win.first_ts,
+            last_ts=win.last_ts,
+            points=[[float(c), float(win.points.get(c, 0))] for c in self._capacities],
+            arc_points=[[float(c), float(win.arc_points.get(c, 0))] for c in self._capacities] if self._arc else [],
         )
 
 
 class _Rank:
-    __slots__ = ("chains", "last_seq", "resident", "sampler")
+    __slots__ = (
+        "arc_bank",
+        "bank",
+        "batches",
+        "chains",
+        "last_seq",
+        "last_ts",
+        "parents",
+        "resident",
+        "sampler",
+        "suspect_seq",
+    )
 
-    def __init__(self, sampler: ReuseSampler) -> None:
+    def __init__(self, sampler: ReuseSampler, bank: TierBank, arc_bank: TierBank | None = None) -> None:
         self.sampler = sampler
+        self.bank = bank
+        self.arc_bank = arc_bank
         self.resident: set[int] = set()  # sampled blocks on the GPU now
-        self.chains: OrderedDict[int, float] = OrderedDict()  # last block of a chain -> running max
+        # last block of a chain -> (running max of its distances, batch it was stored in)
+        self.chains: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self.parents: dict[int, int] = {}  # block -> its parent block (insertion order: oldest first)
         self.last_seq: int | None = None
+        self.last_ts: float | None = None
+        self.suspect_seq: int | None = None
+        self.batches = 0
 
     def new_epoch(self) -> None:
         self.sampler.forget_all()
+        self.bank.clear()
+        if self.arc_bank is not None:
+            self.arc_bank.clear()
         self.resident.clear()
         self.chains.clear()
+        self.parents.clear()
+
+    def _link(self, block: int, parent: int | None) -> None:
+        if parent is None:
+            return
+        parents = self.parents
+        parents[block] = parent
+        if len(parents) > MAX_PARENTS:
+            del parents[next(iter(parents))]
+
+    def _gpu_prefix(self, parent: int | None) -> list[int]:
+        """The request's GPU-hit blocks, last first: ``parent`` and its known ancestors."""
+        out: list[int] = []
+        seen: set[int] = set()
+        h = parent
+        while h is not None and h not in seen and len(out) < MAX_PREFIX_WALK:
+            out.append(h)
+            seen.add(h)
+            h = self.parents.get(h)
+        return out
 
     def stored(self, ev: Stored, win: _Window) -> None:
         sampler = self.sampler
         running = 0.0
-        if ev.parent is not None:
-            running = self.chains.pop(ev.parent, 0.0)
+        prefix: list[int] = []
+        cont = self.chains.pop(ev.parent, None) if ev.parent is not None else None
+        if cont is not None and self.batches - cont[1] <= CONTINUE_BATCHES:
+            running = cont[0]  # the same request's next chunk (chunked prefill): one lookup chain
+        else:
+            prefix = self._gpu_prefix(ev.parent)  # a new request: its GPU hits are offered too
+        prev = ev.parent
+        lookups: list[tuple[int, float | None, float]] = []
+        fresh: list[int] = []
         for h in ev.hashes:
+            self._link(h, prev)
+            prev = h
             win.references += 1
-            if not sampler.sampled(h):
+            ok, dist, weight = sampler.peek(h)
+            if not ok:
+                fresh.append(h)
                 continue
             if h in self.resident:  # re-announced GPU hit, not a tier lookup
-                win.reannounced += 1.0 / sampler.rate
+                win.reannounced += weight
                 continue
-            ok, dist, weight = sampler.access(h)
-            if not ok:
-                continue
-            self.resident.add(h)
+            fresh.append(h)
+            lookups.append((h, dist, weight))
+        if self.bank.tiers:
+            bank_prefix = prefix if prefix else self._gpu_prefix(ev.parent)
+            for tier, n in zip(self.bank.tiers, self.bank.serve(bank_prefix, fresh), strict=True):
+                win.points[tier.capacity] = win.points.get(tier.capacity, 0) + n
+            if self.arc_bank is not None:
+                for tier, n in zip(self.arc_bank.tiers, self.arc_bank.serve(bank_prefix, fresh), strict=True):
+                    win.arc_points[tier.capacity] = win.arc_points.get(tier.capacity, 0) + n
+        for _h, dist, weight in lookups:  # distances as they stood when the request arrived
             win.sampled += weight
             running = max(running, math.inf if dist is None else dist)
             if math.isinf(running):
@@ -195,8 +341,15 @@ class _Rank:
             else:
                 b = bin_lower(running)
                 win.bins[b] = win.bins.get(b, 0.0) + weight
+        # the request's end: vLLM re-ranks its chunks last block first (GPU-hit prefix included)
+        for h, _, _ in reversed(lookups):
+            sampler.access(h)
+            self.resident.add(h)
+        access = sampler.access
+        for h in prefix:
+            access(h)  # an unsampled block costs one hash
         if ev.hashes:
-            self.chains[ev.hashes[-1]] = running
+            self.chains[ev.hashes[-1]] = (running, self.batches)
             if len(self.chains) > MAX_CHAINS:
                 self.chains.popitem(last=False)
         if len(self.resident) > 2 * max(1024, len(sampler.stack)):

@@ -4,8 +4,13 @@
 - SHARDS-adj (Waldspurger et al., FAST'15): the lookups the sample missed or over-counted
   (``references - reannounced - sampled``) go to distance 0, so totals are exact; at rate 1
   this is 0 and the curve is Mattson's exact one (to the histogram's bin width above 64 blocks).
-- A tier of C blocks reloads the lookups whose (chain) distance is < C; tokens = blocks x
-  block size; bytes = tokens x the tier's bytes per token, whose source is always stated.
+- A tier of C blocks reloads what vLLM's LRU tier of C chunks loaded in the agent's miniature
+  simulation (``points``: exact at those sizes, linear between them); beyond the largest
+  simulated size, the lookups whose (chain) distance is < C. Tokens = blocks x block size; bytes
+  = tokens x the tier's bytes per token, whose source is always stated. A hybrid model's chunk
+  takes one slot per KV-cache group, so C blocks of bytes hold C / groups chunks.
+- Reconciliation: the tokens the counted batches announced against vLLM's own computed-token
+  counter over the same span; more than 1 % apart and the answer says so (``reconcile``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,18 @@ class Totals:
     rate: float = 1.0
     block_size: int | None = None
     bins: dict[int, float] = field(default_factory=dict)
+    points: dict[int, float] = field(default_factory=dict)  # tier chunks -> chunks loaded (simulated)
+    point_windows: dict[int, int] = field(default_factory=dict)  # size -> windows that carried it
+    arc_points: dict[int, float] = field(default_factory=dict)  # the same for vLLM's ARC policy
+    arc_point_windows: dict[int, int] = field(default_factory=dict)
+    policy: str = "lru"  # the tier's eviction policy (kv_offload_config_info), set by the caller
+    duplicates: int = 0
+    stale_messages: int = 0
+    stale_tokens: float = 0.0
+    other_group_blocks: float = 0.0
+    kv_groups: int = 1
+    first_ts: float | None = None
+    last_ts: float | None = None
 
     @property
     def lookups(self) -> float:
@@ -54,17 +71,63 @@ class Totals:
             bins[0] = bins.get(0, 0.0) + adj
         return bins
 
-    def hits(self, capacity_blocks: float) -> float:
-        """Blocks an LRU tier of this many blocks would have reloaded (clamped to what can be)."""
-        if capacity_blocks <= 0:
+    def stack_hits(self, chunks: float) -> float:
+        """The one-pass LRU (Mattson) estimate for a tier of this many chunks."""
+        if chunks <= 0:
             return 0.0
         reusable = max(0.0, self.lookups - self.cold)
-        return min(reusable, max(0.0, hits_at(self.adjusted(), capacity_blocks)))
+        return min(reusable, max(0.0, hits_at(self.adjusted(), chunks)))
+
+    def simulated(self) -> list[tuple[int, float]]:
+        """The miniature simulation's points of the tier's policy, at the sizes every window carried."""
+        pts, wins = (
+            (self.arc_points, self.arc_point_windows) if self.policy == "arc" else (self.points, self.point_windows)
+        )
+        return sorted((c, n) for c, n in pts.items() if wins.get(c) == self.windows)
+
+    def hits(self, capacity_blocks: float) -> float:
+        """Blocks vLLM's LRU tier of this many blocks of bytes would have reloaded."""
+        chunks = capacity_blocks / max(1, self.kv_groups)
+        if chunks <= 0:
+            return 0.0
+        pts = self.simulated()
+        if pts and chunks <= pts[-1][0]:
+            lo_c, lo_h = 0.0, 0.0
+            for c, h in pts:
+                if chunks <= c:
+                    return lo_h + (h - lo_h) * (chunks - lo_c) / (c - lo_c)
+                lo_c, lo_h = float(c), h
+        above = self.stack_hits(chunks)
+        return max(above, pts[-1][1]) if pts else above
+
+    def method(self) -> str:
+        pts = self.simulated()
+        if self.policy == "arc" and not pts:
+            return (
+                "the tier runs eviction_policy arc, and no ARC simulation came with these windows (the agent's "
+                "--kv-events arc): the figures are LRU's, which a one-pass curve cannot turn into ARC's"
+            )
+        if pts:
+            return (
+                f"vLLM's {self.policy.upper()} offload tier simulated at {len(pts)} sizes up to {pts[-1][0]:,} "
+                "chunks (miniature simulation of the OffloadingConnector's lookup, store and re-rank order), "
+                "linear between them; above, LRU reuse distances of the same stream (Mattson), SHARDS-sampled "
+                "(docs/cache-sizing.md)"
+            )
+        return (
+            "LRU reuse distances of the GPU's BlockStored stream in vLLM's re-rank order (Mattson), "
+            "SHARDS-sampled; a block counts only if its whole prefix would reload (docs/cache-sizing.md)"
+        )
 
     def reach_blocks(self) -> float:
-        """The smallest tier that holds every reuse seen (the top of the last non-empty bin)."""
+        """The smallest tier that holds every reuse seen: the first simulated size that reloads
+        what an unbounded tier would, else the top of the last non-empty distance bin."""
+        full = self.stack_hits(math.inf)
+        for c, h in self.simulated():
+            if h >= full - 1e-9:
+                return float(c * max(1, self.kv_groups))
         tops = [bin_upper(lo) for lo, w in self.bins.items() if w > 0]
-        return float(max(tops)) if tops else 0.0
+        return float(max(tops)) * max(1, self.kv_groups) if tops else 0.0
 
 
 def _num(value: Any) -> float | None:
@@ -85,8 +148,41 @@ def add_windows(rows: Sequence[SizingWindowRow]) -> Totals:
         t.windows += 1
         for name in ("references", "sampled", "cold", "reannounced", "stored_tokens"):
             setattr(t, name, getattr(t, name) + (_num(counts.get(name)) or 0.0))
-        for name in ("messages", "events", "lost", "garbage", "epochs", "tier_stored", "tier_removed"):
+        for name in ("stale_tokens", "other_group_blocks"):
+            setattr(t, name, getattr(t, name) + (_num(counts.get(name)) or 0.0))
+        for name in (
+            "messages",
+            "events",
+            "lost",
+            "garbage",
+            "epochs",
+            "tier_stored",
+            "tier_removed",
+            "duplicates",
+            "stale_messages",
+        ):
             setattr(t, name, getattr(t, name) + int(_num(counts.get(name)) or 0))
+        groups = _num(counts.get("kv_groups"))
+        if groups and 1 <= groups <= 1024:
+            t.kv_groups = max(t.kv_groups, int(groups))
+        for name, pick in (("first_ts", min), ("last_ts", max)):
+            ts = _num(counts.get(name))
+            if ts is not None:
+                cur = getattr(t, name)
+                setattr(t, name, ts if cur is None else pick(cur, ts))
+        for name, into, wins in (
+            ("points", t.points, t.point_windows),
+            ("arc_points", t.arc_points, t.arc_point_windows),
+        ):
+            pts = counts.get(name)
+            if not isinstance(pts, list):
+                continue
+            for pair in pts:
+                if isinstance(pair, list | tuple) and len(pair) == 2:
+                    c, n = _num(pair[0]), _num(pair[1])
+                    if c is not None and n is not None and c > 0:
+                        into[int(c)] = into.get(int(c), 0.0) + n
+                        wins[int(c)] = wins.get(int(c), 0) + 1
         rate = _num(row.get("rate"))
         if rate:
             rates.append(rate)
@@ -241,3 +337,49 @@ def _knee(t: Totals, full: float, bytes_per_block: float) -> dict[str, Any]:
         "why": f"{size} reloads {t.hits(blocks) * block:,.0f} of the {full * block:,.0f} prompt tokens an "
         "unbounded tier would have reloaded (90%); beyond it each GiB adds less",
     }
+
+
+RECONCILE_TOLERANCE = 0.01
+
+
+def reconcile(
+    t: Totals, by_source: dict[str, float], requests: float | None, generated: float | None
+) -> dict[str, Any]:
+    """The counted batches' announced tokens against vLLM's own counters over the same range.
+
+    Every GPU block vLLM stores was computed or reloaded, so the announced tokens lie between
+    ``local_compute + external_kv_transfer`` less the partial last block of each request (never
+    announced; at most block size - 1 tokens each) and that plus the generated tokens (full
+    decode blocks are announced too). Outside that band by more than 1 %: a backlog counted as
+    now, lost messages, or a stream that is not this instance's; the curve is then not trusted."""
+    block = t.block_size or 0
+    announced = t.stored_tokens if t.stored_tokens else t.lookups * block
+    computed = by_source.get("local_compute")
+    out: dict[str, Any] = {
+        "announced_tokens": announced,
+        "local_compute_tokens": computed,
+        "external_tokens": by_source.get("external_kv_transfer", 0.0),
+        "stale_messages_left_out": t.stale_messages,
+        "stale_tokens_left_out": t.stale_tokens,
+        "duplicates_skipped": t.duplicates,
+        "source": "token_ids of the counted GPU BlockStored events vs vllm:prompt_tokens_by_source_total "
+        "{local_compute, external_kv_transfer} over the same range",
+    }
+    if computed is None or not block:
+        out.update(status="unknown", why="vLLM's prompt_tokens_by_source counter has not appeared in this range")
+        return out
+    stored = computed + by_source.get("external_kv_transfer", 0.0)
+    partial = (requests or 0.0) * (block - 1)
+    low, high = max(0.0, stored - partial), stored + (generated or 0.0)
+    out.update(expected_low=low, expected_high=high)
+    if low * (1 - RECONCILE_TOLERANCE) <= announced <= high * (1 + RECONCILE_TOLERANCE) or (announced == stored == 0):
+        out.update(status="ok", why="the events account for vLLM's computed tokens")
+    else:
+        side = "more" if announced > high else "fewer"
+        gap = announced - high if announced > high else low - announced
+        out.update(
+            status="mismatch",
+            why=f"the events announced {gap:,.0f} {side} tokens than vLLM computed over the range "
+            f"({announced:,.0f} vs {low:,.0f}-{high:,.0f}); the curve is not trusted until they agree",
+        )
+    return out

@@ -9,23 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.auth.roles import OPERATOR, VIEWER, requester, requires
 from app.context import AppContext
 from app.controller.control import watched_urls
 from app.sizing.chart import curve_svg
+from app.sizing.curve import Figure
 from app.sizing.service import SizingError, profile_for_size
-from app.sizing.views import sizing_report
+from app.sizing.views import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, model_figure, sizing_report
 from app.storage.series_store import get_instance
 from app.web import csrf
 from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
 from app.web.ranges import RANGES
 
 
-def _page(ctx: AppContext, request: Request, name: str, instance_id: int, rq: RangeQuery) -> Response:
-    rep = sizing_report(ctx, instance_id, rq, None)
+def _page(
+    ctx: AppContext, request: Request, name: str, instance_id: int, rq: RangeQuery, model: Figure | None = None
+) -> Response:
+    rep = sizing_report(ctx, instance_id, rq, model)
     inst = get_instance(ctx.engine, instance_id)
     data: dict[str, Any] = {
         "rep": rep,
@@ -42,16 +45,37 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/instances/{instance_id}/sizing", response_class=HTMLResponse)
 @requires(VIEWER)
-def sizing_page(ctx: CtxDep, instance_id: DbId, request: Request, rq: RangeQueryDep) -> Response:
-    """How big should the offload tier be? Role: viewer."""
-    return _page(ctx, request, "sizing/page.html", instance_id, rq)
+def sizing_page(
+    ctx: CtxDep,
+    instance_id: DbId,
+    request: Request,
+    rq: RangeQueryDep,
+    layers: int | None = Query(None, ge=1, le=MAX_LAYERS),
+    kv_heads: int | None = Query(None, ge=1, le=MAX_HEADS),
+    head_dim: int | None = Query(None, ge=1, le=MAX_HEAD_DIM),
+    dtype: str | None = Query(None, max_length=16),
+) -> Response:
+    """How big should the offload tier be? Role: viewer. The model's figures (as the API takes
+    them) give GiB where vLLM's own do not, e.g. with --num-gpu-blocks-override."""
+    model = model_figure(layers, kv_heads, head_dim, dtype)
+    return _page(ctx, request, "sizing/page.html", instance_id, rq, model)
 
 
 @router.get("/instances/{instance_id}/sizing/curve", response_class=HTMLResponse)
 @requires(VIEWER)
-def sizing_fragment(ctx: CtxDep, instance_id: DbId, request: Request, rq: RangeQueryDep) -> Response:
+def sizing_fragment(
+    ctx: CtxDep,
+    instance_id: DbId,
+    request: Request,
+    rq: RangeQueryDep,
+    layers: int | None = Query(None, ge=1, le=MAX_LAYERS),
+    kv_heads: int | None = Query(None, ge=1, le=MAX_HEADS),
+    head_dim: int | None = Query(None, ge=1, le=MAX_HEAD_DIM),
+    dtype: str | None = Query(None, max_length=16),
+) -> Response:
     """The curve fragment (htmx refresh). Role: viewer."""
-    return _page(ctx, request, "sizing/_curve.html", instance_id, rq)
+    model = model_figure(layers, kv_heads, head_dim, dtype)
+    return _page(ctx, request, "sizing/_curve.html", instance_id, rq, model)
 
 
 @router.post("/instances/{instance_id}/sizing/profile")

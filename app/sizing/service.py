@@ -18,11 +18,11 @@ from typing import Any
 from app.context import AppContext
 from app.controller.profiles import ProfileError, parse_profile
 from app.derived.series_reader import SeriesQuery, read_series
-from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve
+from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve, reconcile
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance
 from app.storage.sizing_store import prune_windows, store_windows, windows_in
-from kvcore.protocol import PushBatch
+from kvcore.protocol import PushBatch, ReuseWindow
 from kvcore.series import increase
 
 log = logging.getLogger("kvscope.sizing")
@@ -40,20 +40,44 @@ class SizingError(Exception):
         self.status = status
 
 
+MAX_POINTS = 64
+
+
+def check_window(i: int, w: ReuseWindow) -> str | None:
+    """Why one reuse window is refused (None when fine): bounded counts, sane times."""
+    if not w.instance or len(w.instance) > 1024:
+        return f"reuse.{i}.instance must be 1-1024 characters"
+    if len(w.bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 for b in w.bins):
+        return f"reuse.{i}.bins: at most {MAX_BINS} [lower edge >= 0, weight] pairs"
+    for name, pts in (("points", w.points), ("arc_points", w.arc_points)):
+        if len(pts) > MAX_POINTS or any(len(p) != 2 or not 0 < p[0] <= 1 << 40 or p[1] < 0 for p in pts):
+            return f"reuse.{i}.{name}: at most {MAX_POINTS} [tier chunks > 0, chunks loaded >= 0] pairs"
+    if w.end < w.start or not 0 < w.rate <= 1:
+        return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
+    if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
+        return f"reuse.{i}.block_size out of range"
+    if not 1 <= w.kv_groups <= 1024:
+        return f"reuse.{i}.kv_groups out of range"
+    return None
+
+
 def check_windows(batch: PushBatch) -> str | None:
-    """Why a push's reuse windows are refused (None when fine): bounded counts, sane times."""
+    """Why a push's reuse windows are refused as a whole (None when fine): too many of them."""
     if len(batch.reuse) > MAX_WINDOWS_PER_PUSH:
         return f"{len(batch.reuse)} reuse windows in one push; at most {MAX_WINDOWS_PER_PUSH}"
-    for i, w in enumerate(batch.reuse):
-        if not w.instance or len(w.instance) > 1024:
-            return f"reuse.{i}.instance must be 1-1024 characters"
-        if len(w.bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 for b in w.bins):
-            return f"reuse.{i}.bins: at most {MAX_BINS} [lower edge >= 0, weight] pairs"
-        if w.end < w.start or not 0 < w.rate <= 1:
-            return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
-        if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
-            return f"reuse.{i}.block_size out of range"
     return None
+
+
+def good_windows(batch: PushBatch) -> list[ReuseWindow]:
+    """The push's windows less the refused ones: one bad instance must not drop the others'."""
+    out = []
+    for i, w in enumerate(batch.reuse):
+        why = check_window(i, w)
+        if why is None:
+            out.append(w)
+        else:
+            log.warning("reuse window of %s from %s dropped: %s", w.instance[:200], batch.host, why)
+    return out
 
 
 def push_hook(ctx: AppContext) -> Any:
@@ -64,7 +88,7 @@ def push_hook(ctx: AppContext) -> Any:
         if why is not None:
             log.warning("reuse windows from %s dropped: %s", batch.host, why)
             return
-        store_windows(ctx.engine, host_id, batch.reuse, now)
+        store_windows(ctx.engine, host_id, good_windows(batch), now)
 
     return hook
 
@@ -81,6 +105,8 @@ def report(
         raise SizingError(f"no instance {instance_id}", 404)
     totals = add_windows(windows_in(ctx.engine, instance_id, start, end))
     cache_cfg, offload_cfg = inst.get("cache_config") or {}, inst.get("offload_config") or {}
+    policy = offload_cfg.get("eviction_policy") if isinstance(offload_cfg, dict) else None
+    totals.policy = "arc" if isinstance(policy, str) and policy.lower() == "arc" else "lru"
     bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
     out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg))
     gpu_blocks = cache_cfg.get("num_gpu_blocks") if isinstance(cache_cfg, dict) else None
@@ -105,10 +131,11 @@ def report(
                 "tier_blocks_removed": totals.tier_removed,
             },
             "measured": measured(ctx, instance_id, start, end),
-            "method": "LRU reuse distances of the GPU's BlockStored stream (Mattson), SHARDS-sampled; "
-            "a block counts only if its whole prefix would reload (docs/cache-sizing.md)",
+            "method": totals.method(),
         }
     )
+    m = out["measured"]
+    out["reconciliation"] = reconcile(totals, m.get("by_source") or {}, m.get("requests"), m.get("generation_tokens"))
     add_saved_seconds(out)
     return out
 
@@ -134,8 +161,12 @@ def measured(ctx: AppContext, instance_id: int, start: float, end: float) -> dic
     load_s = sum(_increase(ctx, "vllm:kv_offload_load_time_total", instance_id, start, end).values())
     load_bytes = sum(_increase(ctx, "vllm:kv_offload_load_bytes_total", instance_id, start, end).values())
     computed = by_source.get("local_compute", 0.0)
+    requests = _increase(ctx, "vllm:request_prompt_tokens_count", instance_id, start, end)
+    generated = _increase(ctx, "vllm:generation_tokens_total", instance_id, start, end)
     return {
         "prompt_tokens": sum(total.values()) if total else None,
+        "requests": sum(requests.values()) if requests else None,
+        "generation_tokens": sum(generated.values()) if generated else None,
         "by_source": by_source,
         "source": "vllm:prompt_tokens_total and vllm:prompt_tokens_by_source_total, increase over the range",
         "prefill_s_per_computed_token": {

@@ -25,6 +25,15 @@ COUNT_FIELDS = (
     "tier_stored",
     "tier_removed",
     "tracked_keys",
+    "duplicates",
+    "stale_messages",
+    "stale_tokens",
+    "other_group_blocks",
+    "kv_groups",
+    "first_ts",
+    "last_ts",
+    "points",
+    "arc_points",
 )
 MAX_WINDOWS_READ = 200_000  # a range is read whole; a year of 1 s pushes is less than this x 160
 

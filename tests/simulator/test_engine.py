@@ -129,7 +129,9 @@ def _tiering(root: Path, cpu_bytes: int) -> str:
 
 
 def test_fs_tier_serves_after_cpu_eviction_and_across_restarts(tmp_path: Path) -> None:
-    tc = _tiering(tmp_path, 40 * 16 * 114_688)  # 40 chunks of 16 tokens
+    # 100 chunks of 16 tokens: each 60-chunk document fits (vLLM stores nothing of a request with
+    # more new chunks than the tier can make room for), and doc 3 pushes doc 1 out
+    tc = _tiering(tmp_path, 100 * 16 * 114_688)
     argv = (
         "--profile",
         "tiny",
@@ -142,7 +144,7 @@ def test_fs_tier_serves_after_cpu_eviction_and_across_restarts(tmp_path: Path) -
     )
     e = engine(*argv)
     run(e, doc_ids(1, 320))
-    run(e, doc_ids(2, 960))  # with doc 3, evicts doc 1 from the GPU and from the 40-chunk CPU tier
+    run(e, doc_ids(2, 960))  # with doc 3, evicts doc 1 from the GPU and from the 100-chunk CPU tier
     run(e, doc_ids(3, 960))
     r = run(e, doc_ids(1, 320))
     assert r.gpu_hit_tokens == 0

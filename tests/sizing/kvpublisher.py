@@ -8,6 +8,7 @@ on the PUB side to make gaps.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import msgpack
@@ -43,7 +44,7 @@ class FakePublisher:
 
     def publish(self, events: list[Any], *, rank: int = 0, send: bool = True) -> int:
         """Publish one batch (``send=False``: keep it for replay only, a message the subscriber missed)."""
-        payload = msgpack.packb([1.0, events, rank], use_bin_type=True)
+        payload = msgpack.packb([time.time(), events, rank], use_bin_type=True)  # vLLM: time.time()
         seq = self.seq
         self.seq += 1
         self.buffer.append((seq, payload))

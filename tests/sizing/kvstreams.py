@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ def removed_array(hashes: list[Any], medium: str | None = "GPU") -> list:
     return ["BlockRemoved", hashes] + ([medium] if medium is not None else [])
 
 
-def message(seq: int, events: list[Any], *, ts: float = 1.0, rank: int | None = 0, topic: bytes = b"kv") -> list[bytes]:
-    body: list[Any] = [ts, events] + ([rank] if rank is not None else [])
+def message(
+    seq: int, events: list[Any], *, ts: float | None = None, rank: int | None = 0, topic: bytes = b"kv"
+) -> list[bytes]:
+    """One message; ``ts`` (vLLM's batch timestamp) defaults to now, as a live publisher's."""
+    body: list[Any] = [time.time() if ts is None else ts, events] + ([rank] if rank is not None else [])
     return [topic, seq.to_bytes(8, "big", signed=True), msgpack.packb(body, use_bin_type=True)]

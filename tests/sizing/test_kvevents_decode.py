@@ -158,3 +158,24 @@ def test_decode_event_of_non_events_is_none():
     assert decode_event("BlockStored") is None
     assert decode_event([]) is None
     assert decode_event({"type": 3}) is None
+
+
+def test_an_absurd_block_size_refuses_that_event_only():
+    bad = {**stored_map([1]), "block_size": 2**40}
+    b = decode_message(message(0, [bad, stored_map([2])]))
+    assert b.skipped == 1 and [e.hashes for e in b.events] == [(2,)]
+
+
+def test_group_idx_is_decoded_and_a_garbage_group_refuses_the_event():
+    ev = {**stored_map([1]), "group_idx": 3}
+    b = decode_message(message(0, [ev, {**removed_map([1]), "group_idx": 3}, {**stored_map([2]), "group_idx": -1}]))
+    assert [e.group_idx for e in b.events] == [3, 3] and b.skipped == 1
+
+
+def test_a_payload_over_the_cap_is_refused_before_it_is_unpacked():
+    from agent.kvevents.decode import MAX_PAYLOAD_BYTES
+
+    assert MAX_PAYLOAD_BYTES <= 8 * 1024 * 1024
+    frames = message(0, [stored_map([1])])
+    with pytest.raises(BadMessage, match="limit"):
+        decode_message([frames[0], frames[1], b"\x00" * (MAX_PAYLOAD_BYTES + 1)])

@@ -222,3 +222,90 @@ def test_a_host_endpoint_vllm_bound_itself_is_connected_to_instead():
     finally:
         sub.stop()
         pub.close()
+
+
+def windows_until(sub: Subscriber, cond, what: str) -> list:
+    got: list = []
+    wait_until(lambda: got.append(sub.take_window(1.0)) or cond([w for w in got if w]), what, timeout=10)
+    return [w for w in got if w]
+
+
+def test_a_stray_end_of_replay_frame_on_the_live_socket_neither_replays_nor_double_counts():
+    pub = FakePublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    port = pub.endpoint.rsplit(":", 1)[1]
+    sub = run_subscriber(
+        [
+            EventSource(
+                endpoint=f"tcp://127.0.0.1:{port}", bind=False, topic="kv-events", replay_endpoint=pub.replay_endpoint
+            )
+        ]
+    )
+    try:
+        publish_until_seen(pub, sub)
+        pub.publish([stored_map([1])])
+        pub.pub.send_multipart([b"kv-events", (-1).to_bytes(8, "big", signed=True), b""])  # a peer's stray frame
+        pub.publish([stored_map([2])])
+        windows = windows_until(sub, lambda ws: sum(w.references for w in ws) >= 2, "2 blocks")
+        time.sleep(0.3)  # a replay, had one started, would have brought the earlier batches again
+        windows += [w for w in [sub.take_window(2.0)] if w]
+        assert sum(w.references for w in windows) == 2
+        assert sum(w.garbage for w in windows) == 1 and sum(w.lost for w in windows) == 0
+    finally:
+        sub.stop()
+        pub.close()
+
+
+def test_an_unanswered_replay_request_does_not_hold_the_receive_path():
+    """The replay request is sent and the call returns: answers (or the timeout) come on the poll loop."""
+    import zmq
+
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes the request, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
+    src = EventSource(
+        endpoint="tcp://127.0.0.1:1", bind=False, replay_endpoint=silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    )
+    sub = Subscriber("u", [src], TierModel("u", 0.0, max_keys=None))
+    try:
+        from tests.sizing.kvstreams import message
+
+        now = time.time()
+        sub._handle(src, message(0, [stored_map([1])]), now)
+        sub._handle(src, message(5, [stored_map([2])]), now)  # a gap: a replay is asked for
+        assert len(sub._replays) == 1  # ... and _handle returned without waiting for it
+        sub._handle(src, message(6, [stored_map([3])]), now)  # live batches are kept meanwhile
+        (rep,) = sub._replays.values()
+        sub._replay_done(rep)  # the timeout's path
+        w = sub.take_window(1.0)
+        assert w.references == 3 and w.lost == 4
+    finally:
+        for rep in list(sub._replays.values()):
+            rep.sock.close(0)
+        silent.close(0)
+
+
+def test_a_frame_over_the_size_cap_never_reaches_the_model():
+    from agent.kvevents.decode import MAX_PAYLOAD_BYTES
+
+    pub = FakePublisher("tcp://127.0.0.1:*")
+    port = pub.endpoint.rsplit(":", 1)[1]
+    sub = run_subscriber([EventSource(endpoint=f"tcp://127.0.0.1:{port}", bind=False, topic="kv-events")])
+    try:
+        publish_until_seen(pub, sub)
+        pub.pub.send_multipart([b"kv-events", (99).to_bytes(8, "big"), b"\x00" * (MAX_PAYLOAD_BYTES + 8192)])
+        windows: list = []
+
+        def heard() -> bool:  # ZMQ dropped the oversized frame and the link: the SUB reconnects
+            pub.publish([stored_map([7])])
+            time.sleep(0.05)
+            w = sub.take_window(1.0)
+            if w is not None:
+                windows.append(w)
+            return sum(x.references for x in windows) >= 1
+
+        wait_until(heard, "the next batch", timeout=10)
+        # ZMQ refused it unread (the dropped link counts once as garbage) and the stream goes on
+        assert sum(w.garbage for w in windows) == 1
+    finally:
+        sub.stop()
+        pub.close()
