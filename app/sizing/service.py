@@ -74,7 +74,13 @@ def prune_job(ctx: AppContext, now: float) -> None:
 
 
 def report(
-    ctx: AppContext, instance_id: int, start: float, end: float, *, model_bpt: Figure | None = None
+    ctx: AppContext,
+    instance_id: int,
+    start: float,
+    end: float,
+    *,
+    model_bpt: Figure | None = None,
+    max_gib: float | None = None,
 ) -> dict[str, Any]:
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
@@ -82,7 +88,7 @@ def report(
     totals = add_windows(windows_in(ctx.engine, instance_id, start, end))
     cache_cfg, offload_cfg = inst.get("cache_config") or {}, inst.get("offload_config") or {}
     bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
-    out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg))
+    out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg), max_gib=max_gib)
     gpu_blocks = cache_cfg.get("num_gpu_blocks") if isinstance(cache_cfg, dict) else None
     out.update(
         {
