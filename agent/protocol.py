@@ -114,6 +114,10 @@ class ReuseWindow:
     tier_stored: int = 0  # blocks stored by other media (CPU / STORAGE offload tiers)
     tier_removed: int = 0
     tracked_keys: int = 0
+    # eviction distances (agent/kvevents/pool_model.py): blocks the GPU stored again after evicting
+    # them, by the distinct blocks evicted since ([[lower edge, count], ...]); a pool larger by D
+    # blocks would have kept those under D. Left off the wire when empty (older apps refuse it).
+    pool_bins: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -166,6 +170,9 @@ def to_wire(obj: PushBatch | PushReply) -> dict[str, Any]:
     data = asdict(obj)
     if isinstance(obj, PushBatch) and not obj.reuse:
         data.pop("reuse", None)
+    for w in data.get("reuse") or []:
+        if not w.get("pool_bins"):
+            w.pop("pool_bins", None)
     return data
 
 

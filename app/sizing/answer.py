@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent.kvevents.reuse import bin_upper
+from agent.kvevents.reuse import bin_upper, hits_at
 from app.context import AppContext
 from app.derived.series_reader import SeriesQuery, read_series
 from app.sizing import events
@@ -37,7 +37,7 @@ from app.sizing.service import SizingError, measured, report
 from app.sizing.split import Candidate, split
 from app.storage.raw_store import series_meta
 from app.storage.series_store import InstanceRow, get_instance, list_instances
-from app.storage.sizing_store import windows_in
+from app.storage.sizing_store import SizingWindowRow, windows_in
 
 FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
@@ -51,6 +51,10 @@ class Basis:
     current: Figure
     block: int
     bytes_per_block: float | None
+    pool_bins: dict[int, float] | None  # eviction distances (None: the agent sent none)
+
+    def pool_hits(self, extra_blocks: float) -> float:
+        return hits_at(self.pool_bins or {}, extra_blocks) if extra_blocks > 0 else 0.0
 
     def tier_blocks(self) -> float:
         if not self.current.value or not self.bytes_per_block:
@@ -67,12 +71,30 @@ class Basis:
 
 
 def basis_of(ctx: AppContext, inst: InstanceRow, start: float, end: float, model_bpt: Figure | None) -> Basis:
-    totals = add_windows(windows_in(ctx.engine, int(inst["id"]), start, end))
+    rows = windows_in(ctx.engine, int(inst["id"]), start, end)
+    totals = add_windows(rows)
     cache_cfg, offload_cfg = inst.get("cache_config") or {}, inst.get("offload_config") or {}
     bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
     block = totals.block_size or 0
     bpb = bpt.value * block if bpt.value and block else None
-    return Basis(totals, bpt, current_tier(cache_cfg, offload_cfg), block, bpb)
+    return Basis(totals, bpt, current_tier(cache_cfg, offload_cfg), block, bpb, pool_bins_of(rows))
+
+
+def pool_bins_of(rows: list[SizingWindowRow]) -> dict[int, float] | None:
+    """The windows' eviction distances summed (None when no window carried any)."""
+    out: dict[int, float] = {}
+    seen = False
+    for row in rows:
+        pairs = (row.get("counts") or {}).get("pool_bins")
+        if not isinstance(pairs, list):
+            continue
+        seen = True
+        for pair in pairs:
+            if isinstance(pair, list) and len(pair) == 2:
+                lo, n = pair
+                if isinstance(lo, int | float) and isinstance(n, int | float) and lo >= 0 and math.isfinite(n):
+                    out[int(lo)] = out.get(int(lo), 0.0) + float(n)
+    return out if seen else None
 
 
 def costs_of(rep_measured: dict[str, Any], bpt: float | None) -> Costs:
@@ -185,8 +207,8 @@ def _exactness(rep: dict[str, Any], b: Basis) -> list[dict[str, Any]]:
         {
             "figure": "larger GPU pool (fp8, --kv-cache-memory-bytes, --gpu-memory-utilization)",
             "exact": False,
-            "why": "a pool D blocks larger read as a D-block tier in front; the pool also holds running "
-            "requests, and GPU prefix hits do not show in the stream",
+            "why": "the GPU's eviction distances: a pool D blocks larger keeps the D blocks evicted most "
+            "recently (LRU inclusion); the pool also holds running requests",
         },
         {
             "figure": "disk tier behind the CPU tier",
@@ -227,6 +249,7 @@ def answer(
         rep["levers"] = {
             "gpu_pool": gpu_pool_levers(
                 b.totals.hits,
+                b.pool_hits,
                 b.block,
                 pool_of(cache_cfg),
                 b.tier_blocks(),

@@ -2,10 +2,10 @@
 suggestion, a larger GPU pool (fp8 KV, --kv-cache-memory-bytes, --gpu-memory-utilization) and a
 disk tier behind the CPU tier.
 
-All of them read the same LRU curve (``Totals.hits``): the GPU's ``BlockStored`` stream is what a
-tier would be asked, and a pool larger by D blocks keeps, to a first approximation, what a tier of
-D blocks behind it would (an LRU pool of P + D blocks holds the P + D most recent blocks). Each
-answer says whether it is exact or an estimate, and why.
+The CPU and disk tiers read the LRU curve of the GPU's stores (``Totals.hits``: what a tier would
+be asked); a larger GPU pool reads the eviction distances of the same stream (a pool larger by D
+blocks keeps the D blocks evicted most recently, agent/kvevents/pool_model.py). Each answer says
+whether it is exact or an estimate, and why.
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def _seconds(gpu_tokens: float, tier_tokens: float, costs: Costs) -> float | Non
 
 def gpu_pool_levers(
     hits: Hits,
+    pool_hits: Hits | None,
     block: int,
     pool: Pool,
     tier_blocks: float,
@@ -166,19 +167,26 @@ def gpu_pool_levers(
 ) -> dict[str, Any]:
     """What a larger GPU pool would give, on top of the current CPU tier (tier_blocks, 0: none).
 
-    A pool larger by D blocks is read as a tier of D blocks in front of the CPU tier: the GPU
-    then keeps ``hits(D)`` blocks that are stored again today (GPU hits, no load), and the CPU
-    tier reloads ``hits(D + C) - hits(D)``. Estimates: the pool also holds running requests, and
-    GPU prefix hits (not in the stream) refresh blocks an LRU over stores does not see."""
+    ``pool_hits(D)``: blocks a pool larger by D blocks would have kept (eviction distances < D,
+    agent/kvevents/pool_model.py): GPU hits, no load. The CPU tier (of C' blocks, more where fp8
+    halves its bytes per token) then reloads what it would have minus what the pool now keeps
+    (taken to be among the tier's nearest reuses): not recomputed = max(pool, tier). Estimates:
+    the pool also holds running requests, and vLLM's eviction is only close to LRU."""
     base_tier = hits(tier_blocks) * block
     out: dict[str, Any] = {"base_tier_reload_tokens": base_tier, "fp8": None, "larger_pool": []}
     if not pool.blocks or not block:
         out["why"] = "vLLM reported no num_gpu_blocks (vllm:cache_config_info): the GPU pool is unknown"
         return out
+    if pool_hits is None:
+        out["why"] = (
+            "the agent sent no eviction distances (ReuseWindow.pool_bins, agent/kvevents/pool_model.py): "
+            "update the agent to see what a larger GPU pool would keep"
+        )
+        return out
 
     def what_if(extra_blocks: float, tier: float) -> dict[str, Any]:
-        gpu = hits(extra_blocks) * block
-        total = hits(extra_blocks + tier) * block
+        gpu = pool_hits(extra_blocks) * block
+        total = max(gpu, hits(tier) * block)
         tier_part = total - gpu
         saved = _seconds(gpu, tier_part, costs)
         base_s = _seconds(0.0, base_tier, costs)
@@ -223,8 +231,8 @@ def gpu_pool_levers(
                 "pool_exact": exact,
                 "why_estimate": "the pool size is "
                 + ("exact (vLLM reported it)" if exact else "an estimate from dtype bytes")
-                + "; its hits are an estimate: the pool also holds running requests, and GPU hits do not "
-                "show in the event stream",
+                + "; its hits are an estimate: from the GPU's eviction distances (LRU inclusion), while the "
+                "pool also holds running requests",
                 "note": FP8_OUTPUTS,
             }
         )

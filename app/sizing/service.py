@@ -49,6 +49,8 @@ def check_windows(batch: PushBatch) -> str | None:
             return f"reuse.{i}.instance must be 1-1024 characters"
         if len(w.bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 for b in w.bins):
             return f"reuse.{i}.bins: at most {MAX_BINS} [lower edge >= 0, weight] pairs"
+        if len(w.pool_bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 or b[1] < 0 for b in w.pool_bins):
+            return f"reuse.{i}.pool_bins: at most {MAX_BINS} [lower edge >= 0, count >= 0] pairs"
         if w.end < w.start or not 0 < w.rate <= 1:
             return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
         if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
