@@ -249,7 +249,7 @@ def answer(
         rep["levers"] = {
             "gpu_pool": gpu_pool_levers(
                 b.totals.hits,
-                b.pool_hits,
+                b.pool_hits if b.pool_bins is not None else None,
                 b.block,
                 pool_of(cache_cfg),
                 b.tier_blocks(),

@@ -9,7 +9,7 @@ from typing import Any
 from simdrive import doc_ids, engine, run
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
-from agent.kvevents.tier_model import TierModel
+from agent.kvevents.pool_model import LeverModel
 
 MASK = (1 << 64) - 1
 # a dense 4B model whose GPU KV pool is capped at 1 GiB (455 blocks of 16 tokens), as in the demo
@@ -44,7 +44,7 @@ def recorded_run(*argv: str, seed: int = 5, docs: int = 12) -> tuple[Any, Record
 
 
 def window(instance: str, recorded: list[tuple[str, bytes | None]], block_size: int, start: float, end: float) -> Any:
-    """The recorded changes as one exact ReuseWindow of `instance`."""
+    """The recorded changes as one exact ReuseWindow of `instance` (with its eviction distances)."""
     events: list[Any] = []
     for kind, h in recorded:
         hh = int.from_bytes(h, "big") & MASK if h else 0
@@ -54,7 +54,7 @@ def window(instance: str, recorded: list[tuple[str, bytes | None]], block_size: 
             events.append(Removed((hh,), "GPU"))
         else:
             events.append(Cleared())
-    model = TierModel(instance, now=start, max_keys=None)
+    model = LeverModel(instance, now=start, max_keys=None)
     model.observe(Batch(b"", 0, start, 0, events))
     return model.take_window(end)
 
