@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.kvevents.reuse import bin_upper, hits_at
+from agent.preflight import hybrid_from_cache_config
 from app.context import AppContext
 from app.derived.series_reader import SeriesQuery, read_series
 from app.sizing import events
@@ -288,9 +289,16 @@ def host_split(
     cands, left_out = [], []
     for inst in insts:
         b = basis_of(ctx, inst, start, end, None)
-        hull = b.hull()
+        hybrid, hybrid_why = hybrid_from_cache_config(dict(inst.get("cache_config") or {}))
+        hull = None if hybrid else b.hull()
         if hull is None:
-            left_out.append({"instance": inst.get("url"), "why": "no KV events, or bytes per token unknown"})
+            if hybrid:
+                why = f"a hybrid model ({hybrid_why}): vLLM cannot load its offloaded blocks back"
+            elif b.totals.lookups <= 0:
+                why = "no KV events in this range"
+            else:
+                why = f"bytes per token unknown ({b.bpt.source})"
+            left_out.append({"instance_id": int(inst["id"]), "instance": inst.get("url"), "why": why})
             continue
         costs = costs_of(measured(ctx, int(inst["id"]), start, end), b.bpt.value)
         value = (
