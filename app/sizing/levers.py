@@ -251,7 +251,7 @@ def gpu_pool_levers(
                 row["flag_utilization"] = (
                     f"--gpu-memory-utilization {u:.3f}"
                     if u <= 0.98
-                    else f"not reachable with --gpu-memory-utilization ({u:.2f} > 0.98 of the GPU)"
+                    else f"not reachable with --gpu-memory-utilization ({u:.3f} of the GPU; vLLM needs some for itself)"
                 )
         out["larger_pool"].append(row)
     out["pool_source"] = (

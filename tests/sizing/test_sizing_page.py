@@ -157,6 +157,8 @@ def test_the_host_split_gives_the_headroom_where_it_saves_most(client, token, ba
     inst_page = client.get(f"/instances/{iid(client)}/sizing").text
     assert "This host&#39;s headroom across its instances" in inst_page or "headroom across its instances" in inst_page
     assert client.get("/api/v1/hosts/999/sizing").status_code == 404
+    assert client.get(f"/api/v1/hosts/{host}/sizing?price=2").status_code == 422
+    assert client.get(f"/api/v1/hosts/{host}/sizing?range=2y").status_code == 400
 
 
 def test_without_events_the_page_gives_this_servers_flag_and_an_operator_turns_them_on(
