@@ -285,7 +285,8 @@ def host_split(
     insts = [i for i in list_instances(ctx.engine) if int(i["host_id"]) == host_id]
     if not insts:
         raise SizingError(f"no host {host_id} with instances", 404)
-    room = host_headroom(ctx.engine, host_id, now)
+    tiers = sum((current_tier(i.get("cache_config") or {}, i.get("offload_config") or {}).value or 0.0) for i in insts)
+    room = host_headroom(ctx.engine, host_id, now, give_back_cap=tiers * GIB)  # only the tiers a restart frees
     cands, left_out = [], []
     for inst in insts:
         b = basis_of(ctx, inst, start, end, None)

@@ -66,16 +66,19 @@ class Headroom:
 
 
 def _latest(series: Sequence[TieredSeries], now: float) -> float | None:
-    """Sum over the series of their last value, if younger than MAX_AGE_S."""
-    total, found = 0.0, False
+    """Sum over the series of their value at the latest reading (younger than MAX_AGE_S): a series
+    the latest reading lacks is gone (an offload file of a vLLM restarted since), not counted."""
+    last: list[tuple[float, float]] = []
     for s in series:
         for t, v in reversed(s.points):
             if t <= now:
                 if now - t <= MAX_AGE_S and math.isfinite(v):
-                    total += v
-                    found = True
+                    last.append((t, v))
                 break
-    return total if found else None
+    if not last:
+        return None
+    newest = max(t for t, _ in last)
+    return sum(v for t, v in last if t >= newest - 1e-6)
 
 
 def host_readings(engine: Engine, host_id: int, now: float) -> dict[str, float | None]:

@@ -329,3 +329,23 @@ def test_after_apply_the_page_waits_for_traffic_then_sets_measured_against_predi
     assert done["state"] == "done" and done["kind"] == "apply", done
     s = done["result"]["sizes"][0]
     assert s["offload_gib"] == 2.0 and s["measured_reload_tokens"] > 0 and s["predicted_reload_tokens"] > 0
+
+
+def test_an_offload_file_gone_since_the_latest_reading_is_not_given_back(client, token, batch_factory, clock):
+    """A restarted vLLM leaves its old offload file's series behind: only the files of the latest
+    host reading count as pinned buffers a restart would free."""
+    now = clock()
+    for seq, ts, files in ((1, now - 60, ["a"]), (2, now, ["b"])):
+        body = batch_factory(seq, ts)
+        body["host_ts"] = ts
+        body["host_samples"] = [
+            {"name": "kvscope:host_memory_available_bytes", "labels": {}, "value": 10 * GIB},
+            {"name": "kvscope:host_memory_total_bytes", "labels": {}, "value": 20 * GIB},
+        ] + [{"name": "kvscope:pinned_offload_resident_bytes", "labels": {"file": f}, "value": 4 * GIB} for f in files]
+        body["host_types"] = {n["name"]: "gauge" for n in body["host_samples"]}
+        assert client.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    from app.sizing.headroom import host_readings
+
+    engine = client.app.state.ctx.engine
+    host = client.get("/api/v1/instances").json()["instances"][0]["host_id"]
+    assert host_readings(engine, host, now)["kvscope:pinned_offload_resident_bytes"] == 4 * GIB
