@@ -22,12 +22,75 @@ import math
 from collections import OrderedDict, deque
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
-from agent.kvevents.reuse import LruStack, bin_lower
+from agent.kvevents.reuse import bin_lower
 from agent.kvevents.tier_model import DEFAULT_MAX_KEYS, TierModel, is_gpu
 from agent.protocol import ReuseWindow
 
 POOL_MAX_KEYS = 32_768  # evicted blocks tracked per rank (~5 MiB); a pool 32k blocks larger is off the page
 MAX_CHAINS = 4_096
+
+
+class _OutStack:
+    """Evicted blocks in eviction order, with removal: how many are still out after a given one
+    (a Fenwick tree over eviction slots; one tree update per eviction and per return)."""
+
+    __slots__ = ("_clock", "_slot", "_tree")
+
+    def __init__(self, size: int = 1024) -> None:
+        self._tree = [0] * (size + 1)
+        self._slot: dict[int, int] = {}
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def _add(self, i: int, delta: int) -> None:
+        tree, n = self._tree, len(self._tree)
+        i += 1
+        while i < n:
+            tree[i] += delta
+            i += i & -i
+
+    def _prefix(self, i: int) -> int:
+        tree, total = self._tree, 0
+        i += 1
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+    def _compact(self) -> None:
+        order = sorted(self._slot.items(), key=lambda kv: kv[1])
+        size = max(1024, 2 * len(order) + 16)
+        self._tree = [0] * (size + 1)
+        self._slot = {}
+        for i, (k, _) in enumerate(order):
+            self._slot[k] = i
+            self._add(i, 1)
+        self._clock = len(order)
+
+    def push(self, key: int) -> None:
+        if key in self._slot:
+            self.take(key)
+        if self._clock >= len(self._tree) - 1:
+            self._compact()
+        self._slot[key] = self._clock
+        self._add(self._clock, 1)
+        self._clock += 1
+
+    def take(self, key: int) -> int | None:
+        """Remove ``key``; the number of blocks evicted after it and still out (None: not out)."""
+        slot = self._slot.pop(key, None)
+        if slot is None:
+            return None
+        after = len(self._slot) + 1 - self._prefix(slot)
+        self._add(slot, -1)
+        return after
+
+    def clear(self) -> None:
+        self._tree = [0] * len(self._tree)
+        self._slot.clear()
+        self._clock = 0
 
 
 class PoolStack:
@@ -37,7 +100,7 @@ class PoolStack:
 
     def __init__(self, max_keys: int = POOL_MAX_KEYS) -> None:
         self.max_keys = max_keys
-        self.stack = LruStack()
+        self.stack = _OutStack()
         self._serial: dict[int, int] = {}
         self._order: deque[tuple[int, int]] = deque()
         self._n = 0
@@ -49,13 +112,13 @@ class PoolStack:
 
     def evicted(self, h: int) -> None:
         self._n += 1
-        self.stack.access(h)
+        self.stack.push(h)
         self._serial[h] = self._n
         self._order.append((h, self._n))
         while len(self._serial) > self.max_keys:
             k, s = self._order.popleft()
             if self._serial.get(k) == s:
-                self.stack.forget(k)
+                self.stack.take(k)
                 del self._serial[k]
                 self.dropped += 1
         if len(self._order) > 4 * max(1024, len(self._serial)):  # entries of blocks that came back
@@ -63,11 +126,9 @@ class PoolStack:
 
     def stored(self, h: int) -> float:
         """The eviction distance of a block stored again (inf: never evicted, or too long ago)."""
-        if h not in self._serial:
+        if self._serial.pop(h, None) is None:
             return math.inf
-        d = self.stack.access(h)
-        self.stack.forget(h)
-        del self._serial[h]
+        d = self.stack.take(h)
         return math.inf if d is None else float(d)
 
     def stored_chain(self, hashes: tuple[int, ...], parent: int | None) -> list[float]:
