@@ -11,22 +11,24 @@ size (``--kv-cache-dtype fp8``, ``--kv-cache-memory-bytes``, ``--gpu-memory-util
 
 Like vLLM's prefix cache, a block counts only if its whole prefix would have stayed (the running
 maximum along its request's chain). Memory: at most ``max_keys`` evicted blocks per rank are
-tracked (older ones count as farther than any pool the page offers); publisher restarts and
-``AllBlocksCleared`` start over. ``LeverModel`` is a TierModel that also keeps these distances
+tracked, SHARDS-sampled beyond that like the tier model (exact at rate 1); publisher restarts
+and ``AllBlocksCleared`` start over. ``LeverModel`` is a TierModel that also keeps these distances
 and puts them on each window (``ReuseWindow.pool_bins``).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
-from agent.kvevents.reuse import bin_lower
+from agent.kvevents.reuse import bin_lower, mix64
 from agent.kvevents.tier_model import DEFAULT_MAX_KEYS, TierModel, is_gpu
 from agent.protocol import ReuseWindow
 
-POOL_MAX_KEYS = 32_768  # evicted blocks tracked per rank (~5 MiB); a pool 32k blocks larger is off the page
+POOL_MAX_KEYS = 8_192  # evicted blocks tracked per rank, then SHARDS-sampled (as the tier model)
+_P = 1 << 24
 MAX_CHAINS = 4_096
 
 
@@ -94,50 +96,67 @@ class _OutStack:
 
 
 class PoolStack:
-    """The evicted-and-not-back blocks of one rank, in eviction order (Mattson, with removal)."""
+    """The evicted-and-not-back blocks of one rank, SHARDS-sampled like the tier model (fixed
+    size: when more than ``max_keys`` are out, the sampling threshold drops and the blocks with
+    the highest mixed hash leave; a sampled distance d stands for d/R, a sampled hit for 1/R)."""
 
-    __slots__ = ("_chains", "_n", "_order", "_serial", "dropped", "max_keys", "stack")
+    __slots__ = ("_bucket", "_chains", "_heap", "max_keys", "stack", "threshold")
 
     def __init__(self, max_keys: int = POOL_MAX_KEYS) -> None:
         self.max_keys = max_keys
+        self.threshold = _P
         self.stack = _OutStack()
-        self._serial: dict[int, int] = {}
-        self._order: deque[tuple[int, int]] = deque()
-        self._n = 0
+        self._bucket: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []  # (-mixed hash bucket, key) of the blocks out
         self._chains: OrderedDict[int, float] = OrderedDict()
-        self.dropped = 0
 
     def __len__(self) -> int:
-        return len(self._serial)
+        return len(self.stack)
+
+    @property
+    def rate(self) -> float:
+        return self.threshold / _P
 
     def evicted(self, h: int) -> None:
-        self._n += 1
+        bucket = mix64(h) % _P
+        if bucket >= self.threshold:
+            return
         self.stack.push(h)
-        self._serial[h] = self._n
-        self._order.append((h, self._n))
-        while len(self._serial) > self.max_keys:
-            k, s = self._order.popleft()
-            if self._serial.get(k) == s:
+        if h not in self._bucket:
+            self._bucket[h] = bucket
+            heapq.heappush(self._heap, (-bucket, h))
+        while len(self.stack) > self.max_keys:
+            top = -self._heap[0][0]
+            self.threshold = top  # blocks with a bucket >= top are no longer sampled
+            while self._heap and -self._heap[0][0] >= top:
+                _, k = heapq.heappop(self._heap)
+                self._bucket.pop(k, None)
                 self.stack.take(k)
-                del self._serial[k]
-                self.dropped += 1
-        if len(self._order) > 4 * max(1024, len(self._serial)):  # entries of blocks that came back
-            self._order = deque((k, s) for k, s in self._order if self._serial.get(k) == s)
+        if len(self._heap) > 4 * max(1024, len(self.stack)):  # entries of blocks that came back
+            self._heap = [(-b, k) for k, b in self._bucket.items()]
+            heapq.heapify(self._heap)
 
-    def stored(self, h: int) -> float:
-        """The eviction distance of a block stored again (inf: never evicted, or too long ago)."""
-        if self._serial.pop(h, None) is None:
-            return math.inf
+    def stored(self, h: int) -> tuple[float, float]:
+        """(scaled eviction distance, weight) of a block stored again: weight 0 when it is not
+        sampled, distance inf when it was never evicted (or left the sample)."""
+        bucket = mix64(h) % _P
+        if bucket >= self.threshold:
+            return math.inf, 0.0
+        rate = self.threshold / _P
+        self._bucket.pop(h, None)
         d = self.stack.take(h)
-        return math.inf if d is None else float(d)
+        return (math.inf if d is None else d / rate), 1.0 / rate
 
-    def stored_chain(self, hashes: tuple[int, ...], parent: int | None) -> list[float]:
-        """Distances of an event's blocks with vLLM's prefix rule (running max along the chain)."""
+    def stored_chain(self, hashes: tuple[int, ...], parent: int | None) -> list[tuple[float, float]]:
+        """(distance, weight) of an event's blocks with vLLM's prefix rule: the running maximum
+        along the chain (unsampled blocks carry it on, weightless)."""
         running = self._chains.pop(parent, 0.0) if parent is not None else 0.0
         out = []
         for h in hashes:
-            running = max(running, self.stored(h))
-            out.append(running)
+            d, w = self.stored(h)
+            if w:
+                running = max(running, d)
+                out.append((running, w))
         if hashes:
             self._chains[hashes[-1]] = running
             if len(self._chains) > MAX_CHAINS:
@@ -146,8 +165,8 @@ class PoolStack:
 
     def clear(self) -> None:
         self.stack.clear()
-        self._serial.clear()
-        self._order.clear()
+        self._bucket.clear()
+        self._heap.clear()
         self._chains.clear()
 
 
@@ -192,10 +211,10 @@ class LeverModel(TierModel):
                 for h in ev.hashes:
                     pool.evicted(h)
             elif isinstance(ev, Stored) and is_gpu(ev.medium):
-                for d in pool.stored_chain(ev.hashes, ev.parent):
+                for d, w in pool.stored_chain(ev.hashes, ev.parent):
                     if not math.isinf(d):
                         b = bin_lower(d)
-                        bins[b] = bins.get(b, 0.0) + 1.0
+                        bins[b] = bins.get(b, 0.0) + w
             elif isinstance(ev, Cleared):
                 pool.clear()
 

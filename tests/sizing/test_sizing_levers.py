@@ -92,13 +92,21 @@ def test_an_eviction_distance_counts_the_blocks_evicted_since_and_still_out():
     p = PoolStack()
     for h in (1, 2, 3):
         p.evicted(h)
-    assert p.stored(2) == 1.0  # 3 was evicted after 2
-    assert p.stored(1) == 1.0  # 2 came back: only 3 is still out
-    assert p.stored(9) == math.inf  # never evicted: a first computation
-    small = PoolStack(max_keys=2)
-    for h in (1, 2, 3):
-        small.evicted(h)
-    assert len(small) == 2 and small.stored(1) == math.inf and small.dropped == 1
+    assert p.stored(2) == (1.0, 1.0)  # 3 was evicted after 2
+    assert p.stored(1) == (1.0, 1.0)  # 2 came back: only 3 is still out
+    assert p.stored(9) == (math.inf, 1.0)  # never evicted: a first computation
+
+
+def test_past_max_keys_the_pool_stack_samples_and_scales_its_distances():
+    p = PoolStack(max_keys=256)
+    for h in range(4000):
+        p.evicted(h)
+    assert len(p) <= 256 and p.rate < 0.1
+    got = [p.stored(h) for h in range(2000)]  # the older half: about 2000 blocks out after each
+    hits = [(d, w) for d, w in got if w and not math.isinf(d)]
+    assert hits and all(math.isclose(w, 1 / p.rate) for _d, w in hits)
+    estimate = sum(w for _d, w in hits)
+    assert 1000 < estimate < 3000  # ~2000 returning blocks, each standing for 1/R
 
 
 def test_a_restart_or_a_clear_forgets_what_the_pool_evicted():
