@@ -4,6 +4,7 @@ hint with its one-click rollout, and the A/B and apply checks (simulated streams
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -182,8 +183,24 @@ def test_without_events_the_page_gives_this_servers_flag_and_an_operator_turns_t
     events = json.loads(argv[argv.index("--kv-events-config") + 1])
     assert events["endpoint"] == "tcp://127.0.0.1:5557" and events["replay_endpoint"] == "tcp://127.0.0.1:5567"
     assert flag_policy.refusal(argv, allowed=flag_policy.allowed_flags(()), fields=True) is None  # the agent takes it
-    form = client.post(f"/instances/{first}/sizing/kv-events", data={}, follow_redirects=False)
-    assert form.status_code in (303, 403)  # without a form token the form is refused (tested in tests/security)
+    page = client.get(f"/instances/{first}/sizing").text
+    token_ = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token_ and "Turn KV events on" in page
+    form = client.post(f"/instances/{first}/sizing/kv-events", data={"csrf": token_.group(1)}, follow_redirects=False)
+    assert form.status_code == 303 and form.headers["location"] == f"/instances/{first}/apply?profile=events-{first}"
+    assert client.post(f"/instances/{first}/sizing/kv-events", data={}, follow_redirects=False).status_code == 403
+
+
+def test_the_collector_follows_a_server_with_the_lever_model():
+    from agent.fetch import StdlibFetcher
+    from agent.kvevents.collector import KvEventsCollector
+    from agent.kvevents.pool_model import LeverModel
+
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}
+    col = KvEventsCollector([URL], StdlibFetcher(), configs={URL: cfg}, start=lambda sub: None)
+    col.windows(0.0)
+    sub = col.instances[0].subscriber
+    assert sub is not None and isinstance(sub.model, LeverModel)
 
 
 def test_a_replay_endpoint_off_loopback_is_refused_by_the_agent_and_the_profile():
