@@ -185,7 +185,16 @@ CONNECTORS: dict[str, frozenset[str]] = {
 }
 TRANSFER_KEYS = frozenset({"kv_connector", "kv_role", "kv_connector_extra_config", "kv_load_failure_policy"})
 EVENTS_KEYS = frozenset(
-    {"enable_kv_cache_events", "publisher", "endpoint", "topic", "buffer_steps", "hwm", "max_queue_size"}
+    {
+        "enable_kv_cache_events",
+        "publisher",
+        "endpoint",
+        "replay_endpoint",
+        "topic",
+        "buffer_steps",
+        "hwm",
+        "max_queue_size",
+    }
 )
 ZMQ_ENDPOINT = re.compile(r"tcp://(\*|[A-Za-z0-9.-]{1,253}|\[[0-9a-fA-F:]{2,39}\]):([0-9]{1,5})")
 IPC_ENDPOINT = re.compile(r"ipc:///[A-Za-z0-9._/-]{1,200}")
@@ -481,5 +490,9 @@ def check_events_config(cfg: dict[str, Any], limits: Limits = DEFAULT_LIMITS) ->
     why = endpoint_refusal(cfg.get("endpoint", "tcp://*:5557"), limits)
     if why:
         raise FlagRefused(f"--kv-events-config: {why}")
+    if cfg.get("replay_endpoint") is not None:  # vLLM binds its replay (ROUTER) socket: same hosts
+        why = endpoint_refusal(cfg["replay_endpoint"], limits)
+        if why:
+            raise FlagRefused(f"--kv-events-config: replay_{why}")
     if not isinstance(cfg.get("topic", ""), str) or len(cfg.get("topic", "")) > 128:
         raise FlagRefused("--kv-events-config: topic must be a string under 128 characters")

@@ -124,6 +124,10 @@ class ReuseWindow:
     # [[tier size in chunks, chunks it loaded], ...]: vLLM's LRU tier simulated at those sizes
     points: list[list[float]] = field(default_factory=list)
     arc_points: list[list[float]] = field(default_factory=list)  # the same for vLLM's ARC policy
+    # eviction distances (agent/kvevents/pool_model.py): blocks the GPU stored again after evicting
+    # them, by the distinct blocks evicted since ([[lower edge, count], ...]); a pool larger by D
+    # blocks would have kept those under D. Left off the wire when empty (older apps refuse it).
+    pool_bins: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -182,6 +186,9 @@ def to_wire(obj: PushBatch | PushReply) -> dict[str, Any]:
         for key in ("reuse", "controlled"):
             if not data.get(key):
                 data.pop(key, None)
+    for w in data.get("reuse") or []:
+        if not w.get("pool_bins"):
+            w.pop("pool_bins", None)
     return data
 
 

@@ -55,6 +55,10 @@ _REUSE_FIELDS = dataclasses.fields(ReuseWindow)
 def _reuse(w: ReuseWindow) -> dict[str, Any]:
     d = {f.name: getattr(w, f.name) for f in _REUSE_FIELDS}
     d["bins"] = [list(b) for b in w.bins]
+    if w.pool_bins:  # left off when empty, as to_wire does (older apps refuse the field)
+        d["pool_bins"] = [list(b) for b in w.pool_bins]
+    else:
+        d.pop("pool_bins", None)
     return d
 
 

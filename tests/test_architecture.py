@@ -46,9 +46,9 @@ ACCESS = {"app.auth.roles", "app.auth.guard", "app.auth.sessions", "app.auth.cli
 RANK = {"foundation": 0, "storage": 1, "settings": 2, "access": 3, "web": 4, "derived": 5, "charts": 5}
 PART_RANK, ENTRY_RANK = 7, 8
 # the parts that build on another part (A/B runs rollouts; sizing applies a size through a
-# rollout; the Prometheus source serves the dashboard's chart JSON): docs/architecture.md names
-# exactly these
-PART_DEPENDS = {("ab", "controller"), ("sizing", "controller"), ("export", "dashboard")}
+# rollout and checks it with an A/B; the Prometheus source serves the dashboard's chart JSON):
+# docs/architecture.md names exactly these
+PART_DEPENDS = {("ab", "controller"), ("sizing", "controller"), ("sizing", "ab"), ("export", "dashboard")}
 
 
 def layer_of(mod: str) -> tuple[int, str] | None:

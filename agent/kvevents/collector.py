@@ -16,8 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agent.fetch import Fetcher, FetchError
+from agent.kvevents.pool_model import LeverModel
 from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of
-from agent.kvevents.tier_model import DEFAULT_MAX_KEYS, TierModel
+from agent.kvevents.tier_model import DEFAULT_MAX_KEYS
 from kvcore.protocol import ReuseWindow
 
 log = logging.getLogger("kvscope.kvevents")
@@ -93,7 +94,9 @@ class KvEventsCollector:
             if sub is None or (not inst.configured and now >= inst.next_discovery):
                 sources = self._discover(inst, now)
                 if sources and (sub is None or sources != sub.sources):
-                    model = TierModel(inst.url, now, max_keys=self.max_keys, arc=self.arc) if sub is None else sub.model
+                    model = (
+                        LeverModel(inst.url, now, max_keys=self.max_keys, arc=self.arc) if sub is None else sub.model
+                    )
                     if sub is not None:
                         sub.stop()
                     sub = inst.subscriber = Subscriber(inst.url, sources, model)

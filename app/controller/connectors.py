@@ -105,6 +105,8 @@ class KVEvents(BaseModel):
     endpoint: str = Field(flag_policy.DEFAULT_EVENTS_ENDPOINT, max_length=300)
     topic: str = Field("kv-events", max_length=128)
     publisher: Literal["zmq"] = "zmq"
+    # vLLM's ROUTER socket for missed batches (always bound by vLLM): lets the agent repair gaps
+    replay_endpoint: str | None = Field(None, max_length=300)
 
     @field_validator("endpoint")
     @classmethod
@@ -114,10 +116,18 @@ class KVEvents(BaseModel):
             raise ValueError(f"kv_events.{why}")
         return v
 
+    @field_validator("replay_endpoint")
+    @classmethod
+    def _replay(cls, v: str | None, info: ValidationInfo) -> str | None:
+        why = None if v is None else flag_policy.endpoint_refusal(v, limits_of(info))
+        if why:
+            raise ValueError(f"kv_events.replay_{why}")
+        return v
+
     def events_config(self) -> dict[str, Any]:
         return {
             "enable_kv_cache_events": True,
             "publisher": self.publisher,
             "endpoint": self.endpoint,
             "topic": self.topic,
-        }
+        } | ({"replay_endpoint": self.replay_endpoint} if self.replay_endpoint else {})

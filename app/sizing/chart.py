@@ -48,6 +48,13 @@ def curve_svg(rep: dict[str, Any]) -> str:
             f"<title>current tier: {cur:.3g} GiB</title></line>"
             f'<text x="{px(cur) + 4:.1f}" y="{TOP + 12}">current {cur:.3g} GiB</text>'
         )
+    room = (rep.get("headroom") or {}).get("headroom_gib")
+    if in_gib and room is not None and room <= x_max * 1.001:
+        parts.append(
+            f'<line x1="{px(room):.1f}" y1="{TOP}" x2="{px(room):.1f}" y2="{H - BOTTOM}" class="headroom">'
+            f"<title>the host's pinned headroom ends at {room:.3g} GiB: the curve stops here</title></line>"
+            f'<text x="{px(room) - 4:.1f}" y="{TOP + 26}" text-anchor="end">headroom ends {room:.3g} GiB</text>'
+        )
     rec = rep.get("recommendation") or {}
     knee = rec.get("offload_gib") if in_gib else rec.get("blocks")
     if knee:

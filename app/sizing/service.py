@@ -52,6 +52,8 @@ def check_window(i: int, w: ReuseWindow) -> str | None:
     for name, pts in (("points", w.points), ("arc_points", w.arc_points)):
         if len(pts) > MAX_POINTS or any(len(p) != 2 or not 0 < p[0] <= 1 << 40 or p[1] < 0 for p in pts):
             return f"reuse.{i}.{name}: at most {MAX_POINTS} [tier chunks > 0, chunks loaded >= 0] pairs"
+    if len(w.pool_bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 or b[1] < 0 for b in w.pool_bins):
+        return f"reuse.{i}.pool_bins: at most {MAX_BINS} [lower edge >= 0, count >= 0] pairs"
     if w.end < w.start or not 0 < w.rate <= 1:
         return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
     if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
@@ -98,7 +100,13 @@ def prune_job(ctx: AppContext, now: float) -> None:
 
 
 def report(
-    ctx: AppContext, instance_id: int, start: float, end: float, *, model_bpt: Figure | None = None
+    ctx: AppContext,
+    instance_id: int,
+    start: float,
+    end: float,
+    *,
+    model_bpt: Figure | None = None,
+    max_gib: float | None = None,
 ) -> dict[str, Any]:
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
@@ -108,7 +116,7 @@ def report(
     policy = offload_cfg.get("eviction_policy") if isinstance(offload_cfg, dict) else None
     totals.policy = "arc" if isinstance(policy, str) and policy.lower() == "arc" else "lru"
     bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
-    out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg))
+    out = curve(totals, bpt, current_tier(cache_cfg, offload_cfg), max_gib=max_gib)
     gpu_blocks = cache_cfg.get("num_gpu_blocks") if isinstance(cache_cfg, dict) else None
     out.update(
         {

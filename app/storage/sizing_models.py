@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.storage.models import Base
@@ -29,3 +29,24 @@ class SizingWindow(Base):
     counts: Mapped[dict[str, Any]] = mapped_column(JSON)
     bins: Mapped[list[Any]] = mapped_column(JSON)  # [[lower edge in blocks, weight], ...]
     received_at: Mapped[float] = mapped_column(Float)
+
+
+class SizingCheck(Base):
+    """A sizing prediction put to the test (migration 0014_sizing_checks): an A/B of the current
+    size against the suggested one, or an applied size watched afterwards. Kept after it ends, so
+    the page can say how good its last predictions were."""
+
+    __tablename__ = "sizing_checks"
+    __table_args__ = (Index("ix_sizing_checks_instance", "instance_id", "created_at"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance_id: Mapped[int] = mapped_column(ForeignKey("instances.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # ab | apply
+    state: Mapped[str] = mapped_column(String(16))  # running | done | failed
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    requested_by: Mapped[str] = mapped_column(String(200), default="")
+    experiment_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    profile: Mapped[str] = mapped_column(String(64))  # the sized profile (arm B, or the one applied)
+    # {"sizes": {"A": gib, "B": gib}, "range": [start, end], "at": {gib: {reload_share, ...}}, ...}
+    prediction: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)  # per size: predicted vs measured, when known

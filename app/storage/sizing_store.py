@@ -71,7 +71,9 @@ def store_windows(engine: Engine, host_id: int, windows: list[ReuseWindow], now:
                 "end_ts": w.end,
                 "block_size": w.block_size,
                 "rate": w.rate,
-                "counts": {f: getattr(w, f) for f in COUNT_FIELDS},
+                # pool_bins rides in the counts JSON: the GPU-pool levers' eviction distances
+                "counts": {f: getattr(w, f) for f in COUNT_FIELDS}
+                | ({"pool_bins": [[float(lo), float(n)] for lo, n in w.pool_bins]} if w.pool_bins else {}),
                 "bins": [[float(lo), float(wt)] for lo, wt in w.bins],
                 "received_at": now,
             }

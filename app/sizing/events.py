@@ -1,0 +1,101 @@
+"""KV events for the sizing page: is the server publishing them, and if not, exactly what to add.
+
+- ``state``: events arrived (a window in the last few minutes), or not; the agent pushes a window
+  only while it follows a server's ``/kv_event_sources``, so no window means the server publishes
+  none (its ``/kv_event_sources`` is ``{}``) or the agent runs with ``--kv-events off``.
+- ``config_for``: the ``--kv-events-config`` JSON for this server: vLLM's KVEventsConfig fields
+  (vllm/config/kv_events.py: enable_kv_cache_events, publisher, endpoint, replay_endpoint, topic).
+  Loopback only (the events carry every prompt's token ids; docs/security.md): vLLM connects its
+  PUB socket to a host endpoint and the agent binds it; vLLM binds its replay (ROUTER) socket.
+  Ports per instance of the host (5557 + 20 k, replay + 10: room for 10 data-parallel ranks,
+  which vLLM puts on consecutive ports), so two servers of one box do not collide.
+- ``profile_with_events``: the instance's current profile with ``kv_events`` set, saved as a new
+  profile for the normal rollout flow (apply page: argv diff, preflight, restart, rollback).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.context import AppContext
+from app.controller.profiles import ProfileError, parse_profile, policy_limits
+from app.storage import rollouts_store as rs
+from app.storage.series_store import get_instance, list_instances
+from app.storage.sizing_store import windows_in
+
+BASE_PORT = 5557
+PORTS_PER_INSTANCE = 20
+REPLAY_OFFSET = 10
+TOPIC = "kv-events"
+RECENT_S = 600.0
+
+
+class EventsError(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def config_for(ctx: AppContext, instance_id: int) -> dict[str, Any]:
+    """The KVEventsConfig JSON for this server (ports by its place among its host's instances)."""
+    inst = get_instance(ctx.engine, instance_id)
+    if inst is None:
+        raise EventsError(f"no instance {instance_id}", 404)
+    peers = sorted(i["id"] for i in list_instances(ctx.engine) if i["host_id"] == inst["host_id"])
+    k = peers.index(instance_id) if instance_id in peers else 0
+    port = BASE_PORT + PORTS_PER_INSTANCE * k
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{port}",
+        "replay_endpoint": f"tcp://127.0.0.1:{port + REPLAY_OFFSET}",
+        "topic": TOPIC,
+    }
+
+
+def state(ctx: AppContext, instance_id: int, now: float) -> dict[str, Any]:
+    cfg = config_for(ctx, instance_id)
+    recent = windows_in(ctx.engine, instance_id, now - RECENT_S, now)
+    current = rs.instance_profiles(ctx.engine, instance_id)["current"]
+    in_profile = bool(current and (current.get("spec") or {}).get("kv_events"))
+    flag = json.dumps(cfg, separators=(",", ":"))
+    return {
+        "publishing": bool(recent),
+        "profile_has_events": in_profile,
+        "config": cfg,
+        "flag": f"--kv-events-config '{flag}'",
+        "why": (
+            "KV events arrived in the last 10 minutes"
+            if recent
+            else "no KV events from this server in the last 10 minutes: it publishes none (its "
+            "/kv_event_sources is empty) or its agent runs with --kv-events off"
+        ),
+        "note": "loopback only: the events carry every prompt's token ids (vLLM's own default, tcp://*:5557, "
+        "listens on every interface and is refused unless kv_events_allowed_hosts allows '*')",
+    }
+
+
+def profile_with_events(ctx: AppContext, instance_id: int, *, author: str) -> str:
+    """Save the instance's current profile with KV events on; return the profile's name."""
+    cfg = config_for(ctx, instance_id)
+    current = rs.instance_profiles(ctx.engine, instance_id)["current"]
+    spec = dict(current["spec"]) if current else {}
+    spec.pop("name", None)
+    spec["kv_events"] = {k: cfg[k] for k in ("endpoint", "replay_endpoint", "topic")}
+    base = f"profile {current['name']} v{current['version']}" if current else "the start-up command"
+    spec["description"] = f"{base} with KV cache events on (for the sizing page)"[:2000]
+    name = f"events-{instance_id}"
+    try:
+        prof = parse_profile(name, spec, allow_flags=ctx.settings.allow_flags, limits=policy_limits(ctx.settings))
+    except ProfileError as exc:
+        raise EventsError(f"cannot build a profile with KV events: {exc}", 422) from None
+    existing = rs.get_profile(ctx.engine, name)
+    try:
+        if existing is None:
+            rs.create_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing: KV events on")
+        elif existing.get("spec") != prof.spec():
+            rs.edit_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing: KV events on")
+    except rs.StoreConflict as exc:
+        raise EventsError(str(exc), 409) from None
+    return name
