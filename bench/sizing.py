@@ -33,6 +33,7 @@ import msgpack
 
 from agent.kvevents.decode import decode_message
 from agent.kvevents.reuse import distances_histogram, hits_at
+from agent.kvevents.pool_model import LeverModel
 from agent.kvevents.tier_model import TierModel
 
 
@@ -138,10 +139,15 @@ def main() -> int:
     for frames in msgs:
         decode_message(frames)
     t_decode = time.process_time() - decode_only
-    for label, caps in (("stack curve only", ()), ("with the simulated tiers", None)):
+    runs: tuple[tuple[str, Any, type[TierModel]], ...] = (
+        ("stack curve only", (), TierModel),
+        ("with the simulated tiers", None, TierModel),
+        ("as the agent runs it (tiers + the GPU pool's eviction stack)", None, LeverModel),
+    )
+    for label, caps, kind in runs:
 
-        def agent_path(caps: Any = caps) -> TierModel:
-            model = TierModel("bench", now=0.0) if caps is None else TierModel("bench", now=0.0, capacities=caps)
+        def agent_path(caps: Any = caps, kind: type[TierModel] = kind) -> TierModel:
+            model = kind("bench", now=0.0) if caps is None else kind("bench", now=0.0, capacities=caps)
             for frames in msgs:
                 model.observe(decode_message(frames))
             return model

@@ -194,8 +194,12 @@ def _exactness(rep: dict[str, Any], b: Basis) -> list[dict[str, Any]]:
     return [
         {
             "figure": "CPU tier reloads (the curve)",
-            "exact": rate >= 1.0,
-            "why": "Mattson's stack distances of every GPU store, to the histogram's bin width, for an LRU tier"
+            "exact": bool(b.totals.simulated()) or rate >= 1.0,
+            "why": f"vLLM's offload tier simulated on every block at {len(b.totals.simulated())} sizes (exact "
+            "there, linear between them); above the largest, stack distances"
+            + ("" if rate >= 1.0 else f" SHARDS-sampled at rate {rate:.3g} (an estimate)")
+            if b.totals.simulated()
+            else "Mattson's stack distances of every GPU store, to the histogram's bin width, for an LRU tier"
             if rate >= 1.0
             else f"SHARDS-sampled at rate {rate:.3g}: an estimate, least accurate for small tiers",
         },
