@@ -226,7 +226,8 @@ def first_ts(conn: Connection) -> int | None:
 
 
 def count(conn: Connection) -> int:
-    """Raw samples held: head rows plus the samples of every chunk."""
+    """Raw samples held: head rows plus the samples of every chunk (a sample pushed again after
+    it was sealed counts twice until the next sealing merges it)."""
     head = int(conn.execute(select(func.count()).select_from(SampleRow)).scalar_one())
     opened = int(conn.execute(select(func.coalesce(func.sum(OpenChunk.n), 0))).scalar_one())
     sealed = int(conn.execute(select(func.coalesce(func.sum(SampleChunk.n), 0))).scalar_one())

@@ -33,6 +33,7 @@ CHUNK_SAMPLES = 1920  # samples per sealed chunk at most (32 min at 1 s, 5 h at 
 # bytes per sealed chunk at most: four fit in a 4 KiB SQLite page with their row headers
 CHUNK_BYTES = 960
 SERIES_PER_TX = 200
+SLICE_MS = 3_600_000  # a long head is sealed an hour at a time (see seal_head)
 _PG_LOCK = 0x6B7673_28  # pg_advisory_xact_lock key: one sealer at a time across app processes
 
 MsPoint = tuple[int, float]
@@ -51,23 +52,39 @@ def seal_head(
     engine: Engine, now: float, *, keep_ms: int = HEAD_KEEP_MS, max_batches: int = 10_000, batch: int = SERIES_PER_TX
 ) -> SealReport:
     """Move the head's samples older than `now - keep_ms` into chunks, SERIES_PER_TX series per
-    transaction; stops after `max_batches` transactions (the next run goes on)."""
+    transaction; stops after `max_batches` transactions (the next run goes on). A long head (a
+    database upgraded from 0012, or after a pause) is sealed SLICE_MS at a time, all series per
+    slice, so sealed chunks are written in about time order and the oldest fill whole pages: the
+    retention and the budget then free pages, not holes in them."""
     rep = SealReport()
     cut = int(now * 1000) - keep_ms
     with engine.connect() as conn:
-        ids = sorted(
-            int(s) for (s,) in conn.execute(select(SampleRow.series_id).where(SampleRow.ts_ms < cut).distinct())
-        )
-    for n_batch, i in enumerate(range(0, len(ids), batch)):
-        if n_batch >= max_batches:
-            with engine.connect() as conn:
-                rep.head_left = int(
-                    conn.execute(select(func.count()).select_from(SampleRow).where(SampleRow.ts_ms < cut)).scalar_one()
-                )
-            break
-        with engine.begin() as conn:
-            _seal_batch(conn, ids[i : i + batch], cut, rep)
-    return rep
+        oldest = conn.execute(select(func.min(SampleRow.ts_ms))).scalar()
+    if oldest is None or int(oldest) >= cut:
+        return rep
+    done = 0
+    slice_cut = min(cut, int(oldest) + SLICE_MS)
+    while True:
+        with engine.connect() as conn:
+            ids = sorted(
+                int(s)
+                for (s,) in conn.execute(select(SampleRow.series_id).where(SampleRow.ts_ms < slice_cut).distinct())
+            )
+        for i in range(0, len(ids), batch):
+            if done >= max_batches:
+                with engine.connect() as conn:
+                    rep.head_left = int(
+                        conn.execute(
+                            select(func.count()).select_from(SampleRow).where(SampleRow.ts_ms < cut)
+                        ).scalar_one()
+                    )
+                return rep
+            with engine.begin() as conn:
+                _seal_batch(conn, ids[i : i + batch], slice_cut, rep)
+            done += 1
+        if slice_cut >= cut:
+            return rep
+        slice_cut = min(cut, slice_cut + SLICE_MS)
 
 
 def _take_head(conn: Connection, ids: list[int], cut: int) -> dict[int, list[MsPoint]]:
