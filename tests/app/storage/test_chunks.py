@@ -222,3 +222,24 @@ def test_the_budget_and_seal_interval_settings_refuse_values_out_of_range() -> N
     with pytest.raises(ValidationError, match="seal_interval_s"):
         Settings(seal_interval_s=1)
     assert Settings(storage_budget_mb=512).storage_budget_mb == 512
+
+
+@pytest.mark.both_databases
+def test_on_either_database_sealing_changes_no_read_and_merges_late_and_repeated_samples(engine: Engine) -> None:
+    batches = recorded_batches(T0 - 3 * 3600, 700, interval=10.0, reset_at=300)
+    writer = _push(engine, batches[:200] + batches[260:])
+    now = batches[-1]["sent_at"] + 1
+    run_rollups(engine, now, raw_retention_s=1e9, m1_retention_s=1e9, h1_retention_s=1e9)
+    seal_head(engine, now, batch=9)
+    again = [{**x, "seq": 50_000 + i} for i, x in enumerate(batches[50:60])]
+    _push(engine, batches[200:260] + again, writer)  # late, then repeated after sealing
+    want = _everything(engine, now)
+    seal_head(engine, now + 3600)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(SampleRow)).scalar_one() == 0
+    got = _everything(engine, now)
+    per_batch = len(batches[0]["scrapes"][0]["samples"]) + len(batches[0]["host_samples"])
+    assert got["count"] == 700 * per_batch == want["count"] - 10 * per_batch
+    for key in want:
+        if key != "count":
+            assert got[key] == want[key], key
