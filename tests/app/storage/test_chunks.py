@@ -182,7 +182,7 @@ def test_over_the_disk_budget_the_oldest_rolled_up_raw_samples_go_and_the_reader
         minutes = conn.execute(select(func.count()).select_from(Rollup1m)).scalar_one()
     usage = store_usage(engine, 0)
     assert usage.samples == count_samples(engine) and usage.room_bytes is None
-    budget = usage.used_bytes - (usage.chunk_bytes or 0) // 2  # half the raw data must go
+    budget = usage.used_bytes - usage.chunk_payload_bytes // 2  # half the raw data must go
     rep = apply_budget(engine, budget, now)
     assert rep.samples_deleted > 0 and rep.used_after <= budget and not rep.over
     with engine.connect() as conn:
