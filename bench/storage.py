@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,31 +120,33 @@ def record_model(seconds: int, t0: float) -> list[list[dict[str, Any]]]:
     return out
 
 
-def record(hours: float, end: float, model_s: int) -> list[dict[str, Any]]:
-    """Wire batches of the demo's two servers scraped every INTERVAL s for `hours`, ending at
-    `end`: `model_s` seconds of the model, repeated (counters continue from where the previous
-    repeat ended, so they only grow; gauges repeat), timestamps with the agent's few ms of jitter."""
+def _growth(model: list[list[dict[str, Any]]]) -> list[dict[tuple[str, str], float]]:
+    """Per server and counter: how much it grows over one repeat (last - first + one step)."""
     from app.storage.ingest_store import sample_kind
 
-    n = int(hours * 3600 / INTERVAL)
-    t0 = end - n * INTERVAL
-    model = record_model(min(model_s, n), t0)
-    m = len(model[0])
-    # per server and series: how much a counter grows over one repeat (last - first + one step)
-    growth: list[dict[tuple[str, str], float]] = []
+    out: list[dict[tuple[str, str], float]] = []
     for scrapes in model:
-        first, last = scrapes[0], scrapes[-1]
-        step = scrapes[min(1, m - 1)]
+        first, last, step = scrapes[0], scrapes[-1], scrapes[min(1, len(scrapes) - 1)]
         g: dict[tuple[str, str], float] = {}
         for s0, s1, sl in zip(first["samples"], step["samples"], last["samples"], strict=False):
             if sample_kind(s0["name"], first["types"]) == "counter":
-                g[(s0["name"], json.dumps(s0["labels"], sort_keys=True))] = (
-                    sl["value"] - s0["value"] + (s1["value"] - s0["value"])
-                )
-        growth.append(g)
+                key = (s0["name"], json.dumps(s0["labels"], sort_keys=True))
+                g[key] = sl["value"] - s0["value"] + (s1["value"] - s0["value"])
+        out.append(g)
+    return out
+
+
+def batches(model: list[list[dict[str, Any]]], hours: float, end: float) -> Iterator[dict[str, Any]]:
+    """Wire batches of the servers scraped every INTERVAL s for `hours`, ending at `end`: the
+    model's scrapes repeated (counters continue from where the previous repeat ended, so they only
+    grow; gauges repeat), timestamps with the agent's few ms of jitter. Made as they are pushed."""
+    n = int(hours * 3600 / INTERVAL)
+    t0 = end - n * INTERVAL
+    m = len(model[0])
+    growth = _growth(model)
     jitter = random.Random(7)
-    batches: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
+    seq = 0
     for k in range(n):
         rep, r = divmod(k, m)
         t = t0 + (k + 1) * INTERVAL
@@ -160,11 +163,9 @@ def record(hours: float, end: float, model_s: int) -> list[dict[str, Any]]:
                 ]
             pending.append({**sc, "ts": round(t + jitter.uniform(-0.005, 0.005), 3), "samples": samples})
         if len(pending) >= PER_BATCH * len(model) or k == n - 1:
-            batches.append(
-                {"agent_id": "bench-storage", "host": HOST, "seq": len(batches) + 1, "sent_at": t, "scrapes": pending}
-            )
+            seq += 1
+            yield {"agent_id": "bench-storage", "host": HOST, "seq": seq, "sent_at": t, "scrapes": pending}
             pending = []
-    return batches
 
 
 def _scrape(scrape: Any) -> dict[str, Any]:
@@ -173,22 +174,24 @@ def _scrape(scrape: Any) -> dict[str, Any]:
     return to_wire(scrape)
 
 
-def load_or_record(cache: str | None, hours: float, model_s: int) -> list[dict[str, Any]]:
+def load_or_record(cache: str | None, model_s: int) -> list[list[dict[str, Any]]]:
+    """The model's scrapes (per server), from `cache` when it holds as many seconds."""
     if cache and Path(cache).exists():
         with gzip.open(cache, "rt") as f:
             got = json.load(f)
-        if got["hours"] == hours and got["model_s"] == model_s:
-            return list(got["batches"])
-    end = math.floor(time.time() / 60) * 60.0 - 60
-    batches = record(hours, end, model_s)
+        if got["model_s"] == model_s:
+            return list(got["model"])
+    model = record_model(model_s, 0.0)
     if cache:
-        with gzip.open(cache, "wt") as f:
-            json.dump({"hours": hours, "model_s": model_s, "batches": batches}, f)
-    return batches
+        with gzip.open(cache, "wt", compresslevel=1) as f:
+            json.dump({"model_s": model_s, "model": model}, f)
+    return model
 
 
-def samples_in(batches: list[dict[str, Any]]) -> int:
-    return sum(len(sc["samples"]) for b in batches for sc in b["scrapes"])
+def samples_in(model: list[list[dict[str, Any]]], hours: float) -> int:
+    n, m = int(hours * 3600 / INTERVAL), len(model[0])
+    per_repeat = [sum(len(scrapes[r]["samples"]) for scrapes in model) for r in range(m)]
+    return sum(per_repeat) * (n // m) + sum(per_repeat[: n % m])
 
 
 def start_server(data: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
@@ -211,19 +214,21 @@ def start_server(data: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, st
     return server, base, env
 
 
-def push_all(base: str, token: str, batches: list[dict[str, Any]]) -> float:
-    """Push every batch through the ingest API; returns samples/s over the whole push."""
-    bodies = [json.dumps({**b, "sent_at": b["sent_at"]}).encode() for b in batches]
+def push_all(base: str, token: str, batches: Iterator[dict[str, Any]]) -> float:
+    """Push every batch through the ingest API; returns samples/s over the whole push: the time
+    the server took to answer (making and encoding the next batch is not counted)."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     stored = 0
+    elapsed = 0.0
     with httpx.Client(timeout=120.0) as client:
-        t0 = time.perf_counter()
-        for body in bodies:
+        for b in batches:
+            body = json.dumps(b).encode()
+            t0 = time.perf_counter()
             r = client.post(base + "/api/v1/ingest", content=body, headers=headers)
+            elapsed += time.perf_counter() - t0
             if r.status_code != 200:
                 raise SystemExit(f"push refused: {r.status_code} {r.text[:300]}")
             stored += int(r.json()["stored_samples"])
-        elapsed = time.perf_counter() - t0
     return stored / elapsed
 
 
@@ -247,7 +252,7 @@ def store_bytes(db: Path) -> tuple[int, int, dict[str, int]]:
     return sum(per.values()), held, per
 
 
-def prometheus_bytes(batches: list[dict[str, Any]], work: Path) -> tuple[int, int] | None:
+def prometheus_bytes(make: Callable[[], Iterator[dict[str, Any]]], work: Path) -> tuple[int, int] | None:
     from scale.prom import backfill_chunked, binaries
 
     bins = binaries()
@@ -255,7 +260,7 @@ def prometheus_bytes(batches: list[dict[str, Any]], work: Path) -> tuple[int, in
         return None
 
     def samples() -> Any:
-        for b in batches:
+        for b in make():
             for sc in b["scrapes"]:
                 target = {"instance": sc["instance"].split("//", 1)[1], "job": "vllm"}
                 ts = round(sc["ts"] * 1000) / 1000
@@ -315,9 +320,14 @@ def main() -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvscope-bench-storage-"))
     work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    batches = load_or_record(args.cache, args.hours, args.model_seconds)
-    n = samples_in(batches)
-    n_series = len(batches[0]["scrapes"][0]["samples"]) + len(batches[0]["scrapes"][1]["samples"])
+    model = load_or_record(args.cache, args.model_seconds)
+    n = samples_in(model, args.hours)
+    n_series = sum(len(scrapes[0]["samples"]) for scrapes in model)
+    end = math.floor(time.time() / 60) * 60.0 - 60
+
+    def make() -> Iterator[dict[str, Any]]:
+        return batches(model, args.hours, end)
+
     print(
         f"scrapes: {args.hours:g} h of the demo's 2 servers at 1 Hz, {n_series} series, {n:,} samples "
         f"({time.perf_counter() - t:.0f} s to record or load)",
@@ -330,12 +340,12 @@ def main() -> int:
     try:
         admin = cli_token("bench-admin", role="admin", env=env)
         [token] = api_tokens(base, admin, [(HOST, "agent", None)])
-        rate = push_all(base, token, batches)
+        rate = push_all(base, token, make())
     finally:
         server.terminate()
         server.wait(timeout=60)
     print(f"store: ingest through the API {rate:,.0f} samples/s", flush=True)
-    now = batches[-1]["sent_at"] + 1
+    now = end + 1
     from app.storage.engine import open_database
 
     engine = open_database(f"sqlite:///{data / 'kvscope.db'}")
@@ -353,7 +363,7 @@ def main() -> int:
     print(f"store: {held:,} raw samples in {raw:,} bytes ({', '.join(f'{k} {v:,}' for k, v in per.items())})")
     ms = chart_ms(data, now)
     print(f"store: 30-day chart (tokens) {ms:.1f} ms median", flush=True)
-    prom = prometheus_bytes(batches, work)
+    prom = prometheus_bytes(make, work)
     mine = raw / held
     if prom is None:
         print("!! promtool missing (scripts/setup.d/45-prometheus.sh): no Prometheus figure")
