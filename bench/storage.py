@@ -253,7 +253,7 @@ def store_bytes(db: Path) -> tuple[int, int, dict[str, int]]:
 
 
 def prometheus_bytes(make: Callable[[], Iterator[dict[str, Any]]], work: Path) -> tuple[int, int] | None:
-    from scale.prom import backfill_chunked, binaries
+    from scale.prom import backfill, binaries, openmetrics
 
     bins = binaries()
     if bins is None:
@@ -268,10 +268,23 @@ def prometheus_bytes(make: Callable[[], Iterator[dict[str, Any]]], work: Path) -
                     yield s["name"], {**s["labels"], **target}, s["value"], ts
 
     storage = work / "prom-data"
-    storage.mkdir(parents=True, exist_ok=True)
-    backfill_chunked(bins[1], samples(), storage, work)
+    shutil.rmtree(storage, ignore_errors=True)
+    storage.mkdir(parents=True)
+    # one promtool run per 2 h block (Prometheus's block span, aligned as it aligns them): the
+    # samples come in time order, so memory holds one block's worth
+    block_s = 7200
+    pending: list[tuple[str, dict[str, str], float, float]] = []
+    count = 0
+    for smp in samples():
+        if pending and int(smp[3] // block_s) != int(pending[-1][3] // block_s):
+            backfill(bins[1], openmetrics(pending), storage, work)
+            pending = []
+        pending.append(smp)
+        count += 1
+    if pending:
+        backfill(bins[1], openmetrics(pending), storage, work)
     total = sum(p.stat().st_size for p in storage.rglob("*") if p.is_file())
-    return total, sum(1 for _ in samples())
+    return total, count
 
 
 def chart_ms(data: Path, now: float) -> float:

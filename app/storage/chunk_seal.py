@@ -33,7 +33,8 @@ CHUNK_SAMPLES = 1920  # samples per sealed chunk at most (32 min at 1 s, 5 h at 
 # bytes per sealed chunk at most: four fit in a 4 KiB SQLite page with their row headers
 CHUNK_BYTES = 960
 SERIES_PER_TX = 200
-SLICE_MS = 3_600_000  # a long head is sealed an hour at a time (see seal_head)
+ROWS_PER_TX = 20_000  # head rows per sealing transaction at most (but one series at least)
+SLICE_MS = 900_000  # a long head is sealed a quarter of an hour at a time (see seal_head)
 _PG_LOCK = 0x6B7673_28  # pg_advisory_xact_lock key: one sealer at a time across app processes
 
 MsPoint = tuple[int, float]
@@ -66,11 +67,16 @@ def seal_head(
     slice_cut = min(cut, int(oldest) + SLICE_MS)
     while True:
         with engine.connect() as conn:
-            ids = sorted(
-                int(s)
-                for (s,) in conn.execute(select(SampleRow.series_id).where(SampleRow.ts_ms < slice_cut).distinct())
-            )
-        for i in range(0, len(ids), batch):
+            rows = {
+                int(sid): int(n)
+                for sid, n in conn.execute(
+                    select(SampleRow.series_id, func.count())
+                    .where(SampleRow.ts_ms < slice_cut)
+                    .group_by(SampleRow.series_id)
+                    .order_by(SampleRow.series_id)
+                )
+            }
+        for ids in _transactions(rows, batch):
             if done >= max_batches:
                 with engine.connect() as conn:
                     rep.head_left = int(
@@ -80,11 +86,28 @@ def seal_head(
                     )
                 return rep
             with engine.begin() as conn:
-                _seal_batch(conn, ids[i : i + batch], slice_cut, rep)
+                _seal_batch(conn, ids, slice_cut, rep)
             done += 1
         if slice_cut >= cut:
             return rep
         slice_cut = min(cut, slice_cut + SLICE_MS)
+
+
+def _transactions(rows: dict[int, int], batch: int) -> list[list[int]]:
+    """Series ids in groups of at most `batch` series and about ROWS_PER_TX head rows: a write
+    transaction short enough that pushes (waiting for SQLite's one writer) hardly notice it."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    n = 0
+    for sid, count in rows.items():
+        if cur and (len(cur) >= batch or n + count > ROWS_PER_TX):
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(sid)
+        n += count
+    if cur:
+        out.append(cur)
+    return out
 
 
 def _take_head(conn: Connection, ids: list[int], cut: int) -> dict[int, list[MsPoint]]:
