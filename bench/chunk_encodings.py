@@ -1,8 +1,8 @@
 """Candidate encodings of raw samples measured on demo-like scrapes: bytes per sample and pure
 Python encode / decode time per sample (what chose app/storage/chunk_codec.py; docs/scale.md).
 
-- Gorilla bit stream (Prometheus's XOR chunks): delta-of-delta timestamps in 1/9/12/16/36-bit
-  buckets, XOR values with leading/trailing-zero windows; the exact size is counted bit by bit
+- Gorilla bit stream (Prometheus's XOR chunks): delta-of-delta timestamps in Prometheus's
+  1/16/20/24/68-bit buckets, XOR values with leading/trailing-zero windows; the exact size is counted bit by bit
   (the loop that counts is the lower bound of a pure-Python encoder's time);
 - change-only runs: a value stored once per change with its run length, timestamps as
   delta-of-delta, both DEFLATEd;
@@ -59,17 +59,17 @@ def gorilla_bits(pts: Series) -> int:
         prev_ts = t
         if prev_d is not None:
             dd = d - prev_d
-            bits += (
-                1
-                if dd == 0
-                else 9
-                if -63 <= dd <= 64
-                else 12
-                if -255 <= dd <= 256
-                else 16
-                if -2047 <= dd <= 2048
-                else 36
-            )
+            # Prometheus's buckets (ms timestamps): 0 | 14 | 17 | 20 | 64 bits, with their prefix
+            if dd == 0:
+                bits += 1
+            elif -8191 <= dd <= 8192:
+                bits += 16
+            elif -65535 <= dd <= 65536:
+                bits += 20
+            elif -524287 <= dd <= 524288:
+                bits += 24
+            else:
+                bits += 68
         prev_d = d
         q = struct.unpack("<Q", struct.pack("<d", v))[0]
         x, pv = q ^ pv, q
@@ -108,11 +108,12 @@ def main() -> int:
     ap.add_argument("--cache", help="bench/storage.py's recorded scrapes (.json.gz), made when missing")
     ap.add_argument("--model-seconds", type=int, default=1800)
     ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument("--jitter-ms", type=float, default=5.0, help="scrape timestamps +- this (0: on the second)")
     args = ap.parse_args()
     from storage import batches, load_or_record
 
     model = load_or_record(args.cache, args.model_seconds)
-    series = series_of(list(batches(model, args.hours, 1_800_000_000.0)))
+    series = series_of(list(batches(model, args.hours, 1_800_000_000.0, args.jitter_ms)))
     total = sum(len(p) for p in series.values())
     repeats = sum(1 for p in series.values() for a, b in itertools.pairwise(p) if a[1] == b[1])
     print(f"{len(series)} series, {total:,} samples, {repeats / total:.0%} repeat the previous value")

@@ -12,11 +12,13 @@ scrapes can be kept in a file (--cache) and reused by a later run (the same scra
 another commit).
 
 Then, in the same run:
-- the store: `kvscope serve` (a real uvicorn process, scheduler on: the sealing and rollup jobs run
-  as in production) with a fresh SQLite database; the batches are pushed through the ingest API
-  (20 scrapes a batch, one agent token) as fast as it takes them: ingest samples/s. Then the
-  jobs are run once more to the end, and the bytes of the raw store (head table, chunk tables and
-  their index, SQLite's dbstat) are divided by the samples it holds.
+- the store: `kvscope serve` (a real uvicorn process, scheduler off as in bench/ingest.py: the
+  hours of scrapes arrive in minutes, and the sealing job would meanwhile encode what real time
+  spreads over those hours) with a fresh SQLite database; the batches are pushed through the
+  ingest API (20 scrapes a batch, one agent token) as fast as it takes them: ingest samples/s
+  (the server's answer time). Then the app's sealing job (timed: sealed samples/s) and rollup
+  job run to the end, and the bytes of the raw store (head table, chunk tables and their index,
+  SQLite's dbstat) are divided by the samples it holds.
 - Prometheus: the same samples (with instance/job target labels) backfilled with `promtool tsdb
   create-blocks-from openmetrics` (tests/scale/prom.py, as bench/query_backends.py does); its
   bytes are every file of the blocks it wrote (chunks, index, meta), over the same samples.
@@ -136,7 +138,9 @@ def _growth(model: list[list[dict[str, Any]]]) -> list[dict[tuple[str, str], flo
     return out
 
 
-def batches(model: list[list[dict[str, Any]]], hours: float, end: float) -> Iterator[dict[str, Any]]:
+def batches(
+    model: list[list[dict[str, Any]]], hours: float, end: float, jitter_ms: float = 5.0
+) -> Iterator[dict[str, Any]]:
     """Wire batches of the servers scraped every INTERVAL s for `hours`, ending at `end`: the
     model's scrapes repeated (counters continue from where the previous repeat ended, so they only
     grow; gauges repeat), timestamps with the agent's few ms of jitter. Made as they are pushed."""
@@ -161,7 +165,8 @@ def batches(model: list[list[dict[str, Any]]], hours: float, end: float) -> Iter
                     else s
                     for s in samples
                 ]
-            pending.append({**sc, "ts": round(t + jitter.uniform(-0.005, 0.005), 3), "samples": samples})
+            ts = t + jitter.uniform(-jitter_ms, jitter_ms) / 1000 if jitter_ms else t
+            pending.append({**sc, "ts": round(ts, 3), "samples": samples})
         if len(pending) >= PER_BATCH * len(model) or k == n - 1:
             seq += 1
             yield {"agent_id": "bench-storage", "host": HOST, "seq": seq, "sent_at": t, "scrapes": pending}
@@ -198,7 +203,7 @@ def start_server(data: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, st
     from ingest import free_port
 
     port = free_port()
-    env = {**os.environ, "KVSCOPE_DATA_DIR": str(data), "KVSCOPE_RUN_SCHEDULER": "true"}
+    env = {**os.environ, "KVSCOPE_DATA_DIR": str(data), "KVSCOPE_RUN_SCHEDULER": "false"}
     server = subprocess.Popen(
         [sys.executable, "-m", "kvscope", "serve", "--port", str(port), "--log-level", "warning"],
         env=env,
@@ -324,6 +329,9 @@ def main() -> int:
         default=1800,
         help="seconds of the simulated servers actually run (then repeated to --hours; default 1800)",
     )
+    ap.add_argument(
+        "--jitter-ms", type=float, default=5.0, help="scrape timestamps +- this (the agent's are; default 5)"
+    )
     ap.add_argument("--cache", help="keep the recorded scrapes in this file (.json.gz) and reuse them")
     ap.add_argument("--keep", help="keep the work folder (database, Prometheus blocks) here")
     args = ap.parse_args()
@@ -339,7 +347,7 @@ def main() -> int:
     end = math.floor(time.time() / 60) * 60.0 - 60
 
     def make() -> Iterator[dict[str, Any]]:
-        return batches(model, args.hours, end)
+        return batches(model, args.hours, end, args.jitter_ms)
 
     print(
         f"scrapes: {args.hours:g} h of the demo's 2 servers at 1 Hz, {n_series} series, {n:,} samples "
@@ -369,7 +377,14 @@ def main() -> int:
     from app.storage.rollups import run_rollups
 
     if seal_head is not None:
-        seal_head(engine, now)
+        t = time.perf_counter()
+        rep = seal_head(engine, now)
+        took = time.perf_counter() - t
+        print(
+            f"store: sealed {rep.samples:,} samples into {rep.chunks_sealed:,} chunks in {took:.1f} s "
+            f"({rep.samples / took:,.0f} samples/s)",
+            flush=True,
+        )
     run_rollups(engine, now, raw_retention_s=48 * 3600, m1_retention_s=30 * 86400, h1_retention_s=400 * 86400)
     engine.dispose()
     raw, held, per = store_bytes(data / "kvscope.db")

@@ -31,8 +31,10 @@ def test_the_overview_shows_the_raw_samples_held_and_the_room_left_in_the_budget
     html = client.get("/").text
     assert 'id="storage"' in html
     held = count_samples(ctx.engine)
-    assert _dd(html, "data-raw-samples") == held == 120 * (
-        len(batches[0]["scrapes"][0]["samples"]) + len(batches[0]["host_samples"])
+    assert (
+        _dd(html, "data-raw-samples")
+        == held
+        == 120 * (len(batches[0]["scrapes"][0]["samples"]) + len(batches[0]["host_samples"]))
     )
     used = _dd(html, "data-used-bytes")
     assert 0 < used < 50_000_000
