@@ -190,7 +190,9 @@ def test_over_the_disk_budget_the_oldest_rolled_up_raw_samples_go_and_the_reader
         first = chunk_reads.first_ts(conn)
         assert conn.execute(select(func.count()).select_from(Rollup1m)).scalar_one() == minutes
         assert conn.execute(select(func.count()).select_from(OpenChunk)).scalar_one() > 0
-    assert cut is not None and first is not None and first >= cut - 3600_000 and cut <= rolled + 60_000
+        oldest_end = conn.execute(select(func.min(SampleChunk.end_ms))).scalar_one()
+    # whole chunks went: what is left ends after the cut, and nothing not rolled up went
+    assert cut is not None and first is not None and first < cut <= oldest_end and cut <= rolled + 60_000
     after = store_usage(engine, budget)
     assert after.room_bytes is not None and after.room_bytes >= 0
     # a budget below what the rollups alone take: raw goes down to the unrolled tail, no further
@@ -198,7 +200,10 @@ def test_over_the_disk_budget_the_oldest_rolled_up_raw_samples_go_and_the_reader
     assert rep.over
     with engine.connect() as conn:
         left = chunk_reads.first_ts(conn)
-    assert left is not None and left >= rolled - 3600_000
+        final_cut = raw_cut_ms(conn)
+        oldest_end = conn.execute(select(func.min(SampleChunk.end_ms))).scalar_one()
+    assert left is not None and final_cut is not None and final_cut <= rolled + 60_000  # the 1-minute watermark
+    assert oldest_end is None or oldest_end >= final_cut  # every chunk wholly before the cut went
 
     from app.derived.series_reader import SeriesQuery, read_series
 
