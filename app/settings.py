@@ -71,6 +71,16 @@ class Settings(BaseSettings):
     rollup_1m_retention_d: float = Field(30.0, gt=0, description="Keep 1-minute rollups this long.")
     rollup_1h_retention_d: float = Field(400.0, gt=0, description="Keep 1-hour rollups this long.")
     rollup_interval_s: float = Field(60.0, gt=0, description="How often the rollup job runs.")
+    storage_budget_mb: float = Field(
+        0.0,
+        ge=0,
+        le=10_000_000,
+        description="Disk budget of the database in MB (0: none). Over it, the oldest raw samples that are "
+        "already rolled up go first (rollups stay), before the raw retention would drop them.",
+    )
+    seal_interval_s: float = Field(
+        30.0, ge=5, le=3600, description="How often raw samples older than a minute are sealed into chunks."
+    )
     chart_cache_s: float = Field(
         5.0,
         ge=0,

@@ -4,7 +4,8 @@ Seeds one instance with every series its charts read (a simulated vLLM with CPU 
 GPU host: ~60 series), one sample per second for `--days` days, the way the store holds them
 after that long: every 1 s sample goes through the app's own folding (app.storage.rollups
 fold_minutes / fold_hours) into the 1-minute and 1-hour tables, and the raw samples of the last
-48 h (the default raw retention) are kept as raw rows. The values are made up by this script.
+48 h (the default raw retention) are kept, sealed into chunks by the app's sealing job
+(app.storage.chunk_seal) as the running app holds them. The values are made up by this script.
 
 Then times the page's data requests, one chart fragment at a time (GET
 /instances/1/fragments/chart/{key}, in-process through the real app), for 1 h, 24 h and 30 d;
@@ -143,6 +144,10 @@ def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
         counts["1h"] += len(hours)
     with engine.begin() as conn:
         conn.execute(insert(RollupWatermark), [{"tier": "1m", "done_ms": wm_m}, {"tier": "1h", "done_ms": wm_h}])
+    # the raw rows as the app holds them after its sealing job: chunks, the last minute as rows
+    from app.storage.chunk_seal import seal_head
+
+    seal_head(engine, now)
     return {"series": len(series), "samples": n * len(series), "seconds": time.perf_counter() - t_fold, **counts}
 
 

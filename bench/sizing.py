@@ -32,8 +32,8 @@ from typing import Any
 import msgpack
 
 from agent.kvevents.decode import decode_message
-from agent.kvevents.reuse import distances_histogram, hits_at
 from agent.kvevents.pool_model import LeverModel
+from agent.kvevents.reuse import distances_histogram, hits_at
 from agent.kvevents.tier_model import TierModel
 
 

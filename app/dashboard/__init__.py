@@ -19,7 +19,9 @@ from app.context import AppContext
 from app.dashboard import api, instance, overview
 from app.dashboard.memo import live_values
 from app.paths import static_dir
+from app.storage.chunk_seal import seal_head
 from app.storage.rollups import run_rollups
+from app.storage.store_budget import apply_budget
 from app.web.jobs import register_job
 
 
@@ -32,6 +34,7 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     app.include_router(overview.router)
     app.include_router(instance.router)
     register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
+    register_job(ctx, SEAL_JOB, seal_job, ctx.settings.seal_interval_s)
     _freeze_once()
 
 
@@ -71,3 +74,14 @@ def rollup_job(ctx: AppContext, now: float) -> None:
         m1_retention_s=s.rollup_1m_retention_d * 86400,
         h1_retention_s=s.rollup_1h_retention_d * 86400,
     )
+
+
+SEAL_JOB = "seal_chunks"
+
+
+def seal_job(ctx: AppContext, now: float) -> None:
+    """Seal raw samples older than a minute into chunks (app/storage/chunk_seal.py), then keep the
+    database within KVSCOPE_STORAGE_BUDGET_MB (app/storage/store_budget.py)."""
+    seal_head(ctx.engine, now)
+    if ctx.settings.storage_budget_mb > 0:
+        apply_budget(ctx.engine, int(ctx.settings.storage_budget_mb * 1_000_000), now)

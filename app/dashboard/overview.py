@@ -16,9 +16,11 @@ from app.dashboard.memo import live_values
 from app.dashboard.workers import run_page_work
 from app.derived.fleet import HostOverview, InstanceOverview, overview
 from app.storage.series_store import HostRow
+from app.storage.store_budget import store_usage
 from app.web.deps import CtxDep
 from app.web.templating import script_json
 
+STORAGE_REFRESH_S = 60.0
 LIVE_REFRESH_S = 15.0  # the dashboard's live refresh (static/js); the overview list changes no faster
 
 
@@ -67,13 +69,22 @@ def _context(ctx: AppContext) -> dict[str, Any]:
     return {"hosts": hosts, "now": now, "simulated": simulated, "active_nav": "overview"}
 
 
+def _storage(ctx: AppContext) -> dict[str, Any]:
+    """The storage panel's figures: a pass over the chunk rows, so shared for STORAGE_REFRESH_S."""
+    budget = int(ctx.settings.storage_budget_mb * 1_000_000)
+    cache = shared_cache(ctx)
+    key = ("storage", quantise(ctx.now(), STORAGE_REFRESH_S))
+    usage = cache.get_or_compute(key, lambda: store_usage(ctx.engine, budget), STORAGE_REFRESH_S)
+    return {"st": usage, "raw_retention_h": ctx.settings.raw_retention_h}
+
+
 router = APIRouter(include_in_schema=False)
 
 
 @router.get("/", response_class=HTMLResponse)
 @requires(VIEWER)
 async def overview_page(ctx: CtxDep, request: Request) -> HTMLResponse:
-    data = await run_page_work(ctx, lambda: _context(ctx))
+    data = await run_page_work(ctx, lambda: {**_context(ctx), **_storage(ctx)})
     return ctx.templates.TemplateResponse(request, "dashboard/overview.html", data)
 
 

@@ -25,6 +25,7 @@ from app.derived.series_types import Point
 from app.derived.series_types import TieredSeries as TieredSeries  # the reader's result type
 from app.storage.raw_store import SeriesMeta, raw_points_from, raw_points_named, series_meta
 from app.storage.rollups import rollup_buckets
+from app.storage.store_budget import raw_cut_ms
 
 TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}  # seconds per bucket (raw: points as scraped)
 DEFAULT_PX = 1600
@@ -95,10 +96,10 @@ def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
     """The series of `q` ascending by id, each with its points (or buckets) in the range; a series
     without any there comes back empty. One query for the series, then the points: one query (or
     one primary-key range scan per series on SQLite), or the rollup tables and their raw tail."""
-    tier = q.chosen_tier()
-    if q.everywhere and (tier != "raw" or q.live is not None):
-        raise ValueError("everywhere reads the raw tier only")
     with engine.connect() as conn:  # the series and their points: one checkout, one snapshot
+        tier = _tier(conn, q)
+        if q.everywhere and (tier != "raw" or q.live is not None):
+            raise ValueError("everywhere reads the raw tier only")
         metas = series_meta(conn, q.names, instance_id=q.instance_id, host_id=q.host_id, everywhere=q.everywhere)
         if not metas:
             return []
@@ -123,6 +124,16 @@ def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
         TieredSeries(m.id, m.name, m.labels, m.kind, tier, res, [], buckets[m.id], m.host_id, m.instance_id)
         for m in metas
     ]
+
+
+def _tier(conn: Connection, q: SeriesQuery) -> str:
+    """The query's tier; with tier auto, raw samples the disk budget dropped (before the raw
+    retention would have) count as gone, so such ranges read rollups."""
+    if q.tier == "auto" and q.now is not None and q.raw_retention_s is not None:
+        cut = raw_cut_ms(conn)
+        if cut is not None and q.now - cut / 1000.0 < q.raw_retention_s:
+            return pick_tier(q.start, q.end, q.now, max(0.0, q.now - cut / 1000.0), q.px)
+    return q.chosen_tier()
 
 
 def by_name(series: Iterable[TieredSeries], names: Iterable[str] = ()) -> dict[str, list[TieredSeries]]:

@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from app.storage import chunk_reads
 from app.storage.events import add_event
 from app.storage.models import Host, IngestBatch, Instance, SampleRow
 from app.storage.rollup_late import mark_late
@@ -503,5 +504,6 @@ def _info_labels(samples: list[Sample], name: str) -> dict[str, Any] | None:
 
 
 def count_samples(engine: Engine) -> int:
+    """Raw samples held, in the head and in chunks."""
     with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(SampleRow)).scalar_one())
+        return chunk_reads.count(conn)

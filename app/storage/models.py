@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -80,13 +81,42 @@ class Series(Base):
 
 
 class SampleRow(Base):
-    """A raw sample. Timestamps in integer milliseconds; (series, ts) is the key."""
+    """A raw sample of the head: what the ingest writes (timestamps in integer milliseconds;
+    (series, ts) is the key). The sealing job moves samples older than a minute into chunks
+    (SampleChunk, OpenChunk); reads see the three together (app/storage/chunk_reads.py)."""
 
     __tablename__ = "samples"
     __table_args__ = ({"sqlite_with_rowid": False},)
     series_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     ts_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     value: Mapped[float] = mapped_column(Float)
+
+
+class SampleChunk(Base):
+    """Sealed raw samples of one series: up to CHUNK_SAMPLES samples encoded together
+    (app/storage/chunk_codec.py); written once, in time order (app/storage/chunk_seal.py). A rowid
+    table on SQLite, so rows fill pages in insertion order and stay in the page (no overflow)."""
+
+    __tablename__ = "sample_chunks"
+    __table_args__ = (Index("uq_sample_chunks_series_end", "series_id", "end_ms", unique=True),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    series_id: Mapped[int] = mapped_column(Integer)
+    start_ms: Mapped[int] = mapped_column(BigInteger)  # first sample's timestamp
+    end_ms: Mapped[int] = mapped_column(BigInteger)  # last sample's timestamp
+    n: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class OpenChunk(Base):
+    """The chunk of a series still filling: sealed samples newer than its last SampleChunk,
+    re-encoded with each sealing run until it holds CHUNK_SAMPLES, then moved to sample_chunks."""
+
+    __tablename__ = "open_chunks"
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    start_ms: Mapped[int] = mapped_column(BigInteger)
+    end_ms: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class AgentToken(Base):

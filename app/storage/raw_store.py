@@ -1,8 +1,7 @@
 """Raw-sample primitives (what to read is decided above, in app.derived.series_reader): series
 metadata alone, points from a per-series start time (a live refresh reads only what it has not
 seen yet), points of named series of every instance at once, and reset-corrected counter
-increases computed by the database (window functions on PostgreSQL; on SQLite, folding the values
-read through the driver is three times faster than its window functions).
+increases. Points come from the head and the chunks together (app.storage.chunk_reads).
 """
 
 from __future__ import annotations
@@ -11,9 +10,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, bindparam, select, text
+from sqlalchemy import Connection, Engine, select
 
-from app.storage.models import SampleRow, Series
+from app.storage import chunk_reads
+from app.storage.models import Series
 from kvcore.series import increase_of_values
 
 Point = tuple[float, float]  # (ts seconds, value)
@@ -69,77 +69,24 @@ def series_meta(
 
 
 def raw_points_from(engine: Engine | Connection, starts: Mapping[int, float], end: float) -> dict[int, list[Point]]:
-    """Raw points of each series in `starts` over [its start, end], ascending; one query per
-    distinct start (the series of one chart usually share theirs)."""
+    """Raw points of each series in `starts` over [its start, end], ascending (head and chunks
+    together: app.storage.chunk_reads)."""
     hi = int(end * 1000)
-    out: dict[int, list[Point]] = {sid: [] for sid in starts}
-    t = SampleRow.__table__
     with connected(engine) as conn:
-        if conn.dialect.name == "sqlite":
-            # the hot read: one primary-key range scan per series through the driver's cursor; rows
-            # come back as (seconds, value) tuples built in C (SQLite divides: the same IEEE result)
-            cur = conn.connection.cursor()
-            try:
-                sql = (
-                    "SELECT ts_ms / 1000.0, value FROM samples "
-                    "WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
-                )
-                for sid, start in starts.items():
-                    out[sid] = cur.execute(sql, (sid, int(start * 1000), hi)).fetchall()
-            finally:
-                cur.close()
-            return out
-        by_start: dict[int, list[int]] = {}
-        for sid, start in starts.items():
-            by_start.setdefault(int(start * 1000), []).append(sid)
-        for lo, ids in by_start.items():
-            q = (
-                t.select()
-                .with_only_columns(t.c.series_id, t.c.ts_ms, t.c.value)
-                .where(t.c.series_id.in_(ids), t.c.ts_ms >= lo, t.c.ts_ms <= hi)
-                .order_by(t.c.series_id, t.c.ts_ms)
-            )
-            for sid, ts, v in conn.execute(q).all():
-                out[int(sid)].append((ts / 1000.0, float(v)))
-    return out
+        return chunk_reads.points(conn, {sid: (int(start * 1000), hi) for sid, start in starts.items()}, seconds=True)
 
 
 def raw_points_named(
     engine: Engine | Connection, names: Sequence[str], start: float, end: float
 ) -> dict[int, list[Point]]:
     """Raw points over [start, end] of every series named in `names`, of every instance and host,
-    ascending; in one query however many instances there are (series without points are absent)."""
+    ascending; series without points are absent."""
     s = Series.__table__
-    q = (
-        select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-        .join(s, s.c.id == SampleRow.series_id)
-        .where(s.c.name.in_(list(names)), SampleRow.ts_ms >= int(start * 1000), SampleRow.ts_ms <= int(end * 1000))
-        .order_by(SampleRow.series_id, SampleRow.ts_ms)
-    )
-    out: dict[int, list[Point]] = {}
+    lo, hi = int(start * 1000), int(end * 1000)
     with connected(engine) as conn:
-        for sid, ts, v in conn.execute(q):
-            out.setdefault(int(sid), []).append((ts / 1000.0, float(v)))
-    return out
-
-
-_INCREASES = text("""
-SELECT series_id, SUM(CASE WHEN prev IS NULL THEN 0.0 WHEN value >= prev THEN value - prev ELSE value END)
-FROM (
-    SELECT series_id, ts_ms, value, LAG(value) OVER (PARTITION BY series_id ORDER BY ts_ms) AS prev
-    FROM (
-        SELECT series_id, ts_ms, value FROM samples WHERE series_id IN :ids AND ts_ms >= :lo AND ts_ms <= :hi
-        UNION ALL
-        SELECT b.series_id, b.ts_ms, b.value FROM series AS x CROSS JOIN LATERAL (
-            SELECT series_id, ts_ms, value FROM samples
-            WHERE series_id = x.id AND ts_ms < :lo ORDER BY ts_ms DESC LIMIT 1
-        ) AS b
-        WHERE x.id IN :ids
-    ) AS window_and_before
-) AS steps
-GROUP BY series_id
-HAVING MAX(ts_ms) >= :lo
-""").bindparams(bindparam("ids", expanding=True))
+        ids = [int(sid) for (sid,) in conn.execute(select(s.c.id).where(s.c.name.in_(list(names))).order_by(s.c.id))]
+        got = chunk_reads.points(conn, dict.fromkeys(ids, (lo, hi)), seconds=True)
+    return {sid: pts for sid, pts in got.items() if pts}
 
 
 def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: float) -> dict[int, float]:
@@ -151,20 +98,15 @@ def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: flo
     if not ids:
         return {}
     lo, hi = int(start * 1000), int(end * 1000)
+    out: dict[int, float] = {}
     with engine.connect() as conn:
-        if conn.dialect.name == "sqlite":  # SQLite's window functions are slower than folding here
-            out: dict[int, float] = {}
-            cur = conn.connection.cursor()
-            try:
-                sql = "SELECT value FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
-                before = "SELECT value FROM samples WHERE series_id = ? AND ts_ms < ? ORDER BY ts_ms DESC LIMIT 1"
-                for sid in ids:
-                    values = [v for (v,) in cur.execute(sql, (sid, lo, hi))]
-                    if values:
-                        values[:0] = [v for (v,) in cur.execute(before, (sid, lo))]
-                        out[int(sid)] = increase_of_values(values)
-            finally:
-                cur.close()
-            return out
-        rows = conn.execute(_INCREASES, {"ids": list(ids), "lo": lo, "hi": hi}).all()
-    return {int(sid): float(inc or 0.0) for sid, inc in rows}
+        got = chunk_reads.points(conn, dict.fromkeys((int(i) for i in ids), (lo, hi)))
+        for sid, pts in got.items():
+            if not pts:
+                continue
+            values = [v for _, v in pts]
+            before = chunk_reads.points_before(conn, sid, lo)
+            if before is not None:
+                values.insert(0, before[1])
+            out[sid] = increase_of_values(values)
+    return out

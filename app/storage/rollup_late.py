@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 
-from app.storage.models import SampleRow
+from app.storage import chunk_reads
 from app.storage.rollup_buckets import (
     HOUR_MS,
     MINUTE_MS,
@@ -96,14 +96,7 @@ def _reroll_series(conn: Connection, sid: int, from_ms: int, complete_from: int,
     if start >= wm_m:
         return 0, 0
     carry = _carry_before(conn, sid, start)
-    samples = [
-        (int(t), float(v))
-        for t, v in conn.execute(
-            select(SampleRow.ts_ms, SampleRow.value)
-            .where(SampleRow.series_id == sid, SampleRow.ts_ms >= start, SampleRow.ts_ms < wm_m)
-            .order_by(SampleRow.ts_ms)
-        )
-    ]
+    samples = chunk_reads.points(conn, {sid: (start, wm_m - 1)})[sid]
     buckets, new_carry = fold_minutes(samples, carry, counter)
     conn.execute(
         delete(Rollup1m).where(Rollup1m.series_id == sid, Rollup1m.bucket_ms >= start, Rollup1m.bucket_ms < wm_m)
@@ -140,14 +133,9 @@ def _carry_before(conn: Connection, sid: int, start: int) -> tuple[int, float] |
     """The last sample before `start` (what the first bucket's increase starts from): the raw
     sample when raw still holds one within a minute of it, else the last value of the 1-minute
     bucket before, else none (the series starts there)."""
-    raw = conn.execute(
-        select(SampleRow.ts_ms, SampleRow.value)
-        .where(SampleRow.series_id == sid, SampleRow.ts_ms < start, SampleRow.ts_ms >= start - MINUTE_MS)
-        .order_by(SampleRow.ts_ms.desc())
-        .limit(1)
-    ).first()
+    raw = chunk_reads.points_before(conn, sid, start, since_ms=start - MINUTE_MS)
     if raw is not None:
-        return int(raw[0]), float(raw[1])
+        return raw
     prev = conn.execute(
         select(Rollup1m.vlast)
         .where(Rollup1m.series_id == sid, Rollup1m.bucket_ms < start)

@@ -17,7 +17,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.storage.models import SampleRow, Series
+from app.storage import chunk_reads
+from app.storage.chunk_reads import first_ts
+from app.storage.chunk_seal import delete_raw_before
+from app.storage.models import Series
 from app.storage.raw_store import connected
 from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, Bucket, bucket_row, fold_hours, fold_minutes, watermark
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
@@ -78,10 +81,10 @@ def run_rollups(
             wm = watermark(conn, "1m")
             start = wm
             if start is None:
-                first = conn.execute(select(SampleRow.ts_ms).order_by(SampleRow.ts_ms).limit(1)).first()
+                first = first_ts(conn)
                 if first is None:
                     break
-                start = int(first[0]) - int(first[0]) % MINUTE_MS
+                start = first - first % MINUTE_MS
             if start >= target:
                 break
             end = min(target, start + CHUNK_MS)
@@ -103,10 +106,10 @@ def run_rollups(
             wm = watermark(conn, "1h")
             start = wm
             if start is None:
-                first = conn.execute(select(Rollup1m.bucket_ms).order_by(Rollup1m.bucket_ms).limit(1)).first()
-                if first is None:
+                first_m = conn.execute(select(Rollup1m.bucket_ms).order_by(Rollup1m.bucket_ms).limit(1)).first()
+                if first_m is None:
                     break
-                start = int(first[0]) - int(first[0]) % HOUR_MS
+                start = int(first_m[0]) - int(first_m[0]) % HOUR_MS
             if start >= h_target:
                 break
             end = min(h_target, start + 24 * HOUR_MS)
@@ -119,12 +122,7 @@ def run_rollups(
     raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
     for chunk in id_chunks(ids, RETENTION_CHUNK):  # short write transactions: pushes go in between
         with engine.begin() as conn:
-            rep.raw_deleted += (
-                conn.execute(
-                    delete(SampleRow).where(SampleRow.series_id.in_(chunk), SampleRow.ts_ms < raw_cut)
-                ).rowcount
-                or 0
-            )
+            rep.raw_deleted += delete_raw_before(conn, chunk, raw_cut)
             rep.minutes_deleted += (
                 conn.execute(
                     delete(Rollup1m).where(
@@ -165,12 +163,9 @@ def _roll_minutes(conn: Connection, dialect: str, start: int, end: int) -> int:
     rows: list[dict[str, Any]] = []
     new_carry: dict[int, tuple[int, float]] = {}
     for ids in id_chunks(sorted(kinds)):  # per-series primary-key range scans, never a table scan
-        q = (
-            select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-            .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= start, SampleRow.ts_ms < end)
-            .order_by(SampleRow.series_id, SampleRow.ts_ms)
-        )
-        for sid, samples in _group_by_series(conn.execute(q).all()):
+        for sid, samples in chunk_reads.points(conn, dict.fromkeys(ids, (start, end - 1))).items():
+            if not samples:
+                continue
             buckets, carry = fold_minutes(samples, carries.get(sid), kinds.get(sid) == "counter")
             rows.extend(bucket_row(sid, ms, b) for ms, b in buckets)
             if carry is not None:
@@ -210,19 +205,6 @@ def _roll_hours(conn: Connection, dialect: str, start: int, end: int) -> int:
     if rows:
         conn.execute(_upsert(dialect, Rollup1h.__table__), rows)
     return len(rows)
-
-
-def _group_by_series(result: Iterable[Any]) -> Iterable[tuple[int, list[tuple[int, float]]]]:
-    cur: int | None = None
-    acc: list[tuple[int, float]] = []
-    for sid, ts, v in result:
-        if sid != cur:
-            if cur is not None:
-                yield cur, acc
-            cur, acc = int(sid), []
-        acc.append((int(ts), float(v)))
-    if cur is not None:
-        yield cur, acc
 
 
 # ------------------------------------------------------------------ reading buckets
@@ -301,12 +283,9 @@ def _rollup_buckets(
                 )
             )
         }
-    rq = (
-        select(SampleRow.series_id, SampleRow.ts_ms, SampleRow.value)
-        .where(SampleRow.series_id.in_(ids), SampleRow.ts_ms >= raw_from, SampleRow.ts_ms <= hi)
-        .order_by(SampleRow.series_id, SampleRow.ts_ms)
-    )
-    for sid, samples in _group_by_series(conn.execute(rq).all()):
+    for sid, samples in chunk_reads.points(conn, dict.fromkeys(ids, (raw_from, hi))).items():
+        if not samples:
+            continue
         folded, _ = fold_minutes(samples, carries.get(sid), sid in counters)
         minutes[sid].extend(folded)
     for sid in ids:
@@ -359,15 +338,7 @@ def scrape_gap(engine: Engine, instance_id: int, start: float, end: float, limit
     lo, hi = int(start * 1000), int(end * 1000)
     with engine.connect() as conn:
         for (sid,) in conn.execute(select(Series.id).where(Series.instance_id == instance_id).order_by(Series.id)):
-            ts = [
-                int(r[0])
-                for r in conn.execute(
-                    select(SampleRow.ts_ms)
-                    .where(SampleRow.series_id == sid, SampleRow.ts_ms >= lo, SampleRow.ts_ms <= hi)
-                    .order_by(SampleRow.ts_ms.desc())
-                    .limit(limit)
-                )
-            ]
+            ts = [int(t) for t, _ in reversed(chunk_reads.points(conn, {int(sid): (lo, hi)})[int(sid)][-limit:])]
             if len(ts) >= 2:
                 gaps = sorted(ts[i] - ts[i + 1] for i in range(len(ts) - 1))
                 return gaps[len(gaps) // 2] / 1000.0

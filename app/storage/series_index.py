@@ -23,9 +23,9 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Table, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import aliased
 
-from app.storage.models import SampleRow, Series
+from app.storage import chunk_reads
+from app.storage.models import Series
 
 LabelItems = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, LabelItems]  # (name, sorted label items)
@@ -108,16 +108,6 @@ class SeriesIndex:
 
 
 def last_values(conn: Connection, series_ids: list[int]) -> dict[int, float]:
-    """The newest stored value of each series (counter reset detection after a restart), in
-    chunks: each is a seek per series on the samples primary key (series_id, ts_ms)."""
-    out: dict[int, float] = {}
-    s2 = aliased(SampleRow)
-    for i in range(0, len(series_ids), IN_CHUNK):
-        chunk = series_ids[i : i + IN_CHUNK]
-        newest = select(func.max(s2.ts_ms)).where(s2.series_id == SampleRow.series_id).scalar_subquery()
-        q = select(SampleRow.series_id, SampleRow.value).where(
-            SampleRow.series_id.in_(chunk), SampleRow.ts_ms == newest
-        )
-        for sid, value in conn.execute(q):
-            out[int(sid)] = float(value)
-    return out
+    """The newest stored value of each series (counter reset detection after a restart): the
+    head's newest row or the end of the series' last chunk (app.storage.chunk_reads)."""
+    return {sid: v for sid, (_, v) in chunk_reads.last_points(conn, series_ids).items()}

@@ -19,7 +19,8 @@ from typing import cast
 
 from sqlalchemy import Engine, Table, delete, or_, select
 
-from app.storage.models import Host, Instance, SampleRow, Series
+from app.storage.chunk_reads import has_points
+from app.storage.models import Host, Instance, Series
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupLate
 
 CHUNK = 500  # series per delete transaction: pushes get the write lock in between
@@ -36,8 +37,8 @@ def delete_idle_series(engine: Engine, series_ids: Sequence[int], raw_cut_ms: in
     for start in range(0, len(series_ids), CHUNK):
         chunk = list(series_ids[start : start + CHUNK])
         with engine.begin() as conn:
-            # NOT EXISTS: one primary-key seek per series (a DISTINCT over samples read them all)
-            has_sample = select(SampleRow.series_id).where(SampleRow.series_id == s.c.id).exists()
+            # NOT EXISTS: one primary-key seek per series and place (head, open chunk, sealed chunks)
+            has_sample = has_points(conn)
             q = (
                 select(s.c.id)
                 .select_from(s.join(h, h.c.id == s.c.host_id).outerjoin(i, i.c.id == s.c.instance_id))

@@ -4,14 +4,14 @@ An A/B of the current tier size against the suggested one, or a size applied and
 afterwards: per size, predicted vs measured reloads and TTFT saved.
 
 Revision ID: 0014_sizing_checks
-Revises: 0012_sessions
+Revises: 0013_sample_chunks
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0014_sizing_checks"
-down_revision = "0012_sessions"
+down_revision = "0013_sample_chunks"
 branch_labels = None
 depends_on = None
 

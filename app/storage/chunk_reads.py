@@ -1,0 +1,234 @@
+"""Reads of raw samples across the three places they live: the head (`samples`, what the ingest
+writes), the series' open chunk and its sealed chunks (app/storage/chunk_seal.py moves samples
+head -> open -> sealed).
+
+Every read of raw points goes through here (raw_store, rollups, late re-rolls, retention, the
+ingest's last values). The places are read in the order samples move through them (head, then
+open, then sealed): a sample the sealing job moves while a read runs is then seen twice, never
+missed, and the parts are merged with duplicates dropped (a chunk's value wins: it was stored
+first, as the head's INSERT ... ON CONFLICT DO NOTHING keeps the first). Parts that do not
+overlap (the usual case) are just concatenated.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import truediv
+from typing import Any
+
+from sqlalchemy import Connection, func, select, union_all
+
+from app.storage import chunk_codec
+from app.storage.models import OpenChunk, SampleChunk, SampleRow
+
+MsPoint = tuple[int, float]  # (ts ms, value)
+Point = tuple[float, float]  # (ts seconds, value)
+IN_CHUNK = 500  # series per IN (...) list
+
+
+def _merge(a: list[Any], b: list[Any]) -> list[Any]:
+    """Two ascending point lists as one; on equal timestamps `a`'s point is kept."""
+    if not a:
+        return b
+    if not b:
+        return a
+    if a[-1][0] < b[0][0]:
+        return a + b
+    merged = dict(b)
+    merged.update(a)
+    return sorted(merged.items())
+
+
+def _trimmed(blob: bytes, lo: int, hi: int) -> tuple[list[int], list[float]]:
+    ts, values = chunk_codec.decode(blob)
+    i, j = bisect_left(ts, lo), bisect_right(ts, hi)
+    if i or j < len(ts):
+        return ts[i:j], values[i:j]
+    return ts, values
+
+
+def _chunk_points(blobs: Iterable[bytes], lo: int, hi: int, seconds: bool) -> list[Any]:
+    """The points of ascending chunks within [lo, hi] ms."""
+    out: list[Any] = []
+    for blob in blobs:
+        ts, values = _trimmed(blob, lo, hi)
+        if not ts:
+            continue
+        part: list[Any] = (
+            list(zip(map(truediv, ts, repeat(1000.0)), values, strict=True))
+            if seconds
+            else list(zip(ts, values, strict=True))
+        )
+        out = _merge(out, part)
+    return out
+
+
+def points(conn: Connection, ranges: Mapping[int, tuple[int, int]], *, seconds: bool = False) -> dict[int, list[Any]]:
+    """Raw points of each series over its [lo, hi] ms (both ends in), ascending: (ts ms, value),
+    or with `seconds` (ts / 1000.0, value). Series without points come back empty."""
+    out: dict[int, list[Any]] = {sid: [] for sid in ranges}
+    if not ranges:
+        return out
+    if conn.dialect.name == "sqlite":
+        _points_sqlite(conn, ranges, out, seconds)
+        return out
+    by_range: dict[tuple[int, int], list[int]] = {}
+    for sid, rng in ranges.items():
+        by_range.setdefault(rng, []).append(sid)
+    h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
+    for (lo, hi), all_ids in by_range.items():
+        for i in range(0, len(all_ids), IN_CHUNK):
+            ids = all_ids[i : i + IN_CHUNK]
+            head: dict[int, list[Any]] = {sid: [] for sid in ids}
+            for sid, ts, v in conn.execute(
+                select(h.series_id, h.ts_ms, h.value)
+                .where(h.series_id.in_(ids), h.ts_ms >= lo, h.ts_ms <= hi)
+                .order_by(h.series_id, h.ts_ms)
+            ):
+                head[int(sid)].append((ts / 1000.0 if seconds else int(ts), float(v)))
+            blobs: dict[int, list[bytes]] = {}
+            opens: dict[int, bytes] = {}
+            for sid, data in conn.execute(
+                select(o.series_id, o.data).where(o.series_id.in_(ids), o.end_ms >= lo, o.start_ms <= hi)
+            ):
+                opens[int(sid)] = bytes(data)
+            for sid, data in conn.execute(
+                select(c.series_id, c.data)
+                .where(c.series_id.in_(ids), c.end_ms >= lo, c.start_ms <= hi)
+                .order_by(c.series_id, c.end_ms)
+            ):
+                blobs.setdefault(int(sid), []).append(bytes(data))
+            for sid in ids:
+                chunks = blobs.get(sid, [])
+                if sid in opens:
+                    chunks.append(opens[sid])
+                out[sid] = _merge(_chunk_points(chunks, lo, hi, seconds), head[sid]) if chunks else head[sid]
+    return out
+
+
+_HEAD_S = "SELECT ts_ms / 1000.0, value FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
+_HEAD_MS = "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
+_OPEN = "SELECT data FROM open_chunks WHERE series_id = ? AND end_ms >= ? AND start_ms <= ?"
+_SEALED = "SELECT data FROM sample_chunks WHERE series_id = ? AND end_ms >= ? AND start_ms <= ? ORDER BY end_ms"
+
+
+def _points_sqlite(
+    conn: Connection, ranges: Mapping[int, tuple[int, int]], out: dict[int, list[Any]], seconds: bool
+) -> None:
+    """The hot read on SQLite: primary-key (and chunk index) range scans per series through the
+    driver's cursor; head rows come back as tuples built in C."""
+    cur = conn.connection.cursor()
+    head_sql = _HEAD_S if seconds else _HEAD_MS
+    try:
+        for sid, (lo, hi) in ranges.items():
+            head = cur.execute(head_sql, (sid, lo, hi)).fetchall()
+            blobs = [r[0] for r in cur.execute(_OPEN, (sid, lo, hi)).fetchall()]
+            sealed = [r[0] for r in cur.execute(_SEALED, (sid, lo, hi)).fetchall()]
+            if blobs or sealed:
+                out[sid] = _merge(_chunk_points([*sealed, *blobs], lo, hi, seconds), head)
+            else:
+                out[sid] = head
+    finally:
+        cur.close()
+
+
+def points_before(conn: Connection, sid: int, before_ms: int, since_ms: int | None = None) -> MsPoint | None:
+    """The last raw point of a series before `before_ms` (and at or after `since_ms`), or None."""
+    lo = since_ms if since_ms is not None else -(2**62)
+    h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
+    best: MsPoint | None = None
+    row = conn.execute(
+        select(h.ts_ms, h.value)
+        .where(h.series_id == sid, h.ts_ms < before_ms, h.ts_ms >= lo)
+        .order_by(h.ts_ms.desc())
+        .limit(1)
+    ).first()
+    if row is not None:
+        best = (int(row[0]), float(row[1]))
+    blobs = [
+        bytes(d)
+        for (d,) in conn.execute(select(o.data).where(o.series_id == sid, o.start_ms < before_ms, o.end_ms >= lo))
+    ]
+    if not blobs:  # the sealed chunk holding the last point before: the first ending at or after it, or the last
+        got = conn.execute(
+            select(c.data)
+            .where(c.series_id == sid, c.end_ms >= lo, c.start_ms < before_ms)
+            .order_by(c.end_ms.desc())
+            .limit(1)
+        ).first()
+        if got is not None:
+            blobs = [bytes(got[0])]
+    for blob in blobs:
+        ts, values = chunk_codec.decode(blob)
+        i = bisect_left(ts, before_ms) - 1
+        if i >= 0 and ts[i] >= lo and (best is None or ts[i] >= best[0]):
+            best = (ts[i], values[i])
+    return best
+
+
+def last_points(conn: Connection, series_ids: Sequence[int]) -> dict[int, MsPoint]:
+    """The newest stored point of each series (head, else its open chunk, else its last sealed
+    chunk), whichever is newest."""
+    out: dict[int, MsPoint] = {}
+    h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
+    for i in range(0, len(series_ids), IN_CHUNK):
+        ids = list(series_ids[i : i + IN_CHUNK])
+        newest = select(h.series_id, func.max(h.ts_ms).label("ts")).where(h.series_id.in_(ids)).group_by(h.series_id)
+        sub = newest.subquery()
+        for sid, ts, v in conn.execute(
+            select(h.series_id, h.ts_ms, h.value).join(sub, (sub.c.series_id == h.series_id) & (sub.c.ts == h.ts_ms))
+        ):
+            out[int(sid)] = (int(ts), float(v))
+        last_sealed = (
+            select(c.series_id, func.max(c.end_ms).label("end_ms")).where(c.series_id.in_(ids)).group_by(c.series_id)
+        ).subquery()
+        chunk_rows = union_all(
+            select(o.series_id, o.end_ms, o.data).where(o.series_id.in_(ids)),
+            select(c.series_id, c.end_ms, c.data).join(
+                last_sealed, (last_sealed.c.series_id == c.series_id) & (last_sealed.c.end_ms == c.end_ms)
+            ),
+        )
+        best: dict[int, tuple[int, bytes]] = {}
+        for sid, end, data in conn.execute(chunk_rows):
+            if int(sid) not in best or int(end) > best[int(sid)][0]:
+                best[int(sid)] = (int(end), bytes(data))
+        for sid, (end, data) in best.items():
+            if sid in out and out[sid][0] >= end:
+                continue
+            ts, values = chunk_codec.decode(data)
+            out[sid] = (ts[-1], values[-1])
+    return out
+
+
+def has_points(conn: Connection) -> Any:
+    """A correlated EXISTS for a query over `series`: the series has a raw sample anywhere."""
+    from app.storage.models import Series
+
+    sid = Series.__table__.c.id
+    return (
+        select(SampleRow.series_id).where(SampleRow.series_id == sid).exists()
+        | select(OpenChunk.series_id).where(OpenChunk.series_id == sid).exists()
+        | select(SampleChunk.series_id).where(SampleChunk.series_id == sid).exists()
+    )
+
+
+def first_ts(conn: Connection) -> int | None:
+    """The oldest raw timestamp held (head or chunks), or None when there is none."""
+    found = [
+        conn.execute(select(func.min(SampleRow.ts_ms))).scalar(),
+        conn.execute(select(func.min(OpenChunk.start_ms))).scalar(),
+        conn.execute(select(func.min(SampleChunk.start_ms))).scalar(),
+    ]
+    have = [int(x) for x in found if x is not None]
+    return min(have) if have else None
+
+
+def count(conn: Connection) -> int:
+    """Raw samples held: head rows plus the samples of every chunk (a sample pushed again after
+    it was sealed counts twice until the next sealing merges it)."""
+    head = int(conn.execute(select(func.count()).select_from(SampleRow)).scalar_one())
+    opened = int(conn.execute(select(func.coalesce(func.sum(OpenChunk.n), 0))).scalar_one())
+    sealed = int(conn.execute(select(func.coalesce(func.sum(SampleChunk.n), 0))).scalar_one())
+    return head + opened + sealed
