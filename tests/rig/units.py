@@ -223,14 +223,21 @@ class Rig:
         return {int(r[0]) for r in self.sql("select seq from ingest_batches where agent_id = ?", self.agent_id())}
 
     def ticks(self, name: str) -> list[int]:
-        """Timestamps (ms) of one per-tick series, oldest first, duplicates kept if any."""
-        where = "s.instance_id is null" if name == HOST_TICK else "s.instance_id is not null"
-        rows = self.sql(
-            f"select sm.ts_ms from samples sm join series s on s.id = sm.series_id where s.name = ? and {where} "
-            "order by sm.ts_ms",
-            name,
-        )
-        return [int(r[0]) for r in rows]
+        """Timestamps (ms) of one per-tick series, oldest first, read the way the app reads raw
+        samples (app/storage/chunk_reads.py: the head table and the sealed chunks merged)."""
+        from sqlalchemy import create_engine
+
+        from app.storage import chunk_reads
+
+        where = "instance_id is null" if name == HOST_TICK else "instance_id is not null"
+        ids = [int(r[0]) for r in self.sql(f"select id from series where name = ? and {where}", name)]
+        engine = create_engine(f"sqlite:///file:{self.db}?mode=ro&uri=true", connect_args={"timeout": 20})
+        try:
+            with engine.connect() as conn:
+                got = chunk_reads.points(conn, dict.fromkeys(ids, (0, 2**62)))
+        finally:
+            engine.dispose()
+        return sorted(int(ts) for pts in got.values() for ts, _ in pts)
 
     def events(self, kind: str | None = None) -> list[tuple[float, str, str]]:
         rows = self.sql("select ts, kind, message from events order by ts, id")
