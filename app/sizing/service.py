@@ -142,8 +142,13 @@ def report(
             "method": totals.method(),
         }
     )
-    m = out["measured"]
+    # the counters over the span the counted batches cover (their own vLLM timestamps): a range that
+    # starts before the agent subscribed holds computed tokens no counted event announced
+    lo = max(start, totals.first_ts) if totals.first_ts is not None else start
+    hi = min(end, totals.last_ts) if totals.last_ts is not None else end
+    m = out["measured"] if (lo, hi) == (start, end) or hi <= lo else measured(ctx, instance_id, lo, hi)
     out["reconciliation"] = reconcile(totals, m.get("by_source") or {}, m.get("requests"), m.get("generation_tokens"))
+    out["reconciliation"]["span"] = [lo, hi]
     add_saved_seconds(out)
     return out
 
