@@ -66,7 +66,7 @@ def create_app(
         templates=make_templates(),
     )
     # Every route runs the role check first (app/auth): each states its role with @requires
-    # (tests/app/test_every_route.py fails on one that does not).
+    # (tests/app/web/test_every_route.py fails on one that does not).
     app = FastAPI(
         title="kvscope",
         version=__version__,

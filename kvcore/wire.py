@@ -2,7 +2,7 @@
 
 asdict deep-copies recursively and cost ~10 ms per batch of a few hundred samples; the agent
 builds one batch a second, so this hand-written walk (~20x faster) keeps it light.
-tests/agent/test_wire.py checks equality with to_wire.
+tests/kvcore/test_wire.py checks equality with to_wire.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One vLLM instance's KV-event stream -> what vLLM's LRU offload tier of any size would have served.
 
 The model follows vLLM's OffloadingConnector (0.32; docs/cache-sizing.md has the reasons and
-tests/sizing/vllm_tier.py the reference re-implementation):
+tests/agent/kvevents/vllm_tier.py the reference re-implementation):
 
 - A request's chunks are its GPU-hit prefix (published nothing, found back through
   ``parent_block_hash`` and the parents of blocks seen before) plus the blocks it stored (GPU
