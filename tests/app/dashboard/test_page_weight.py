@@ -58,7 +58,7 @@ def test_chart_api_and_fragments_follow_the_plot_width(client: Any) -> None:
     data = json.loads(fig)["data"]
     assert all("x" not in t and t["dx"] > 0 for t in data if t.get("name") != "events")
     assert max(len(t["y"]) for t in data) <= plot_px(310) == 300
-    assert client.get("/instances/1/fragments/chart/tokens?range=15m&px=0").status_code == 422
+    assert client.get("/instances/1/fragments/chart/tokens?range=15m&px=0").status_code == 422  # an HTML error
 
 
 def test_page_embeds_compact_figures_that_keep_the_values(client: Any) -> None:
@@ -123,7 +123,10 @@ def test_unknown_or_malformed_instance_urls_answer_an_escaped_html_page(client: 
     assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
     assert "<script>alert" not in r.text and "Back to the overview" in r.text
     bad = client.get("/instances/1?range=custom&start=abc&end=1")
-    assert bad.status_code == 400 and "Unix time" in bad.text and bad.headers["content-type"].startswith("text/html")
+    assert bad.status_code == 422 and "Unix time" in bad.text and bad.headers["content-type"].startswith("text/html")
+    assert "&#39;abc&#39;" in bad.text  # the rejected value is quoted back, escaped
+    backwards = client.get("/instances/1?range=custom&start=100&end=50")
+    assert backwards.status_code == 400 and backwards.headers["content-type"].startswith("text/html")
 
 
 def test_one_restart_draws_one_annotation() -> None:
