@@ -331,6 +331,19 @@ def test_reconcile_flags_more_than_one_percent_apart():
     assert reconcile(t, {"local_compute": 2000.0}, 1.0, 0.0)["status"] == "mismatch"
 
 
+def test_blocks_computed_twice_count_as_announced_when_the_events_carry_no_token_ids():
+    """Two requests prefilling one document side by side both compute it, and vLLM 0.32 announces
+    both copies (cache_full_blocks does not de-duplicate); the model skips the second copy as a
+    block still on the GPU (``reannounced``), but vLLM computed it: the reconciliation counts every
+    announced block, token ids or not (the simulator sends none)."""
+    from app.sizing.curve import Totals, reconcile
+
+    t = Totals(windows=1, references=110, reannounced=10, block_size=16)
+    rc = reconcile(t, {"local_compute": 110 * 16.0}, 10.0, 0.0)
+    assert rc["status"] == "ok" and rc["announced_tokens"] == 110 * 16
+    assert t.lookups == 100  # the curve's lookups still leave the second copy out
+
+
 @pytest.mark.parametrize("arc", [True, False])
 def test_an_arc_tier_gets_arc_figures_or_is_told_the_lru_ones_do_not_hold(client, token, batch_factory, clock, arc):
     now = clock()
