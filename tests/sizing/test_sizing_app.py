@@ -320,6 +320,48 @@ def test_the_answer_reconciles_the_events_with_vllms_computed_tokens_and_says_wh
     assert "events vs vLLM" in page.text and "unknown" in page.text
 
 
+def _counted_push(client, token, batch_factory, seq, ts, computed, finished, window=None):
+    samples = [
+        ("vllm:prompt_tokens_by_source_total", {"engine": "0", "source": "local_compute"}, computed),
+        ("vllm:request_success_total", {"engine": "0", "finished_reason": "length"}, finished),
+        ("vllm:cache_config_info", CACHE_CFG, 1.0),
+    ]
+    types = {"vllm:prompt_tokens_by_source": "counter", "vllm:request_success": "counter"}
+    types["vllm:cache_config_info"] = "gauge"
+    body = batch_factory(seq, ts, samples=samples, types=types)
+    if window is not None:
+        body["reuse"] = [window]
+    assert client.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def _window(start: float, end: float, blocks: int) -> dict[str, Any]:
+    from kvcore.protocol import ReuseWindow
+
+    w = ReuseWindow(INSTANCE, start, end, block_size=128, references=blocks, messages=1, events=1)
+    w.first_ts, w.last_ts = start, end
+    return asdict(w)
+
+
+def test_windows_announced_before_the_counters_first_sample_are_left_out_of_the_reconciliation(
+    client, token, batch_factory, clock
+):
+    """A demo's first minutes: the agent follows the events before its first scrape, so the
+    counter's first sample already holds the tokens of those events (its increase starts there).
+    Those windows are reconciled against nothing; the rest are, over the span they cover, with
+    each finished request's partial last block allowed (vllm:request_success_total: the
+    request_prompt_tokens histogram is not kept)."""
+    now = clock()
+    early = _window(now - 100, now - 90, 50)  # 6,400 tokens before the first scrape
+    _counted_push(client, token, batch_factory, 1, now - 90, 6_400.0, 4.0, early)
+    # 10 requests of 1,290 prompt tokens: 10 full blocks each announced, 10 x 10 tail tokens not
+    _counted_push(client, token, batch_factory, 2, now - 60, 6_400.0 + 12_900.0, 14.0, _window(now - 89, now - 60, 100))
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    rc = rep["reconciliation"]
+    assert rc["status"] == "ok", rc
+    assert rc["announced_tokens"] == 100 * 128 and rc["windows_left_out"] == 1
+    assert rc["expected_low"] == 12_900 - 10 * 127
+
+
 def test_reconcile_flags_more_than_one_percent_apart():
     from app.sizing.curve import Totals, reconcile
 
