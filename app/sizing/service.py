@@ -41,6 +41,7 @@ class SizingError(Exception):
 
 
 MAX_POINTS = 64
+MAX_OPT_ACCESSES = 1 << 24
 
 
 def check_window(i: int, w: ReuseWindow) -> str | None:
@@ -54,6 +55,12 @@ def check_window(i: int, w: ReuseWindow) -> str | None:
             return f"reuse.{i}.{name}: at most {MAX_POINTS} [tier chunks > 0, chunks loaded >= 0] pairs"
     if len(w.pool_bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 or b[1] < 0 for b in w.pool_bins):
         return f"reuse.{i}.pool_bins: at most {MAX_BINS} [lower edge >= 0, count >= 0] pairs"
+    if len(w.opt_bound) > MAX_POINTS or any(
+        len(p) != 4 or not 0 < p[0] <= 1 << 40 or not 0 <= p[1] <= p[2] <= p[3] <= 1 << 40 for p in w.opt_bound
+    ):
+        return f"reuse.{i}.opt_bound: at most {MAX_POINTS} [tier chunks > 0, 0 <= lru <= opt <= ceiling] rows"
+    if not 0 <= w.opt_accesses <= MAX_OPT_ACCESSES:
+        return f"reuse.{i}.opt_accesses must be 0-{MAX_OPT_ACCESSES}"
     if w.end < w.start or not 0 < w.rate <= 1:
         return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
     if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
