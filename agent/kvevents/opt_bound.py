@@ -202,10 +202,10 @@ class BoundWorker:
         return self._next_at is None or now >= self._next_at
 
     def start(self, snapshots: list[list[tuple[array[int], int]]], capacities: Sequence[int], now: float) -> None:
-        self._next_at = now + self.every_s
         accesses = sum(len(k) for snap in snapshots for k, _ in snap)
         if not accesses:
-            return
+            return  # nothing to replay yet: try again at the next push
+        self._next_at = now + self.every_s
         caps = list(capacities)
 
         def work() -> None:

@@ -362,6 +362,58 @@ def test_windows_announced_before_the_counters_first_sample_are_left_out_of_the_
     assert rc["expected_low"] == 12_900 - 10 * 127
 
 
+def test_the_optimal_bound_splits_the_gap_to_the_unbounded_tier_into_policy_and_capacity(
+    client, token, batch_factory, clock
+):
+    now = clock()
+    older = {**real_window(now - 60, now - 30), "opt_bound": [[64.0, 1.0, 2.0, 9.0]], "opt_accesses": 500}
+    push(client, token, batch_factory, 1, now - 30, cache_cfg=CACHE_CFG, reuse=[older])
+    bound = [[16.0, 2.0, 5.0, 20.0], [64.0, 10.0, 18.0, 20.0], [256.0, 20.0, 20.0, 20.0]]
+    latest = {**real_window(now - 30, now), "opt_bound": bound, "opt_accesses": 4_096}
+    push(client, token, batch_factory, 2, now, cache_cfg=CACHE_CFG, reuse=[latest])
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    ob = rep["optimal_bound"]
+    assert ob["accesses"] == 4_096 and ob["exact"] is False and "last 4,096 block accesses" in ob["why"]
+    p = ob["points"][1]  # the latest snapshot, not a sum with the older one
+    assert (p["lru_tokens"], p["opt_tokens"], p["ceiling_tokens"]) == (10 * 128, 18 * 128, 20 * 128)
+    assert (p["policy_tokens"], p["capacity_tokens"]) == (8 * 128, 2 * 128) and p["policy_share_of_gap"] == 0.8
+    assert p["offload_gib"] == 64 * 128 * 512 / 2**30
+    assert any(e["figure"].startswith("optimal-eviction bound") for e in rep["exactness"])
+    page = client.get(f"/instances/{instance_id(client)}/sizing").text
+    assert 'id="optimal-bound"' in page and "last 4,096 block accesses" in page
+
+
+@pytest.mark.parametrize(
+    "bound, accesses",
+    [
+        ([[16.0, 5.0, 2.0, 20.0]], 10),  # OPT below LRU: not a bound
+        ([[16.0, 1.0, 2.0, 3.0, 4.0]], 10),  # five numbers
+        ([[0.0, 1.0, 2.0, 3.0]], 10),  # a tier of no chunks
+        ([[float(c), 0.0, 0.0, 0.0] for c in range(1, 66)], 10),  # over 64 rows
+        ([[16.0, 1.0, 2.0, 3.0]], 1 << 30),  # an absurd window
+    ],
+)
+def test_an_optimal_bound_out_of_order_or_over_its_limits_is_refused(
+    client, token, batch_factory, clock, bound, accesses
+):
+    from app.sizing.service import check_window
+    from kvcore.protocol import ReuseWindow
+
+    w = ReuseWindow(INSTANCE, 0.0, 1.0, opt_bound=bound, opt_accesses=accesses)
+    assert "opt_" in (check_window(0, w) or "")
+    now = clock()
+    push(
+        client,
+        token,
+        batch_factory,
+        1,
+        now,
+        cache_cfg=CACHE_CFG,
+        reuse=[{**real_window(now - 30, now), "opt_bound": bound, "opt_accesses": accesses}],
+    )
+    assert client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json().get("optimal_bound") is None
+
+
 def test_reconcile_flags_more_than_one_percent_apart():
     from app.sizing.curve import Totals, reconcile
 
