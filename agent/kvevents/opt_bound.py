@@ -38,6 +38,7 @@ from agent.kvevents.tier_bank import LruTier
 
 DEFAULT_MAX_ACCESSES = 65_536  # ~0.5 MiB of hashes (+ a few bytes a request)
 MAX_REQUEST_BLOCKS = 65_536
+FULL_ENOUGH = 4_096  # accesses
 BOUND_EVERY_S = 300.0  # a replay of the window costs seconds of one core: every 5 minutes at most
 
 
@@ -205,7 +206,8 @@ class BoundWorker:
         accesses = sum(len(k) for snap in snapshots for k, _ in snap)
         if not accesses:
             return  # nothing to replay yet: try again at the next push
-        self._next_at = now + self.every_s
+        # a log still filling is replayed again soon (a fresh agent's first bound covers little)
+        self._next_at = now + (self.every_s if accesses >= FULL_ENOUGH else min(self.every_s, 30.0))
         caps = list(capacities)
 
         def work() -> None:
