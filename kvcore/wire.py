@@ -59,6 +59,11 @@ def _reuse(w: ReuseWindow) -> dict[str, Any]:
         d["pool_bins"] = [list(b) for b in w.pool_bins]
     else:
         d.pop("pool_bins", None)
+    if w.opt_bound:
+        d["opt_bound"] = [list(b) for b in w.opt_bound]
+    else:
+        d.pop("opt_bound", None)
+        d.pop("opt_accesses", None)
     return d
 
 

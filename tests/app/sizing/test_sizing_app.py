@@ -320,6 +320,100 @@ def test_the_answer_reconciles_the_events_with_vllms_computed_tokens_and_says_wh
     assert "events vs vLLM" in page.text and "unknown" in page.text
 
 
+def _counted_push(client, token, batch_factory, seq, ts, computed, finished, window=None):
+    samples = [
+        ("vllm:prompt_tokens_by_source_total", {"engine": "0", "source": "local_compute"}, computed),
+        ("vllm:request_success_total", {"engine": "0", "finished_reason": "length"}, finished),
+        ("vllm:cache_config_info", CACHE_CFG, 1.0),
+    ]
+    types = {"vllm:prompt_tokens_by_source": "counter", "vllm:request_success": "counter"}
+    types["vllm:cache_config_info"] = "gauge"
+    body = batch_factory(seq, ts, samples=samples, types=types)
+    if window is not None:
+        body["reuse"] = [window]
+    assert client.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def _window(start: float, end: float, blocks: int) -> dict[str, Any]:
+    from kvcore.protocol import ReuseWindow
+
+    w = ReuseWindow(INSTANCE, start, end, block_size=128, references=blocks, messages=1, events=1)
+    w.first_ts, w.last_ts = start, end
+    return asdict(w)
+
+
+def test_windows_announced_before_the_counters_first_sample_are_left_out_of_the_reconciliation(
+    client, token, batch_factory, clock
+):
+    """A demo's first minutes: the agent follows the events before its first scrape, so the
+    counter's first sample already holds the tokens of those events (its increase starts there).
+    Those windows are reconciled against nothing; the rest are, over the span they cover, with
+    each finished request's partial last block allowed (vllm:request_success_total: the
+    request_prompt_tokens histogram is not kept)."""
+    now = clock()
+    early = _window(now - 100, now - 90, 50)  # 6,400 tokens before the first scrape
+    _counted_push(client, token, batch_factory, 1, now - 90, 6_400.0, 4.0, early)
+    # 10 requests of 1,290 prompt tokens: 10 full blocks each announced, 10 x 10 tail tokens not
+    _counted_push(client, token, batch_factory, 2, now - 60, 6_400.0 + 12_900.0, 14.0, _window(now - 89, now - 60, 100))
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    rc = rep["reconciliation"]
+    assert rc["status"] == "ok", rc
+    assert rc["announced_tokens"] == 100 * 128 and rc["windows_left_out"] == 1
+    assert rc["expected_low"] == 12_900 - 10 * 127
+
+
+def test_the_optimal_bound_splits_the_gap_to_the_unbounded_tier_into_policy_and_capacity(
+    client, token, batch_factory, clock
+):
+    now = clock()
+    older = {**real_window(now - 60, now - 30), "opt_bound": [[64.0, 1.0, 2.0, 9.0]], "opt_accesses": 500}
+    push(client, token, batch_factory, 1, now - 30, cache_cfg=CACHE_CFG, reuse=[older])
+    bound = [[16.0, 2.0, 5.0, 20.0], [64.0, 10.0, 18.0, 20.0], [256.0, 20.0, 20.0, 20.0]]
+    latest = {**real_window(now - 30, now), "opt_bound": bound, "opt_accesses": 4_096}
+    push(client, token, batch_factory, 2, now, cache_cfg=CACHE_CFG, reuse=[latest])
+    rep = client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json()
+    ob = rep["optimal_bound"]
+    assert ob["accesses"] == 4_096 and ob["exact"] is False and "last 4,096 block accesses" in ob["why"]
+    p = ob["points"][1]  # the latest snapshot, not a sum with the older one
+    assert (p["lru_tokens"], p["opt_tokens"], p["ceiling_tokens"]) == (10 * 128, 18 * 128, 20 * 128)
+    assert (p["policy_tokens"], p["capacity_tokens"]) == (8 * 128, 2 * 128) and p["policy_share_of_gap"] == 0.8
+    assert p["offload_gib"] == 64 * 128 * 512 / 2**30
+    assert any(e["figure"].startswith("optimal-eviction bound") for e in rep["exactness"])
+    page = client.get(f"/instances/{instance_id(client)}/sizing").text
+    assert 'id="optimal-bound"' in page and "last 4,096 block accesses" in page
+
+
+@pytest.mark.parametrize(
+    "bound, accesses",
+    [
+        ([[16.0, 5.0, 2.0, 20.0]], 10),  # OPT below LRU: not a bound
+        ([[16.0, 1.0, 2.0, 3.0, 4.0]], 10),  # five numbers
+        ([[0.0, 1.0, 2.0, 3.0]], 10),  # a tier of no chunks
+        ([[float(c), 0.0, 0.0, 0.0] for c in range(1, 66)], 10),  # over 64 rows
+        ([[16.0, 1.0, 2.0, 3.0]], 1 << 30),  # an absurd window
+    ],
+)
+def test_an_optimal_bound_out_of_order_or_over_its_limits_is_refused(
+    client, token, batch_factory, clock, bound, accesses
+):
+    from app.sizing.service import check_window
+    from kvcore.protocol import ReuseWindow
+
+    w = ReuseWindow(INSTANCE, 0.0, 1.0, opt_bound=bound, opt_accesses=accesses)
+    assert "opt_" in (check_window(0, w) or "")
+    now = clock()
+    push(
+        client,
+        token,
+        batch_factory,
+        1,
+        now,
+        cache_cfg=CACHE_CFG,
+        reuse=[{**real_window(now - 30, now), "opt_bound": bound, "opt_accesses": accesses}],
+    )
+    assert client.get(f"/api/v1/instances/{instance_id(client)}/sizing").json().get("optimal_bound") is None
+
+
 def test_reconcile_flags_more_than_one_percent_apart():
     from app.sizing.curve import Totals, reconcile
 
@@ -329,6 +423,19 @@ def test_reconcile_flags_more_than_one_percent_apart():
     over = reconcile(t, {"local_compute": 1000.0}, 0.0, 0.0)
     assert over["status"] == "mismatch" and "more tokens" in over["why"]
     assert reconcile(t, {"local_compute": 2000.0}, 1.0, 0.0)["status"] == "mismatch"
+
+
+def test_blocks_computed_twice_count_as_announced_when_the_events_carry_no_token_ids():
+    """Two requests prefilling one document side by side both compute it, and vLLM 0.32 announces
+    both copies (cache_full_blocks does not de-duplicate); the model skips the second copy as a
+    block still on the GPU (``reannounced``), but vLLM computed it: the reconciliation counts every
+    announced block, token ids or not (the simulator sends none)."""
+    from app.sizing.curve import Totals, reconcile
+
+    t = Totals(windows=1, references=110, reannounced=10, block_size=16)
+    rc = reconcile(t, {"local_compute": 110 * 16.0}, 10.0, 0.0)
+    assert rc["status"] == "ok" and rc["announced_tokens"] == 110 * 16
+    assert t.lookups == 100  # the curve's lookups still leave the second copy out
 
 
 @pytest.mark.parametrize("arc", [True, False])
