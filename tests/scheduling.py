@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from xdist.scheduler import LoadScopeScheduling
+from xdist.workermanage import WorkerController
 
 # node id prefix -> work unit; the first matching prefix wins
 GROUPS = (
@@ -85,10 +86,10 @@ class GroupScheduling(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         return group_of(nodeid)
 
-    def _assign_work_unit(self, node: object) -> None:
+    def _assign_work_unit(self, node: WorkerController) -> None:
         if not self._ranked:  # the queue is complete by the first assignment (schedule())
             # a stable sort: within a rank, xdist's order (biggest unit first, then collection order)
             ordered = sorted(self.workqueue.items(), key=lambda item: rank(item[0]))
             self.workqueue = OrderedDict(ordered)
             self._ranked = True
-        super()._assign_work_unit(node)  # type: ignore[arg-type]
+        super()._assign_work_unit(node)
