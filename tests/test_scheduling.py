@@ -86,3 +86,44 @@ def test_the_two_real_vllm_units_go_first_one_to_each_worker() -> None:
     assert first[0][:3] == [collection[1], collection[4], collection[5]]
     assert first[1][:2] == [collection[2], collection[3]]
     assert not any(n.shutdown_called for n in nodes)
+
+
+def _scheduled(collection: list[str], workers: int = 2) -> tuple[list[list[str]], list[str]]:
+    """What each worker is sent when the run starts, and the work units left in the queue."""
+    from tests.scheduling import GroupScheduling
+
+    sched = GroupScheduling(_Config())  # type: ignore[arg-type]
+    nodes = [_Node(f"gw{i}") for i in range(workers)]
+    for node in nodes:
+        sched.add_node(node)  # type: ignore[arg-type]
+    for node in nodes:
+        sched.add_node_collection(node, collection)  # type: ignore[arg-type]
+    sched.schedule()
+    return [[collection[i] for i in node.sent] for node in nodes], list(sched.workqueue)
+
+
+def test_the_slow_files_go_next_longest_first_and_the_short_tests_last() -> None:
+    collection = [
+        "tests/ab/test_calibration.py::test_a_vs_a",
+        "tests/app/test_a.py::test_one",
+        "tests/app/test_b.py::test_two",
+        "tests/rig/test_reboot.py::test_a_reboot",
+        "tests/simulator/test_calibration.py::test_fits",  # not the slow one of that name
+        "tests/app/sizing/test_up_follows_kv_events.py::test_up",  # found after a move too
+    ]
+    first, queued = _scheduled(collection)
+    # each worker starts on a slow test, longest first, and is sent the next unit as it runs
+    assert first == [[collection[3], collection[0]], [collection[5], collection[1]]]
+    assert queued == [collection[2], collection[4]]  # the short ones, in collection order
+
+
+def test_every_slow_file_named_for_the_scheduler_is_in_the_suite() -> None:
+    """A slow file renamed or removed would silently go back to its place in collection order."""
+    from pathlib import Path
+
+    from tests.scheduling import SLOW_FILES
+
+    tests = Path(__file__).resolve().parent
+    files = ["/" + str(p.relative_to(tests)) for p in tests.rglob("test_*.py")]
+    for tail in SLOW_FILES:
+        assert [f for f in files if f.endswith("/" + tail)], f"no tests/**/{tail}: update tests/scheduling.py"
