@@ -1,4 +1,4 @@
-"""The settings shape of one notification channel (settings.alert_channels). In TOML:
+"""The settings shape of one notification channel (settings.alerts.channels). In TOML:
 
 [[alert_channels]]
 name = "ops"

@@ -1,4 +1,4 @@
-"""Rule parameters: code defaults <- settings.alert_rules <- per-instance overrides.
+"""Rule parameters: code defaults <- settings.alerts.rules <- per-instance overrides.
 
 Values are coerced to the type of the default (bool, float, str); unknown rules or parameters,
 and values that do not parse, raise ParamError with a message that says what to fix.

@@ -18,11 +18,14 @@ from anyio import CapacityLimiter
 from app.context import AppContext
 
 T = TypeVar("T")
+# Threads computing pages at once: two keep a page and its fragments moving while leaving the
+# interpreter to the pushes; more only slow each chart (the GIL) and queue pushes behind them
+PAGE_THREADS = 2
 
 
 async def run_page_work(ctx: AppContext, fn: Callable[[], T]) -> T:
     # created on first use, inside the event loop
-    pages = ctx.state(PageThreads, lambda: PageThreads(CapacityLimiter(ctx.settings.page_threads)))
+    pages = ctx.state(PageThreads, lambda: PageThreads(CapacityLimiter(PAGE_THREADS)))
     return await anyio.to_thread.run_sync(fn, limiter=pages.limiter)
 
 
