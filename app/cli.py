@@ -68,9 +68,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(settings)
     hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
-    print(
-        f"kvscope: serving on http://{settings.server.host}:{settings.server.port}  (data: {settings.effective_database_url})"
-    )
+    srv = settings.server
+    print(f"kvscope: serving on http://{srv.host}:{srv.port}  (data: {settings.effective_database_url})")
     uvicorn.run(
         app,
         host=settings.server.host,

@@ -233,13 +233,12 @@ class Field:
             raise SettingError(
                 f"bad setting {self.key.path} ({where}={_show(raw)}): must be {self.allowed()}"
             ) from None
-        if self.kind in ("int", "float"):
-            if (
-                not math.isfinite(value)
-                or (self.lo is not None and value < self.lo)
-                or (self.hi is not None and value > self.hi)
-            ):
-                raise SettingError(f"bad setting {self.key.path} ({where}={_show(raw)}): must be {self.allowed()}")
+        if self.kind in ("int", "float") and (
+            not math.isfinite(value)
+            or (self.lo is not None and value < self.lo)
+            or (self.hi is not None and value > self.hi)
+        ):
+            raise SettingError(f"bad setting {self.key.path} ({where}={_show(raw)}): must be {self.allowed()}")
         texts = value if isinstance(value, list) else [value] if isinstance(value, str) else []
         if self.kind == "str_list" and len(texts) > self.max_items:
             raise SettingError(f"bad setting {self.key.path} ({where}): at most {self.max_items} values")
