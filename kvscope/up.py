@@ -150,7 +150,7 @@ def _run_up(args: argparse.Namespace) -> int:
         no_gpu=args.no_gpu,
         nvidia_smi=args.nvidia_smi,
         host_name=host_name,
-        spool_max_mb=256.0,
+        config=getattr(args, "config", None),  # its [agent] section, if any (agent/settings.py)
     )
     stop = threading.Event()
     try:
