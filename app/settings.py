@@ -274,10 +274,12 @@ class ControllerSettings(Section):
         3600.0, gt=0, le=86400 * 7, description="Expire an unfinished rollout whose agent reported nothing this long."
     )
     probe_enabled: bool = Field(True, description="Run the verification probe after each restart.")
-    probe_prefix_words: int = Field(1500, ge=1, le=1_000_000, description="Words per probe prefix (~tokens).")
-    probe_evict_count: int = Field(8, ge=0, le=10_000, description="Other prefixes the probe sends to evict the first.")
+    # the probe's ranges are the agent's (agent/probe.py PROBE_LIMITS): refused here at start-up,
+    # not by every agent at every rollout
+    probe_prefix_words: int = Field(1500, ge=16, le=200_000, description="Words per probe prefix (~tokens).")
+    probe_evict_count: int = Field(8, ge=0, le=1000, description="Other prefixes the probe sends to evict the first.")
     probe_request_timeout_s: float = Field(
-        60.0, gt=0, le=3600, description="A probe request slower than this is a hang."
+        60.0, ge=0.1, le=3600, description="A probe request slower than this is a hang."
     )
     allow_flags: list[str] = Field(
         default_factory=list,

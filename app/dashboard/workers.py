@@ -2,7 +2,7 @@
 
 Under the GIL every runnable thread slows every other one: forty chart computations in the
 default thread pool make a 5 ms push take seconds. Pages and fragments therefore go through a
-limiter of `page_threads` threads; requests beyond it wait without holding a thread or the GIL,
+limiter of PAGE_THREADS threads; requests beyond it wait without holding a thread or the GIL,
 and pushes, the long-poll and /healthz keep the rest of the pool.
 """
 

@@ -2,7 +2,7 @@
 
 For users who already run Prometheus and Grafana: the figures the dashboard derives (hit rates,
 prompt tokens by source, KV transfer rates, pinned host memory, memory headroom) are exported
-with stable names, computed at scrape time from the last `exporter_window_s` seconds of stored
+with stable names, computed at scrape time from the last WINDOW_S seconds of stored
 samples (the same counter arithmetic as the charts: app.derived.rates, resets never give negative
 rates). A figure with no data in the window (no traffic, no offload, agent silent) is left out
 rather than exported as 0 or NaN. Names are a contract: docs/scale.md lists them and

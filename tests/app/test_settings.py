@@ -158,3 +158,14 @@ def test_placeholder_secret_refused_off_loopback(tmp_path: Path, host: str) -> N
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.5"])
 def test_loopback_accepts_defaults(tmp_path: Path, host: str) -> None:
     load_settings(None, data_dir=str(tmp_path), host=host).check_for_bind()
+
+
+def test_the_probe_settings_refuse_what_every_agent_would_refuse() -> None:
+    from agent.probe import PROBE_LIMITS
+    from app.settings import ControllerSettings
+
+    fields = ControllerSettings.model_fields
+    for key in ("prefix_words", "evict_count", "request_timeout_s"):
+        meta = {type(m).__name__: m for m in fields[f"probe_{key}"].metadata}
+        lo = getattr(meta.get("Ge"), "ge", None)
+        assert (lo, meta["Le"].le) == PROBE_LIMITS[key], key
