@@ -14,15 +14,14 @@ setting, where its value came from (the variable, the file's key, the flag) and 
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# json and tomllib are imported where used: `kvscope agent --help` reads no file and no JSON
 MAX_FILE_BYTES = 1024 * 1024  # a config file is a few KB; refuse reading anything that is not one
 MAX_ENV_CHARS = 64 * 1024  # the longest environment value read (a JSON list of channels fits)
 
@@ -64,6 +63,8 @@ class Layered:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML config file as a table; a missing, huge or malformed file is a SettingError."""
+    import tomllib
+
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -187,6 +188,8 @@ def _near(name: str, by_flat: Mapping[str, Key], sections: set[str]) -> str:
 
 
 def _json(key: Key, raw: str) -> Any:
+    import json
+
     try:
         return json.loads(raw)
     except ValueError as exc:
@@ -231,20 +234,20 @@ class Field:
             value = self._convert(raw)
         except (TypeError, ValueError):
             raise SettingError(
-                f"bad setting {self.key.path} ({where}={_show(raw)}): must be {self.allowed()}"
+                f"bad setting {self.key.path} (from {where}={_show(raw)}): must be {self.allowed()}"
             ) from None
         if self.kind in ("int", "float") and (
             not math.isfinite(value)
             or (self.lo is not None and value < self.lo)
             or (self.hi is not None and value > self.hi)
         ):
-            raise SettingError(f"bad setting {self.key.path} ({where}={_show(raw)}): must be {self.allowed()}")
+            raise SettingError(f"bad setting {self.key.path} (from {where}={_show(raw)}): must be {self.allowed()}")
         texts = value if isinstance(value, list) else [value] if isinstance(value, str) else []
         if self.kind == "str_list" and len(texts) > self.max_items:
-            raise SettingError(f"bad setting {self.key.path} ({where}): at most {self.max_items} values")
+            raise SettingError(f"bad setting {self.key.path} (from {where}): at most {self.max_items} values")
         limit = self.max_len or 4096
         if any(len(t) > limit for t in texts) or (isinstance(value, Path) and len(str(value)) > limit):
-            raise SettingError(f"bad setting {self.key.path} ({where}): longer than {limit} characters")
+            raise SettingError(f"bad setting {self.key.path} (from {where}): longer than {limit} characters")
         return value
 
     def _convert(self, raw: Any) -> Any:
@@ -268,6 +271,8 @@ class Field:
                 raise ValueError(raw)
             return Path(os.path.expanduser(str(raw)))
         if self.kind == "str_list":
+            import json
+
             if isinstance(raw, str):
                 text = raw.strip()
                 items = json.loads(text) if text.startswith("[") else [text]
