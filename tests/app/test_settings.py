@@ -169,3 +169,15 @@ def test_the_probe_settings_refuse_what_every_agent_would_refuse() -> None:
         meta = {type(m).__name__: m for m in fields[f"probe_{key}"].metadata}
         lo = getattr(meta.get("Ge"), "ge", None)
         assert (lo, meta["Le"].le) == PROBE_LIMITS[key], key
+
+
+def test_the_alerts_docs_settings_example_is_the_nested_form_and_loads(tmp_path: Path) -> None:
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "alerts.md").read_text()
+    [example] = re.findall(r"```toml\n(.*?)```", doc.split("## Settings", 1)[1], re.S)[:1]
+    assert "[alerts" in example and "alert_" not in example.replace("KVSCOPE_ALERT_RULES", "")
+    cfg = tmp_path / "kvscope.toml"
+    cfg.write_text(example)
+    s = load_settings(cfg, environ={}, data_dir=str(tmp_path))
+    assert s.alerts.rules["ttft_p95"]["budget_s"] == 0.8 and [c.name for c in s.alerts.channels] == ["am", "phone"]
