@@ -404,7 +404,7 @@ def _is_json(annotation: Any) -> bool:
     return any(typing.get_origin(a) in (list, dict) for a in (annotation, *typing.get_args(annotation)))
 
 
-def keys() -> list[Key]:
+def setting_keys() -> list[Key]:
     """Every setting's place, environment variable and old flat key (kvcore/settings_sources.py)."""
     out: list[Key] = []
     for section, model in sections().items():
@@ -435,7 +435,7 @@ def load_settings(
         toml = read_toml(path) if path is not None else {}
         name = f"config file {path}"
         layered = layer(
-            keys(),
+            setting_keys(),
             overrides=overrides,
             environ=environ,
             toml=toml,

@@ -53,8 +53,8 @@ def test_the_configuration_example_loads_for_the_app_and_the_agent(tmp_path: Pat
 
 
 def test_the_config_table_names_every_setting_by_section_and_variable() -> None:
-    from app.settings import keys
+    from app.settings import setting_keys
 
     text = (REPO / "README.md").read_text()
-    for k in keys():
+    for k in setting_keys():
         assert f"| `[{k.section}]` `{k.name}` | `{k.env}` |" in text, k.path

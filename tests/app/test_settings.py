@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import REMOVED, keys, load_settings
+from app.settings import REMOVED, load_settings, setting_keys
 from kvscope.errors import UserError
 
 
@@ -60,9 +60,9 @@ def test_every_setting_keeps_the_environment_variable_it_had(tmp_path: Path, mon
     s = load_settings(None, data_dir=str(tmp_path))
     assert s.alerts.eval_interval_s == 3 and s.storage.budget_mb == 12 and s.controller.ack_ttl_s == 30
     assert s.auth.allowed_hosts == ["central", "rig1"] and s.export.enabled is False
-    envs = [k.env for k in keys()]
+    envs = [k.env for k in setting_keys()]
     assert len(envs) == len(set(envs))  # one variable per setting
-    assert all(k.env == "KVSCOPE_" + str(k.flat).upper() for k in keys())
+    assert all(k.env == "KVSCOPE_" + str(k.flat).upper() for k in setting_keys())
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_each_removed_knob_names_a_constant_that_exists() -> None:
         where = why.removeprefix("now ")
         module, _, const = where.rpartition(".")
         assert isinstance(getattr(importlib.import_module(module), const), int | float), name
-    assert not set(REMOVED) & {k.flat for k in keys()}
+    assert not set(REMOVED) & {k.flat for k in setting_keys()}
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
@@ -259,7 +259,7 @@ BEFORE_SECTIONS = [
 
 def test_every_flat_setting_of_before_is_still_read_or_warned_about() -> None:
     assert len(BEFORE_SECTIONS) == 68
-    kept = {str(k.flat): k for k in keys()}
+    kept = {str(k.flat): k for k in setting_keys()}
     assert set(kept) | set(REMOVED) == set(BEFORE_SECTIONS)
     assert all(kept[n].env == "KVSCOPE_" + n.upper() for n in kept)
     assert (len(kept), len(REMOVED)) == (50, 18)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.settings import FIELDS
-from app.settings import keys, sections
+from app.settings import sections, setting_keys
 from kvscope.errors import UserError
 
 
@@ -26,7 +26,7 @@ def _limits(section: str, name: str) -> dict[str, Any]:
 def _outside() -> list[tuple[str, str]]:
     """(variable, value) pairs one step outside each app setting's bounds."""
     cases: list[tuple[str, str]] = []
-    for k in keys():
+    for k in setting_keys():
         lim = _limits(k.section, k.name)
         if "ge" in lim:
             cases.append((k.env, str(lim["ge"] - 1)))
@@ -42,7 +42,7 @@ def _outside() -> list[tuple[str, str]]:
 
 def test_every_numeric_app_setting_has_an_upper_bound_and_every_text_a_length() -> None:
     unbounded = []
-    for k in keys():
+    for k in setting_keys():
         annotation = str(sections()[k.section].model_fields[k.name].annotation)
         lim = _limits(k.section, k.name)
         if ("int" in annotation or "float" in annotation) and "le" not in lim:
