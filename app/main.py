@@ -32,6 +32,7 @@ from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter
 from app.web import jobs
 from app.web.docs import install_docs
+from app.web.errors import page_error_for_http, page_error_for_validation
 from app.web.templating import make_templates
 from kvscope import __version__
 
@@ -66,7 +67,7 @@ def create_app(
         templates=make_templates(),
     )
     # Every route runs the role check first (app/auth): each states its role with @requires
-    # (tests/app/test_every_route.py fails on one that does not).
+    # (tests/app/web/test_every_route.py fails on one that does not).
     app = FastAPI(
         title="kvscope",
         version=__version__,
@@ -89,7 +90,10 @@ def create_app(
 
 def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(req: Request, exc: RequestValidationError) -> Response:
+        page = page_error_for_validation(req, exc.errors())
+        if page is not None:
+            return page
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(p) for p in err.get("loc", ()))
@@ -98,6 +102,9 @@ def _install_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(req: Request, exc: StarletteHTTPException) -> Response:
+        page = page_error_for_http(req, exc.status_code, str(exc.detail))
+        if page is not None:
+            return page
         accept = req.headers.get("accept", "")
         if "text/html" in accept and not req.url.path.startswith("/api/") and exc.status_code in (403, 404, 405):
             from fastapi.responses import HTMLResponse

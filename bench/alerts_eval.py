@@ -6,7 +6,7 @@ the results of both are checked identical first.
     .venv/bin/python bench/alerts_eval.py [--instances 2] [--hours 24] [--scrape 10] [--rounds 5]
 
 Prints ms per evaluation for both and the ratio. Data: the vLLM-shaped traffic model of the alert
-tests (tests/alerts/traffic.py), ~30 series per instance, pushed through the IngestWriter.
+tests (tests/app/alerts/traffic.py), ~30 series per instance, pushed through the IngestWriter.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from app.alerts.evaluate import EvalConfig, Evaluator  # noqa: E402
 from app.storage.engine import open_database  # noqa: E402
 from app.storage.ingest_store import IngestWriter  # noqa: E402
 from kvcore.protocol import PushBatch  # noqa: E402
-from tests.alerts.traffic import HEALTHY, Server, batch, scrape  # noqa: E402
+from tests.app.alerts.traffic import HEALTHY, Server, batch, scrape  # noqa: E402
 
 ADAPTER: TypeAdapter[PushBatch] = TypeAdapter(PushBatch)
 

@@ -4,7 +4,7 @@
 
 Both versions of the app run side by side on loopback (the baseline from a temporary
 `git worktree` of --base, removed afterwards), each on its own SQLite file fed the same recorded
-scrapes through its ingest API (tests/app/pages/recorded.py: `--minutes` of one instance scraped
+scrapes through its ingest API (tests/app/dashboard/recorded.py: `--minutes` of one instance scraped
 every `--interval` s, with host readings). Headless Debian Chromium (Playwright) then opens each
 page with an empty cache and measures:
 
@@ -194,7 +194,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(ROOT))
-    from tests.app.pages.recorded import recorded_batches
+    from tests.app.dashboard.recorded import recorded_batches
 
     n = int(args.minutes * 60 / args.interval)
     batches = recorded_batches(time.time() - args.minutes * 60 - 5, n, interval=args.interval, simulated=True)

@@ -98,7 +98,7 @@ def values(name: str, labels: dict[str, str], kind: str, t0: int, n: int, seed: 
 def seed(engine: Any, days: float, now: int) -> dict[str, Any]:
     from app.storage.ingest_store import IngestWriter
     from kvcore.protocol import PushBatch, Scrape
-    from tests.app.pages.recorded import recorded_batches
+    from tests.app.dashboard.recorded import recorded_batches
 
     n = int(days * 86400)
     t0 = now - n

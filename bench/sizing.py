@@ -1,6 +1,6 @@
 """Cache sizing: predicted vs measured per workload and size, then the model's speed and memory.
 
-1. Accuracy (simulated): each workload of tests/sizing/workloads.py (rotation, growing chat, RAG)
+1. Accuracy (simulated): each workload of tests/agent/kvevents/workloads.py (rotation, growing chat, RAG)
    is served by the simulator without a tier, its KV events recorded and fed to the tier model;
    then served again with a 0.5/1/2/4 GiB CPU tier, whose ``external_kv_transfer`` tokens are
    the measurement. Printed: predicted, measured, error in tokens, in % of the prompt tokens and
@@ -81,9 +81,9 @@ def accuracy() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' drivers and workloads
     from agent.kvevents.decode import Batch
+    from tests.agent.kvevents.workloads import WORKLOADS
     from tests.simulator.simdrive import engine, run
-    from tests.sizing.test_sim_kv_events import BASE, SIZES_GIB, recorded_run
-    from tests.sizing.workloads import WORKLOADS
+    from tests.simulator.test_sim_kv_events import BASE, SIZES_GIB, recorded_run
 
     print("workload  size     predicted     measured      error  %prompt  %reloads  (simulated)")
     for name in sorted(WORKLOADS):

@@ -128,6 +128,11 @@ class ReuseWindow:
     # them, by the distinct blocks evicted since ([[lower edge, count], ...]); a pool larger by D
     # blocks would have kept those under D. Left off the wire when empty (older apps refuse it).
     pool_bins: list[list[float]] = field(default_factory=list)
+    # the optimal-eviction bound over the agent's last ``opt_accesses`` block accesses
+    # (agent/kvevents/opt_bound.py): [[tier chunks, LRU loaded, OPT hits, ceiling], ...], sent now
+    # and then (a snapshot, not a count: the app takes the latest). Left off the wire when empty.
+    opt_bound: list[list[float]] = field(default_factory=list)
+    opt_accesses: int = 0
 
 
 @dataclass(slots=True)
@@ -189,6 +194,9 @@ def to_wire(obj: PushBatch | PushReply) -> dict[str, Any]:
     for w in data.get("reuse") or []:
         if not w.get("pool_bins"):
             w.pop("pool_bins", None)
+        if not w.get("opt_bound"):
+            w.pop("opt_bound", None)
+            w.pop("opt_accesses", None)
     return data
 
 

@@ -2,7 +2,7 @@
 
 asdict deep-copies recursively and cost ~10 ms per batch of a few hundred samples; the agent
 builds one batch a second, so this hand-written walk (~20x faster) keeps it light.
-tests/agent/test_wire.py checks equality with to_wire.
+tests/kvcore/test_wire.py checks equality with to_wire.
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ def _reuse(w: ReuseWindow) -> dict[str, Any]:
         d["pool_bins"] = [list(b) for b in w.pool_bins]
     else:
         d.pop("pool_bins", None)
+    if w.opt_bound:
+        d["opt_bound"] = [list(b) for b in w.opt_bound]
+    else:
+        d.pop("opt_bound", None)
+        d.pop("opt_accesses", None)
     return d
 
 

@@ -4,6 +4,10 @@ Like vLLM v1's BlockPool/KVCacheManager: full blocks are hashed as a chain (each
 parent hash and the block's token ids), a cached block with no reference sits in the free queue and
 is evicted (its hash dropped) only when the head of the free queue is popped for a new allocation.
 Freed blocks are appended tail-first, so a prompt's last blocks are evicted before its first ones.
+Like vLLM 0.32's BlockHashToBlockMap (its NOTE #1) the cache does not de-duplicate: a block computed
+again while another block holds its hash (two requests prefilling one document side by side, or a
+full hit's last block, recomputed for its last token) is cached and announced too, and evicting
+each copy announces its own removal.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class BlockPool:
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[BlockHash, int] = {}
+        self.cached: dict[BlockHash, list[int]] = {}  # hash -> the blocks holding it (first one hits)
+        self._num_cached = 0
         self.evictions = 0
         self.listener: CacheListener | None = None
 
@@ -52,7 +57,8 @@ class BlockPool:
 
     @property
     def num_cached(self) -> int:
-        return len(self.cached)
+        """Blocks holding a hash (copies of one hash each count)."""
+        return self._num_cached
 
     def usage(self) -> float:
         """vllm:kv_cache_usage_perc: blocks held by requests; cached-but-free blocks count as free."""
@@ -62,10 +68,10 @@ class BlockPool:
         """Block ids of the longest cached prefix of `hashes`."""
         hit: list[int] = []
         for h in hashes:
-            bid = self.cached.get(h)
-            if bid is None:
+            bids = self.cached.get(h)
+            if not bids:
                 break
-            hit.append(bid)
+            hit.append(bids[0])
         return hit
 
     def touch(self, block_ids: Sequence[int]) -> None:
@@ -86,8 +92,12 @@ class BlockPool:
             bid, _ = self.free.popitem(last=False)
             h = self.block_hash[bid]
             if h is not None:
-                if self.cached.get(h) == bid:
-                    del self.cached[h]
+                bids = self.cached.get(h)
+                if bids is not None and bid in bids:
+                    bids.remove(bid)
+                    if not bids:
+                        del self.cached[h]
+                    self._num_cached -= 1
                     self.evictions += 1
                     if self.listener is not None:
                         self.listener("removed", h, None)
@@ -97,10 +107,12 @@ class BlockPool:
         return out
 
     def cache(self, bid: int, h: BlockHash, parent: BlockHash | None = None) -> None:
-        """Mark a computed full block as cached under `h` (first writer wins, like vLLM)."""
-        if self.block_hash[bid] is None and h not in self.cached:
+        """Mark a computed full block as cached under `h` and announce it, whether or not another
+        block holds `h` already (vLLM's cache_full_blocks); a block cached before stays as it is."""
+        if self.block_hash[bid] is None:
             self.block_hash[bid] = h
-            self.cached[h] = bid
+            self.cached.setdefault(h, []).append(bid)
+            self._num_cached += 1
             if self.listener is not None:
                 self.listener("stored", h, parent)
 
@@ -125,6 +137,7 @@ class BlockPool:
         if self.num_used:
             return False
         self.cached.clear()
+        self._num_cached = 0
         self.block_hash = [None] * self.num_blocks
         if self.listener is not None:
             self.listener("cleared", None, None)

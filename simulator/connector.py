@@ -114,7 +114,7 @@ class OffloadConnector:
     ) -> None:
         """Offer the full chunks of `hashes` from `start_chunk` on (async GPU->CPU copy, fs write-through).
 
-        As vLLM 0.32's OffloadingConnector (tests/sizing/vllm_tier.py cites it): chunks already in
+        As vLLM 0.32's OffloadingConnector (tests/agent/kvevents/vllm_tier.py cites it): chunks already in
         the CPU tier are recorded for the request's end-of-request re-rank, new ones are stored
         if the LRU tier can make room outside the offer, else none of them is
         ("cannot store chunks"). ``recorded`` collects the request's chunks for ``finish``."""

@@ -61,14 +61,11 @@ def clock() -> FakeClock:
 # tests stay on SQLite. The postgres variants SKIP with a reason when the server binaries are
 # missing. The cluster is started once per session by tests/pg.py.
 BOTH_DB_DIRS = (
-    "tests/app/test_ingest",
-    "tests/app/test_read",
+    "tests/app/ingest/test_ingest",
     "tests/app/storage",
-    "tests/app/api",
-    "tests/app/test_rollups",
-    "tests/app/test_derived_truth",
-    "tests/controller/test_rollouts_store",
-    "tests/alerts/test_cas",
+    "tests/app/derived/test_derived_truth",
+    "tests/app/controller/test_rollouts_store",
+    "tests/app/alerts/test_cas",
     "tests/scale",
     "tests/security/test_ingest_limits",
 )

@@ -1,6 +1,6 @@
 """The one end-to-end rig: the app in-process <- agent (real loop pieces) -> controller -> `kvscope
-sim` processes under the subprocess launcher. Used by tests/controller/test_e2e_sim.py (rollouts)
-and tests/ab/test_e2e_sim.py (A/B experiments whose profile switches are rollouts).
+sim` processes under the subprocess launcher. Used by tests/app/controller/test_e2e_sim.py (rollouts)
+and tests/app/ab/test_e2e_sim.py (A/B experiments whose profile switches are rollouts).
 
 Host memory comes from a recorded tree (32 GB box, 20 GiB available, 16 GiB cgroup limit) so the
 preflight numbers do not depend on this machine. Loops below are bounded in time: a bound on real
@@ -27,7 +27,7 @@ from tests.conftest import api_token
 from tests.ports import free_port
 from tests.waits import wait_until
 
-BOX = Path(__file__).resolve().parent / "controller" / "fixtures" / "hosts" / "box32g-cgv2"
+BOX = Path(__file__).resolve().parent / "app" / "controller" / "fixtures" / "hosts" / "box32g-cgv2"
 KVSCOPE = str(Path(sys.executable).parent / "kvscope")
 
 

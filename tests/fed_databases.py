@@ -11,7 +11,7 @@ the first test that asks for a feed pays for it once, later ones get a copy:
   definitions) into a migrated PostgreSQL database once; that database is then the template each
   test's database is made from (`CREATE DATABASE t TEMPLATE fed`). So a feed goes through the
   ingest API once per session, not once per test and backend; ingest itself on PostgreSQL is tested
-  batch by batch in tests/app/test_ingest.py and tests/app/api.
+  batch by batch in tests/app/ingest/test_ingest.py and tests/app/api.
 
 Under pytest-xdist the SQLite files (fed and migrated-empty) are built once for all workers: in
 the session's common temp folder, under a file lock per database, the first worker to ask builds
@@ -62,7 +62,7 @@ def feed_database(feed: Feed, data_dir: Path, database_url: str | None) -> None:
 
     batches = feed.batches()
     if feed.via == "api":
-        from tests.app.pages.recorded import fed_app
+        from tests.app.dashboard.recorded import fed_app
 
         with fed_app(data_dir, batches, batches[0]["sent_at"], database_url=database_url):
             return

@@ -225,3 +225,54 @@ def test_the_app_and_the_agent_read_their_settings_through_one_stdlib_mechanism(
         and re.search(r"environ\.get\(\"KVSCOPE_", path.read_text())
     ]
     assert readers == []
+
+
+# --- the tests mirror the code (docs/architecture.md, "The tests")
+TEST_TIERS = {"realvllm", "browser", "rig", "scale", "security"}
+MIRRORS = {"app": REPO / "app", "agent": REPO / "agent", "kvcore": REPO / "kvcore", "simulator": REPO / "simulator"}
+TESTS = REPO / "tests"
+
+
+def _test_folders(root: Path) -> list[Path]:
+    """Folders holding at least one test module (data folders such as captures/ hold none)."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name != "__pycache__" and any(p.rglob("test_*.py")))
+
+
+def _mirror_misses() -> list[str]:
+    misses = []
+    for folder in _test_folders(TESTS):
+        name = folder.name
+        if name in TEST_TIERS or name == "fixtures":
+            continue
+        if name == "kvscope":
+            for sub in _test_folders(folder):
+                if not (REPO / "kvscope" / f"{sub.name}.py").is_file():
+                    misses.append(f"tests/kvscope/{sub.name}/ names no command of kvscope/")
+            continue
+        code = MIRRORS.get(name)
+        if code is None:
+            misses.append(f"tests/{name}/ mirrors no package and is no declared tier")
+            continue
+        for sub in _test_folders(folder):
+            if not (code / sub.name / "__init__.py").is_file():
+                misses.append(f"tests/{name}/{sub.name}/ mirrors no package {name}/{sub.name}/")
+    return misses
+
+
+def test_every_test_folder_mirrors_a_package_of_the_code_or_is_a_declared_tier() -> None:
+    assert _mirror_misses() == []
+
+
+def test_the_document_names_every_tier_of_the_tests() -> None:
+    text = DOC.read_text()
+    for tier in TEST_TIERS:
+        assert f"`tests/{tier}/`" in text, tier
+
+
+def test_the_test_folders_are_packages_so_helpers_import_one_way() -> None:
+    missing = [
+        str(p.relative_to(REPO))
+        for p in TESTS.rglob("test_*.py")
+        if "__pycache__" not in p.parts and not (p.parent / "__init__.py").is_file()
+    ]
+    assert missing == []

@@ -26,7 +26,11 @@ def test_every_other_real_vllm_test_falls_in_one_work_unit() -> None:
 
 
 def test_any_other_test_is_a_unit_of_its_own() -> None:
-    ids = ["tests/app/test_rollups.py::test_a[sqlite]", "tests/browser/test_login.py::test_b", "tests/realvllmx.py::t"]
+    ids = [
+        "tests/app/storage/test_rollups.py::test_a[sqlite]",
+        "tests/browser/test_login.py::test_b",
+        "tests/realvllmx.py::t",
+    ]
     assert [group_of(i) for i in ids] == ids
 
 

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from agent.kvevents.decode import MAX_PAYLOAD_BYTES, BadMessage, Batch, decode_message
+from agent.kvevents.opt_bound import BoundWorker
 from agent.kvevents.tier_model import TierModel
 from kvcore.protocol import ReuseWindow
 
@@ -119,6 +120,7 @@ class Subscriber:
         self._replay_of: dict[int, _Replay] = {}
         self._poller = zmq.Poller()
         self.ready = threading.Event()  # sockets are up (tests wait on it)
+        self.bound = BoundWorker()
         self.error: str | None = None
 
     def start(self) -> None:
@@ -131,8 +133,19 @@ class Subscriber:
             self._thread.join(timeout)
 
     def take_window(self, now: float) -> ReuseWindow | None:
+        """The window so far; now and then it carries the optimal-eviction bound, computed on a
+        thread of its own from a snapshot of the model's recent accesses (opt_bound.py)."""
         with self._lock:
-            return self.model.take_window(now)
+            w = self.model.take_window(now)
+            snap = self.model.opt_snapshot() if self.bound.due(now) else None
+        if snap is not None:
+            self.bound.start(snap, self.model.capacities, now)
+        if w is not None:
+            done = self.bound.take()
+            if done is not None:
+                w.opt_bound = [[float(p.chunks), float(p.lru), float(p.opt), float(p.ceiling)] for p in done[0]]
+                w.opt_accesses = done[1]
+        return w
 
     # --------------------------------------------------------------- thread
     def _socket(self, kind: int) -> zmq.Socket[Any]:

@@ -9,7 +9,7 @@ Waldspurger et al. (ATC'17, "miniature simulation"), each size of the grid runs 
 here every size sees every request (no sampling), so the bank is exact at its sizes and its
 memory is the sum of the sizes (``DEFAULT_CAPACITIES`` sums to ~21,000 chunks, ~3 MiB).
 
-Per request, as vLLM 0.32 does it (tests/sizing/vllm_tier.py cites the functions):
+Per request, as vLLM 0.32 does it (tests/agent/kvevents/vllm_tier.py cites the functions):
 lookup from the GPU-hit boundary to the first miss; load those; offer the rest (or everything
 when nothing loaded); evict the least recent chunks not in the offer, or store nothing; at the
 request's end re-rank its recorded chunks last block first.

@@ -1,7 +1,7 @@
 """One vLLM instance's KV-event stream -> what vLLM's LRU offload tier of any size would have served.
 
 The model follows vLLM's OffloadingConnector (0.32; docs/cache-sizing.md has the reasons and
-tests/sizing/vllm_tier.py the reference re-implementation):
+tests/agent/kvevents/vllm_tier.py the reference re-implementation):
 
 - A request's chunks are its GPU-hit prefix (published nothing, found back through
   ``parent_block_hash`` and the parents of blocks seen before) plus the blocks it stored (GPU
@@ -33,8 +33,10 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
+from agent.kvevents.opt_bound import DEFAULT_MAX_ACCESSES, AccessLog
 from agent.kvevents.reuse import ReuseSampler, bin_lower
 from agent.kvevents.tier_bank import DEFAULT_CAPACITIES, TierBank
 from kvcore.protocol import ReuseWindow
@@ -94,11 +96,14 @@ class TierModel:
         max_keys: int | None = DEFAULT_MAX_KEYS,
         capacities: tuple[int, ...] | list[int] | range = DEFAULT_CAPACITIES,
         arc: bool = False,
+        opt_accesses: int = DEFAULT_MAX_ACCESSES,
     ):
         """``capacities``: the tier sizes (chunks) simulated exactly; () for the stack curve only.
+        ``opt_accesses``: the recent block accesses kept for the optimal-eviction bound (0: none).
         ``arc``: simulate vLLM's ARC policy at those sizes too (``eviction_policy: arc`` tiers,
         where an LRU curve is not valid)."""
         self._arc = arc
+        self._opt_accesses = opt_accesses
         self.instance = instance
         self._capacities = tuple(TierBank(capacities).capacities)
         self._rate = rate
@@ -120,6 +125,7 @@ class TierModel:
                     ReuseSampler(self._rate, self._max_keys),
                     TierBank(self._capacities),
                     TierBank(self._capacities, "arc") if self._arc else None,
+                    AccessLog(self._opt_accesses) if self._opt_accesses > 0 else None,
                 )
         return r
 
@@ -203,6 +209,14 @@ class TierModel:
             win.stale_tokens += count.stored_tokens
             win.garbage += count.garbage
 
+    def opt_snapshot(self) -> list[list[tuple[Any, int]]]:
+        """Each rank's window of recent requests, for the optimal-eviction bound (opt_bound.py)."""
+        return [r.log.snapshot() for r in self._ranks.values() if r.log is not None and r.log.accesses]
+
+    @property
+    def capacities(self) -> tuple[int, ...]:
+        return self._capacities or DEFAULT_CAPACITIES
+
     def tracked_keys(self) -> int:
         return sum(len(r.sampler.stack) for r in self._ranks.values())
 
@@ -254,14 +268,18 @@ class _Rank:
         "chains",
         "last_seq",
         "last_ts",
+        "log",
         "parents",
         "resident",
         "sampler",
         "suspect_seq",
     )
 
-    def __init__(self, sampler: ReuseSampler, bank: TierBank, arc_bank: TierBank | None = None) -> None:
+    def __init__(
+        self, sampler: ReuseSampler, bank: TierBank, arc_bank: TierBank | None = None, log: AccessLog | None = None
+    ) -> None:
         self.sampler = sampler
+        self.log = log
         self.bank = bank
         self.arc_bank = arc_bank
         self.resident: set[int] = set()  # sampled blocks on the GPU now
@@ -281,6 +299,8 @@ class _Rank:
         self.resident.clear()
         self.chains.clear()
         self.parents.clear()
+        if self.log is not None:
+            self.log.clear()
 
     def _link(self, block: int, parent: int | None) -> None:
         if parent is None:
@@ -326,8 +346,10 @@ class _Rank:
                 continue
             fresh.append(h)
             lookups.append((h, dist, weight))
+        bank_prefix = prefix if prefix or not (self.bank.tiers or self.log) else self._gpu_prefix(ev.parent)
+        if self.log is not None:
+            self.log.add(bank_prefix[::-1], fresh)
         if self.bank.tiers:
-            bank_prefix = prefix if prefix else self._gpu_prefix(ev.parent)
             for tier, n in zip(self.bank.tiers, self.bank.serve(bank_prefix, fresh), strict=True):
                 win.points[tier.capacity] = win.points.get(tier.capacity, 0) + n
             if self.arc_bank is not None:

@@ -113,7 +113,7 @@ def _resampler(runs: list[list[float]]) -> Resampler:
     The draws are exactly `rng.choices(runs, k=len(runs))`, then `rng.choices(r, k=len(r))` for each
     drawn run in order (`random.choices` without weights is `population[floor(random() * n)]`, k
     times, with n a float), written out so the bootstrap's hot loop makes no call per run: the same
-    random stream, the same resamples, the same intervals (tests/ab/test_stats.py compares the
+    random stream, the same resamples, the same intervals (tests/app/ab/test_stats.py compares the
     two)."""
     n = len(runs)
     nf = float(n)

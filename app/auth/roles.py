@@ -46,7 +46,7 @@ def declared_role(endpoint: Any) -> str | None:
 
 def role_needed(endpoint: Any, method: str) -> str:
     """The role a route needs: its stated one. Every route of the app states one (the route sweep,
-    tests/app/test_every_route.py, fails on one that does not); the fallback for a route that
+    tests/app/web/test_every_route.py, fails on one that does not); the fallback for a route that
     forgot, viewer to read and operator to change, keeps such a route closed, never open."""
     stated = declared_role(endpoint)
     if stated is not None:

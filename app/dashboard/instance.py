@@ -25,7 +25,6 @@ from app.derived.worth import compute_worth
 from app.storage.events import EventRow, list_events
 from app.storage.series_store import InstanceRow, get_instance
 from app.web.deps import CtxDep, DbId, RangeQuery, RangeQueryDep
-from app.web.errors import html_error
 from app.web.ranges import RANGES, TimeRange, default_range, resolve
 
 CHART_ORDER = list(CHARTS)
@@ -134,23 +133,6 @@ def _float(v: object) -> float | None:
         return None
 
 
-def parse_instance_id(raw: str) -> int:
-    """An instance id from a URL: a positive integer, else 404 (no such page), never a traceback."""
-    text = raw.strip()
-    if not text.isdigit() or len(text) > 12:
-        raise HTTPException(404, f"no instance {raw[:40]!r}: instance ids are numbers; see the overview")
-    return int(text)
-
-
-def parse_time(raw: str | None, what: str) -> float | None:
-    if raw is None or raw == "":
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise HTTPException(400, f"{what} must be a Unix time in seconds, not {raw[:40]!r}") from None
-
-
 def shared_now(ctx: AppContext) -> float:
     """Now, rounded to the chart cache's quantum: live fragments of one refresh share it."""
     return quantise(ctx.now(), ctx.settings.dashboard.chart_cache_s)
@@ -175,15 +157,14 @@ def _chart_with_json(
     return c
 
 
-def page_context(
-    ctx: AppContext, instance_id: int, range_: str | None, start: float | None, end: float | None
-) -> dict[str, Any]:
+def page_context(ctx: AppContext, instance_id: int, rq: RangeQuery) -> dict[str, Any]:
     """Everything the instance page renders: its charts, summary, worth, state and events."""
     inst = instance_or_404(ctx, instance_id)
     now = ctx.now()
-    if not range_ and start is None and end is None:
+    range_ = rq.range
+    if not range_ and rq.start is None and rq.end is None:
         range_ = default_range(now, inst.get("first_seen"))
-    tr = resolve(now, range_, start, end)
+    tr = resolve(now, range_, rq.start, rq.end)
     sc = _scope(ctx, inst, tr, MAX_POINTS)
     events = _events(ctx, inst, tr)
     charts = [_chart_with_json(ctx, inst, key, tr, sc, events) for key in CHART_ORDER]
@@ -235,23 +216,10 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/instances/{instance_id}", response_class=HTMLResponse)
 @requires(VIEWER)
-async def instance_page(
-    ctx: CtxDep,
-    request: Request,
-    instance_id: str,
-    range: str | None = None,
-    start: str | None = None,
-    end: str | None = None,
-) -> HTMLResponse:
-    """The instance page. Unknown or malformed ids and ranges answer an HTML page in the
-    dashboard's frame (app.web.errors), so the id and times are parsed here, not by FastAPI
-    (whose 422 is JSON)."""
-    try:
-        iid = parse_instance_id(instance_id)
-        s, e = parse_time(start, "start"), parse_time(end, "end")
-        data = await run_page_work(ctx, lambda: page_context(ctx, iid, range, s, e))
-    except HTTPException as exc:
-        return html_error(request, exc.status_code, str(exc.detail))
+async def instance_page(ctx: CtxDep, request: Request, instance_id: DbId, rq: RangeQueryDep) -> HTMLResponse:
+    """The instance page. An unknown or malformed id or range answers an HTML page in the
+    dashboard's frame (app/web/errors.py), as every page route does."""
+    data = await run_page_work(ctx, lambda: page_context(ctx, instance_id, rq))
     return ctx.templates.TemplateResponse(request, "dashboard/instance.html", data)
 
 

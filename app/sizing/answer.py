@@ -34,6 +34,7 @@ from app.sizing.levers import (
     knee,
     pool_of,
 )
+from app.sizing.optimal import latest_bound, optimal_bound
 from app.sizing.service import SizingError, measured, report
 from app.sizing.split import Candidate, split
 from app.storage.raw_store import series_meta
@@ -53,6 +54,7 @@ class Basis:
     block: int
     bytes_per_block: float | None
     pool_bins: dict[int, float] | None  # eviction distances (None: the agent sent none)
+    bound: tuple[float, int, list[list[float]]] | None = None  # the latest optimal-eviction bound
 
     def pool_hits(self, extra_blocks: float) -> float:
         return hits_at(self.pool_bins or {}, extra_blocks) if extra_blocks > 0 else 0.0
@@ -80,7 +82,7 @@ def basis_of(ctx: AppContext, inst: InstanceRow, start: float, end: float, model
     bpt = model_bpt or bytes_per_token(cache_cfg, offload_cfg)
     block = totals.block_size or 0
     bpb = bpt.value * block if bpt.value and block else None
-    return Basis(totals, bpt, current_tier(cache_cfg, offload_cfg), block, bpb, pool_bins_of(rows))
+    return Basis(totals, bpt, current_tier(cache_cfg, offload_cfg), block, bpb, pool_bins_of(rows), latest_bound(rows))
 
 
 def pool_bins_of(rows: list[SizingWindowRow]) -> dict[int, float] | None:
@@ -226,6 +228,12 @@ def _exactness(rep: dict[str, Any], b: Basis) -> list[dict[str, Any]]:
             "recently (LRU inclusion); the pool also holds running requests",
         },
         {
+            "figure": "optimal-eviction bound (capacity vs policy)",
+            "exact": False,
+            "why": (rep.get("optimal_bound") or {}).get("why")
+            or "the agent has not sent one yet (it replays its last block accesses every 5 minutes at most)",
+        },
+        {
             "figure": "disk tier behind the CPU tier",
             "exact": False,
             "why": "an LRU disk holding what the CPU tier drops; disk read speed not measured",
@@ -281,6 +289,7 @@ def answer(
                 b.bpt.value,
             ),
         }
+    rep["optimal_bound"] = optimal_bound(b.bound, b.block, b.bytes_per_block, b.totals.kv_groups)
     rep["exactness"] = _exactness(rep, b)
     rep["price"] = price
     rep["host_id"] = int(inst["host_id"])

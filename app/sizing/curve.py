@@ -350,10 +350,16 @@ def reconcile(
     Every GPU block vLLM stores was computed or reloaded, so the announced tokens lie between
     ``local_compute + external_kv_transfer`` less the partial last block of each request (never
     announced; at most block size - 1 tokens each) and that plus the generated tokens (full
-    decode blocks are announced too). Outside that band by more than 1 %: a backlog counted as
-    now, lost messages, or a stream that is not this instance's; the curve is then not trusted."""
+    decode blocks are announced too). Every announced block counts, a block computed again while
+    another copy of it sits on the GPU too (two requests prefilling one document side by side, a
+    full hit's last block recomputed for its last token): vLLM 0.32's ``cache_full_blocks`` does
+    not de-duplicate and announces both, and vLLM computed both, though the curve's lookups skip
+    the second (``reannounced``). Recomputes after a preemption are announced but not counted
+    (``PrefillStats`` is set on the first scheduling only): they can only read as "more".
+    Outside that band by more than 1 %: a backlog counted as now, lost messages, or a stream that
+    is not this instance's; the curve is then not trusted."""
     block = t.block_size or 0
-    announced = t.stored_tokens if t.stored_tokens else t.lookups * block
+    announced = t.stored_tokens if t.stored_tokens else t.references * block
     computed = by_source.get("local_compute")
     out: dict[str, Any] = {
         "announced_tokens": announced,

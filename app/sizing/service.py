@@ -21,7 +21,7 @@ from app.derived.series_reader import SeriesQuery, read_series
 from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve, reconcile
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance
-from app.storage.sizing_store import prune_windows, store_windows, windows_in
+from app.storage.sizing_store import SizingWindowRow, prune_windows, store_windows, windows_in
 from kvcore.protocol import PushBatch, ReuseWindow
 from kvcore.series import increase
 
@@ -41,6 +41,7 @@ class SizingError(Exception):
 
 
 MAX_POINTS = 64
+MAX_OPT_ACCESSES = 1 << 24
 
 
 def check_window(i: int, w: ReuseWindow) -> str | None:
@@ -54,6 +55,12 @@ def check_window(i: int, w: ReuseWindow) -> str | None:
             return f"reuse.{i}.{name}: at most {MAX_POINTS} [tier chunks > 0, chunks loaded >= 0] pairs"
     if len(w.pool_bins) > MAX_BINS or any(len(b) != 2 or b[0] < 0 or b[1] < 0 for b in w.pool_bins):
         return f"reuse.{i}.pool_bins: at most {MAX_BINS} [lower edge >= 0, count >= 0] pairs"
+    if len(w.opt_bound) > MAX_POINTS or any(
+        len(p) != 4 or not 0 < p[0] <= 1 << 40 or not 0 <= p[1] <= p[2] <= p[3] <= 1 << 40 for p in w.opt_bound
+    ):
+        return f"reuse.{i}.opt_bound: at most {MAX_POINTS} [tier chunks > 0, 0 <= lru <= opt <= ceiling] rows"
+    if not 0 <= w.opt_accesses <= MAX_OPT_ACCESSES:
+        return f"reuse.{i}.opt_accesses must be 0-{MAX_OPT_ACCESSES}"
     if w.end < w.start or not 0 < w.rate <= 1:
         return f"reuse.{i}: end before start, or a sampling rate outside (0, 1]"
     if w.block_size is not None and not 0 < w.block_size <= 1 << 20:
@@ -111,7 +118,8 @@ def report(
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
         raise SizingError(f"no instance {instance_id}", 404)
-    totals = add_windows(windows_in(ctx.engine, instance_id, start, end))
+    rows = windows_in(ctx.engine, instance_id, start, end)
+    totals = add_windows(rows)
     cache_cfg, offload_cfg = inst.get("cache_config") or {}, inst.get("offload_config") or {}
     policy = offload_cfg.get("eviction_policy") if isinstance(offload_cfg, dict) else None
     totals.policy = "arc" if isinstance(policy, str) and policy.lower() == "arc" else "lru"
@@ -143,14 +151,53 @@ def report(
         }
     )
     # the counters over the span the counted batches cover (their own vLLM timestamps): a range that
-    # starts before the agent subscribed holds computed tokens no counted event announced
-    lo = max(start, totals.first_ts) if totals.first_ts is not None else start
-    hi = min(end, totals.last_ts) if totals.last_ts is not None else end
+    # starts before the agent subscribed holds computed tokens no counted event announced, and
+    # events announced before the counter's first sample are in its baseline, not its increase
+    first = first_sample_ts(ctx, COMPUTED_COUNTER, instance_id, start, end)
+    kept = [r for r in rows if first is None or _window_from(r) >= first]
+    rec = totals if len(kept) == len(rows) else add_windows(kept)
+    lo = max(start, rec.first_ts) if rec.first_ts is not None else start
+    hi = min(end, rec.last_ts) if rec.last_ts is not None else end
+    # from the counter's last sample at or before the span (its increase from there is what the
+    # span's events computed; the agent scrapes and takes its window on the same tick)
+    lo = max(sample_before(ctx, COMPUTED_COUNTER, instance_id, lo) or lo, first or lo)
     m = out["measured"] if (lo, hi) == (start, end) or hi <= lo else measured(ctx, instance_id, lo, hi)
-    out["reconciliation"] = reconcile(totals, m.get("by_source") or {}, m.get("requests"), m.get("generation_tokens"))
+    out["reconciliation"] = reconcile(rec, m.get("by_source") or {}, m.get("requests"), m.get("generation_tokens"))
     out["reconciliation"]["span"] = [lo, hi]
+    out["reconciliation"]["windows_left_out"] = len(rows) - len(kept)
     add_saved_seconds(out)
     return out
+
+
+COMPUTED_COUNTER = "vllm:prompt_tokens_by_source_total"
+SAMPLE_LOOKBACK_S = 300.0
+
+
+def _window_from(row: SizingWindowRow) -> float:
+    """When a window's counted batches begin (vLLM's timestamps; the window's start without them)."""
+    first = (row.get("counts") or {}).get("first_ts")
+    return float(first) if isinstance(first, int | float) and math.isfinite(first) else float(row["start_ts"])
+
+
+def first_sample_ts(ctx: AppContext, name: str, instance_id: int, start: float, end: float) -> float | None:
+    """The earliest point of any series `name` in the range (None without one)."""
+    firsts = [
+        sp.points[0][0]
+        for sp in read_series(ctx.engine, SeriesQuery([name], start, end, instance_id=instance_id))
+        if sp.points
+    ]
+    return min(firsts) if firsts else None
+
+
+def sample_before(ctx: AppContext, name: str, instance_id: int, at: float) -> float | None:
+    """The latest point of any series `name` at or before `at` (looking back SAMPLE_LOOKBACK_S)."""
+    pts = [
+        t
+        for sp in read_series(ctx.engine, SeriesQuery([name], at - SAMPLE_LOOKBACK_S, at, instance_id=instance_id))
+        for t, _ in sp.points
+        if t <= at
+    ]
+    return max(pts) if pts else None
 
 
 def _increase(ctx: AppContext, name: str, instance_id: int, start: float, end: float) -> dict[str, float]:
@@ -174,7 +221,11 @@ def measured(ctx: AppContext, instance_id: int, start: float, end: float) -> dic
     load_s = sum(_increase(ctx, "vllm:kv_offload_load_time_total", instance_id, start, end).values())
     load_bytes = sum(_increase(ctx, "vllm:kv_offload_load_bytes_total", instance_id, start, end).values())
     computed = by_source.get("local_compute", 0.0)
-    requests = _increase(ctx, "vllm:request_prompt_tokens_count", instance_id, start, end)
+    # requests that finished, for the partial-block allowance: the request_prompt_tokens histogram
+    # (kvcore/normalise.py does not keep it) where a store has it, else request_success_total
+    requests = _increase(ctx, "vllm:request_prompt_tokens_count", instance_id, start, end) or _increase(
+        ctx, "vllm:request_success_total", instance_id, start, end
+    )
     generated = _increase(ctx, "vllm:generation_tokens_total", instance_id, start, end)
     return {
         "prompt_tokens": sum(total.values()) if total else None,

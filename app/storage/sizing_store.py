@@ -73,7 +73,13 @@ def store_windows(engine: Engine, host_id: int, windows: list[ReuseWindow], now:
                 "rate": w.rate,
                 # pool_bins rides in the counts JSON: the GPU-pool levers' eviction distances
                 "counts": {f: getattr(w, f) for f in COUNT_FIELDS}
-                | ({"pool_bins": [[float(lo), float(n)] for lo, n in w.pool_bins]} if w.pool_bins else {}),
+                | ({"pool_bins": [[float(lo), float(n)] for lo, n in w.pool_bins]} if w.pool_bins else {})
+                # the optimal-eviction bound rides there too (a snapshot the app reads the latest of)
+                | (
+                    {"opt_bound": [[float(x) for x in p] for p in w.opt_bound], "opt_accesses": w.opt_accesses}
+                    if w.opt_bound
+                    else {}
+                ),
                 "bins": [[float(lo), float(wt)] for lo, wt in w.bins],
                 "received_at": now,
             }

@@ -67,9 +67,9 @@ async def range_query(
         str | None,
         Query(max_length=MAX_RANGE_CHARS, description="5m, 15m, 1h, 6h, 24h, 7d, 30d, or custom with start/end"),
     ] = None,
-    start: Annotated[float | None, Query(description="custom range start, Unix seconds")] = None,
+    start: Annotated[float | None, Query(description="custom range start, a Unix time in seconds")] = None,
     end: Annotated[
-        float | None, Query(description="custom range end, Unix seconds (at most 400 days after start)")
+        float | None, Query(description="custom range end, a Unix time in seconds (at most 400 days after start)")
     ] = None,
 ) -> RangeQuery:
     return RangeQuery(range, start, end)

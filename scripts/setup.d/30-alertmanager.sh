@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian's prometheus-alertmanager, for the alert delivery tests (tests/alerts, marker
+# Debian's prometheus-alertmanager, for the alert delivery tests (tests/app/alerts, marker
 # `alertmanager`). Idempotent: does nothing when the binary is already there. When it cannot
 # install (not root, no network), it says so loudly and exits 0: those tests then SKIP with a reason.
 set -u

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.app.pages.recorded import recorded_batches
+from tests.app.dashboard.recorded import recorded_batches
 from tests.browser.conftest import LiveApp
 
 pytestmark = [pytest.mark.browser]

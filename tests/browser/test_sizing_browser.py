@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.app.sizing.simwindows import BASE, recorded_run, window_dict
 from tests.browser.conftest import LiveApp
-from tests.sizing.simwindows import BASE, recorded_run, window_dict
 
 pytestmark = [pytest.mark.browser]
 GIB = float(1 << 30)

@@ -5,7 +5,7 @@ The what-if grows the GPU pool by the ratio vLLM itself reports: `kv_cache_size_
 dtype. Here a real server runs both ways and the sizing levers take the ratio from what it
 reported (the exact path). A CPU without AVX-512 or AMX refuses fp8 KV at engine start
 (test_fp8_refusal_real.py shows that), so there the test skips and says why. The hit gain of the
-doubled pool itself is checked on the simulator (tests/sizing/test_sizing_levers.py): on the CPU
+doubled pool itself is checked on the simulator (tests/app/sizing/test_sizing_levers.py): on the CPU
 build the pool is 1 GiB (2M tokens) unless --num-gpu-blocks-override fixes it in blocks, which
 fp8 then cannot grow.
 """

@@ -129,7 +129,7 @@ def test_unbounded_tier_prediction_matches_the_disk_tier_reloads(server: Server,
     assert abs(predicted_unbounded - measured) <= 0.05 * prompt, (predicted_unbounded, measured, prompt)
     assert predicted_unbounded == measured  # exact here: the tier is unbounded and keyed per document
     assert all(decode_message(frames).seq >= 0 for _, frames in recorded)
-    if UPDATE:  # keep the stream as a fixture (tests/sizing runs on every file of the folder)
+    if UPDATE:  # keep the stream as a fixture (tests/agent/kvevents runs on every file of the folder)
         keep_stream(recorded, [{"doc": d, "prompt_tokens": DOC_BLOCKS[d] * BLOCK + TAIL} for d in order], d_counters)
 
 

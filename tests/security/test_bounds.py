@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.probe import PROBE_LIMITS, PROBE_MAX_WORDS, ProbeConfig
-from tests.app.pages.recorded import opened_app
+from tests.app.dashboard.recorded import opened_app
 from tests.conftest import TEST_HOSTS, FakeClock, make_batch
 
 

@@ -13,7 +13,7 @@ from agent.controller import load_config
 from agent.preflight_policy import check_flag_policy
 from app.controller.profiles import parse_profile
 from kvcore import flag_policy
-from tests.controller.test_controller import FakeLauncher, _cmd, _ctl
+from tests.app.controller.test_controller import FakeLauncher, _cmd, _ctl
 
 # Each bypass of the old deny-list found in issue 14: (extra_args, the flag the refusal must name).
 BYPASSES = [

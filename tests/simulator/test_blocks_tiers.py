@@ -76,3 +76,28 @@ def test_fs_tier_writes_real_files_and_finds_them_after_restart(tmp_path: Path) 
     p.unlink()
     assert not again.read(b"\x01" * 16) and b"\x01" * 16 not in again
     assert b"\x01" * 16 not in FsTier(tmp_path, "other-model", chunk_bytes=1 << 20)
+
+
+def test_a_block_computed_again_while_its_hash_is_cached_is_announced_and_removed_like_vllm() -> None:
+    """vLLM 0.32 does not de-duplicate (BlockHashToBlockMap, NOTE #1): cache_full_blocks inserts
+    every newly full block and publishes it as BlockStored, even when another block holds the
+    same hash; evicting each copy publishes its own BlockRemoved."""
+    pool = BlockPool(4)
+    seen: list[tuple[str, bytes | None]] = []
+    pool.listener = lambda kind, h, parent: seen.append((kind, h))
+    h = block_hashes(list(range(16)), 16)[0]
+    a, b = pool.allocate(2)  # two requests computed the same block side by side
+    pool.cache(a, h)
+    pool.cache(b, h)
+    assert seen == [("stored", h), ("stored", h)]
+    assert pool.num_cached == 2
+    pool.cache(b, h)  # the same block cached again (the request's end) announces nothing
+    assert len(seen) == 2
+    pool.release([a])
+    pool.release([b])
+    pool.allocate(2)  # the two never-used blocks
+    pool.allocate(1)  # evicts copy a: b still holds the hash
+    assert seen[-1] == ("removed", h) and pool.longest_hit([h]) == [b]
+    pool.allocate(1)  # evicts copy b
+    assert seen[-1] == ("removed", h) and pool.longest_hit([h]) == [] and pool.num_cached == 0
+    assert pool.evictions == 2

@@ -22,7 +22,7 @@ from app.storage.engine import make_engine, upgrade
 from app.storage.ingest_store import IngestWriter
 from app.storage.models import SampleChunk, SampleRow, Series
 from app.storage.raw_store import raw_points_from
-from tests.app.pages.recorded import opened_app, recorded_batches
+from tests.app.dashboard.recorded import opened_app, recorded_batches
 from tests.waits import wait_until
 
 T0 = 1_780_000_000.0

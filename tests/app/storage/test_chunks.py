@@ -26,7 +26,7 @@ from app.storage.rollup_models import Rollup1m
 from app.storage.rollups import rollup_buckets, run_rollups
 from app.storage.series_index import last_values
 from app.storage.store_budget import apply_budget, raw_cut_ms, store_usage
-from tests.app.pages.recorded import recorded_batches
+from tests.app.dashboard.recorded import recorded_batches
 
 T0 = 1_800_000_000.0
 

@@ -16,7 +16,7 @@ from app.ingest.parse import parse_batch
 from app.storage.engine import make_engine, migrations_dir, open_database, upgrade
 from app.storage.ingest_store import IngestWriter
 from kvscope.errors import UserError
-from tests.app.pages.recorded import opened_app
+from tests.app.dashboard.recorded import opened_app
 from tests.conftest import make_batch
 
 T0 = 1_780_000_000.0

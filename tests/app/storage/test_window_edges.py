@@ -3,7 +3,7 @@ equal vLLM's own counter deltas (the counter at the last scrape in the window mi
 at the last scrape before it), on the raw tier in the database, on fetched raw points, and on the
 1-minute rollups for windows on minute edges. Runs on SQLite and PostgreSQL.
 
-The oracle is computed from the recorded counters alone (tests/app/pages/recorded.py): per scrape,
+The oracle is computed from the recorded counters alone (tests/app/dashboard/recorded.py): per scrape,
 the new value minus the previous one, or the new value right after the known restart. The
 recorded batches go in through the real IngestWriter once per session (tests/fed_databases.py);
 each test reads (and rolls up) its own copy of that database.
@@ -22,7 +22,7 @@ from app.derived.series_reader import SeriesQuery, read_series
 from app.storage.raw_store import counter_increases, series_meta
 from app.storage.rollups import run_rollups
 from app.storage.series_store import list_instances
-from tests.app.pages.recorded import recorded_batches
+from tests.app.dashboard.recorded import recorded_batches
 from tests.fed_databases import Feed
 
 T0 = 1_800_000_000.0
