@@ -15,9 +15,10 @@ from typing import Any
 from agent.engines import ENGINES
 from agent.engines.options import split_url
 from agent.private_files import private_dir
+from agent.settings import DEFAULT_STATE, AgentSettings, load_agent_settings
 from kvscope.errors import UserError
 
-DEFAULT_STATE = "~/.local/state/kvscope-agent"
+__all__ = ["DEFAULT_STATE", "agent_settings", "build_agent", "kv_events_source", "parse_interval", "register"]
 
 
 def parse_interval(text: str) -> float:
@@ -46,7 +47,7 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
         action="append",
         default=d,
         metavar="URL",
-        help="vLLM base URL (repeat for several servers; default http://127.0.0.1:8000)",
+        help="vLLM base URL (repeat for several servers; default http://127.0.0.1:8000; $KVSCOPE_VLLM_URL)",
     )
     p.add_argument("--state-dir", default=d, help=f"spool and agent id (default {DEFAULT_STATE}; $KVSCOPE_AGENT_STATE)")
     p.add_argument("--proc-root", default=d, help="procfs root (default /proc)")
@@ -60,7 +61,13 @@ def _common(p: argparse.ArgumentParser, sub: bool) -> None:
         default=d,
         help="GPU reader (default auto: NVML, else nvidia-smi)",
     )
-    p.add_argument("--vllm-timeout", type=float, default=d, help="seconds per vLLM request (default 2)")
+    p.add_argument(
+        "--vllm-timeout",
+        type=float,
+        default=d,
+        help="seconds per vLLM request (default 2; $KVSCOPE_AGENT_VLLM_TIMEOUT_S)",
+    )
+    p.add_argument("--config", default=d, help="TOML file whose [agent] section sets these (default $KVSCOPE_CONFIG)")
 
 
 def register(sub: Any) -> None:
@@ -72,9 +79,11 @@ def register(sub: Any) -> None:
         help="file holding the agent token from `kvscope token create` (or set $KVSCOPE_AGENT_TOKEN)",
     )
     p.add_argument("--token", help="agent token on the command line: visible in ps; prefer --token-file")
-    p.add_argument("--interval", type=parse_interval, default=1.0, help="tick interval (default 1s)")
-    p.add_argument("--host-name", help="name of this host in the app (default: hostname)")
-    p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool bound in MB (default 256)")
+    p.add_argument(
+        "--interval", type=parse_interval, help="tick interval (default 1s; $KVSCOPE_AGENT_INTERVAL_S, seconds)"
+    )
+    p.add_argument("--host-name", help="name of this host in the app (default: hostname; $KVSCOPE_AGENT_HOST_NAME)")
+    p.add_argument("--spool-max-mb", type=float, help="spool bound in MB (default 256; $KVSCOPE_AGENT_SPOOL_MAX_MB)")
     p.add_argument("--launcher-config", help="TOML file: let the agent start/restart vLLM (controller)")
     p.add_argument(
         "--no-command-poll",
@@ -111,8 +120,21 @@ def _opt(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
-def _urls(args: argparse.Namespace) -> list[str]:
-    urls = _opt(args, "vllm_url") or [os.environ.get("KVSCOPE_VLLM_URL", "http://127.0.0.1:8000")]
+def agent_settings(args: argparse.Namespace) -> AgentSettings:
+    """The agent's settings: these flags > KVSCOPE_* environment > [agent] of the config file > defaults."""
+    return load_agent_settings(
+        _opt(args, "config"),
+        server=_opt(args, "server"),
+        vllm_urls=_opt(args, "vllm_url"),
+        state_dir=_opt(args, "state_dir"),
+        interval_s=_opt(args, "interval"),
+        spool_max_mb=_opt(args, "spool_max_mb"),
+        vllm_timeout_s=_opt(args, "vllm_timeout"),
+        host_name=_opt(args, "host_name"),
+    )
+
+
+def _urls(urls: list[str]) -> list[str]:
     for u in urls:
         if not u.startswith(("http://", "https://")):
             raise UserError(f"--vllm-url {u!r} must start with http:// or https://")
@@ -140,29 +162,26 @@ def build_host_sources(args: argparse.Namespace) -> list[Any]:
     return sources
 
 
-def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(_opt(args, "state_dir", os.environ.get("KVSCOPE_AGENT_STATE", DEFAULT_STATE))).expanduser()
-
-
 def build_agent(args: argparse.Namespace, *, server: str | None, token: str | None) -> Any:
     from agent.fetch import StdlibFetcher
     from agent.host_sources import HostCollector
     from agent.loop import Agent, AgentConfig
 
-    state = _state_dir(args)
+    s = agent_settings(args)
+    state = s.state_dir
     try:
         private_dir(state)
     except OSError as exc:
         raise UserError(f"cannot create the state folder {state}: {exc.strerror}; pass --state-dir") from None
     cfg = AgentConfig(
-        vllm_urls=_urls(args),
+        vllm_urls=_urls(s.vllm_urls),
         server=server,
         token=token,
-        interval_s=_opt(args, "interval", 1.0),
+        interval_s=s.interval_s,
         state_dir=state,
-        host_name=_opt(args, "host_name"),
-        spool_max_bytes=int(_opt(args, "spool_max_mb", 256.0) * 1024 * 1024),
-        vllm_timeout_s=_opt(args, "vllm_timeout", 2.0),
+        host_name=s.host_name,
+        spool_max_bytes=int(s.spool_max_mb * 1024 * 1024),
+        vllm_timeout_s=s.vllm_timeout_s,
         command_poll=not _opt(args, "no_command_poll", False),
     )
     client = StdlibFetcher()  # ~4x less CPU per request than httpx (see agent/fetch.py)
@@ -172,7 +191,7 @@ def build_agent(args: argparse.Namespace, *, server: str | None, token: str | No
 
 def agent_token(args: argparse.Namespace) -> str | None:
     """The agent token: --token-file, else --token (with a warning: every user of the host sees a
-    command line in ps), else $KVSCOPE_AGENT_TOKEN."""
+    command line in ps), else $KVSCOPE_AGENT_TOKEN (or token in [agent] of the config file)."""
     path = getattr(args, "token_file", None)
     if path:
         try:
@@ -190,10 +209,7 @@ def agent_token(args: argparse.Namespace) -> str | None:
             file=sys.stderr,
         )
         return str(args.token)
-    env = os.environ.get("KVSCOPE_AGENT_TOKEN")
-    if env:
-        return env.strip() or None
-    return None
+    return agent_settings(args).token
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -201,7 +217,7 @@ def run_agent(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    server = args.server or os.environ.get("KVSCOPE_SERVER")
+    server = agent_settings(args).server
     token = agent_token(args)
     if not server:
         raise UserError("--server URL is required (the kvscope app), or use `kvscope agent once --print`")
@@ -337,7 +353,7 @@ def run_capture(args: argparse.Namespace) -> int:
 
     written = capture(
         Path(args.dir),
-        _urls(args),
+        _urls(agent_settings(args).vllm_urls),
         mask=not args.no_mask,
         timeout_s=_opt(args, "vllm_timeout", 5.0),
         nvidia_smi=None if _opt(args, "no_gpu", False) else _opt(args, "nvidia_smi", "nvidia-smi"),

@@ -55,7 +55,7 @@ def check_port_free(host: str, port: int) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, host=args.host, port=args.port)
     settings.check_for_bind()
-    check_port_free(settings.host, settings.port)
+    check_port_free(settings.server.host, settings.server.port)
     import logging
 
     import uvicorn
@@ -68,13 +68,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(settings)
     hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
-    print(f"kvscope: serving on http://{settings.host}:{settings.port}  (data: {settings.effective_database_url})")
+    srv = settings.server
+    print(f"kvscope: serving on http://{srv.host}:{srv.port}  (data: {settings.effective_database_url})")
     uvicorn.run(
         app,
-        host=settings.host,
-        port=settings.port,
+        host=settings.server.host,
+        port=settings.server.port,
         log_level=args.log_level,
         access_log=False,
-        **uvicorn_options(settings.trusted_proxies),  # header, keep-alive and body deadlines (app/auth/serving.py)
+        **uvicorn_options(settings.auth.trusted_proxies),  # header, keep-alive and body deadlines (app/auth/serving.py)
     )
     return 0

@@ -77,7 +77,7 @@ def create_app(
         dependencies=[Depends(guard.dependency(ctx))],
     )
     app.state.ctx = ctx
-    app.state.start_jobs = settings.run_scheduler if start_jobs is None else start_jobs
+    app.state.start_jobs = settings.server.run_scheduler if start_jobs is None else start_jobs
     _install_errors(app)
     _install_timing(app, ctx)
     install_docs(app)

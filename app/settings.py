@@ -1,30 +1,37 @@
-"""The app's settings: one typed object, built at start-up and passed down (never at import).
+"""The app's settings: one typed object with a section per feature, built at start-up and passed
+down (never at import).
 
 Sources, highest first: explicit overrides (CLI flags), environment (``KVSCOPE_*``), an optional
-TOML file (``--config`` or ``KVSCOPE_CONFIG``), defaults.
+TOML file (``--config`` or ``KVSCOPE_CONFIG``), defaults; layered by kvcore/settings_sources.py,
+the mechanism the agent reads its settings through too, and validated here by pydantic (whose
+messages name the range: "greater than or equal to 1"), each error naming the variable or the
+file's key the bad value came from.
+
+TOML: ``[server] port = 8080``, ``[alerts] eval_interval_s = 15``, ``[[alerts.channels]]`` ...
+The flat keys of before the sections (``port``, ``alert_eval_interval_s``, ``[[alert_channels]]``)
+are still read; each setting keeps its environment variable (``KVSCOPE_ALERT_EVAL_INTERVAL_S``).
+Internal tuning knobs are constants in the module that uses them (REMOVED lists the old names;
+one set in the environment or the file is warned about once and ignored).
 """
 
 from __future__ import annotations
 
-import functools
 import ipaddress
+import logging
 import os
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.alerts.channel_config import AlertChannel
 from kvcore.flag_policy import DEFAULT_TIER_ROOTS
+from kvcore.settings_sources import Key, Layered, SettingError, config_path, layer, read_toml
 from kvscope.errors import UserError
 
 PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "secret", "token", "placeholder"})
+log = logging.getLogger("kvscope.settings")
 
 
 def default_data_dir() -> Path:
@@ -32,16 +39,32 @@ def default_data_dir() -> Path:
     return Path(base) / "kvscope"
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVSCOPE_", extra="forbid", validate_default=True)
+class Section(BaseModel):
+    """One feature's settings. FLAT: a field's name before the sections, where it differs (its
+    environment variable is KVSCOPE_ + that name, upper case)."""
 
-    # --- serving
-    host: str = Field("127.0.0.1", description="Address `kvscope serve` binds to.")
+    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True)
+    FLAT: ClassVar[dict[str, str]] = {}
+
+
+class ServerSettings(Section):
+    host: str = Field("127.0.0.1", max_length=255, description="Address `kvscope serve` binds to.")
     port: int = Field(8080, ge=1, le=65535, description="Port `kvscope serve` binds to.")
     data_dir: Path = Field(default_factory=default_data_dir, description="Folder for the SQLite file, spool, logs.")
     database_url: str | None = Field(
-        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/kvscope.db. Postgres works too."
+        None,
+        max_length=4096,
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/kvscope.db. Postgres works too.",
     )
+    run_scheduler: bool = Field(True, description="Run background jobs (rollups, alerts) in this process.")
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _expand(cls, v: Any) -> Any:
+        return Path(os.path.expanduser(str(v))) if v is not None else v
+
+
+class AuthSettings(Section):
     secret_key: str = Field(
         "change-me",
         description="Signs sessions and form tokens. Must be set (32+ bytes) when binding off loopback; on "
@@ -59,134 +82,6 @@ class Settings(BaseSettings):
         max_length=255,
         description="The host the static agent token may speak for; required with KVSCOPE_AGENT_TOKEN off loopback.",
     )
-    # --- ingest
-    max_batch_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest accepted push body.")
-    max_future_skew_s: float = Field(300.0, ge=0, description="Refuse samples this far in the future.")
-    max_past_age_s: float = Field(
-        400 * 86400.0, ge=0, description="Refuse samples older than this (a spool replays up to days)."
-    )
-    stale_after_s: float = Field(30.0, gt=0, description="An agent silent this long is shown as stale.")
-    # --- retention and rollups
-    raw_retention_h: float = Field(48.0, gt=0, description="Keep raw samples this long.")
-    rollup_1m_retention_d: float = Field(30.0, gt=0, description="Keep 1-minute rollups this long.")
-    rollup_1h_retention_d: float = Field(400.0, gt=0, description="Keep 1-hour rollups this long.")
-    rollup_interval_s: float = Field(60.0, gt=0, description="How often the rollup job runs.")
-    storage_budget_mb: float = Field(
-        0.0,
-        ge=0,
-        le=10_000_000,
-        description="Disk budget of the database in MB (0: none). Over it, the oldest raw samples that are "
-        "already rolled up go first (rollups stay), before the raw retention would drop them.",
-    )
-    seal_interval_s: float = Field(
-        30.0, ge=5, le=3600, description="How often raw samples older than a minute are sealed into chunks."
-    )
-    chart_cache_s: float = Field(
-        5.0,
-        ge=0,
-        description="Dashboard fragments share one computation per chart for this long "
-        "(named ranges end at now rounded down to it); 0 disables.",
-    )
-    page_threads: int = Field(
-        2,
-        ge=1,
-        le=64,
-        description="Threads that compute dashboard pages and fragments at once; the rest "
-        "wait, so agents' pushes never queue behind chart work.",
-    )
-    # --- alerts
-    alert_eval_interval_s: float = Field(15.0, gt=0, description="How often alert rules are evaluated.")
-    # --- scheduler
-    run_scheduler: bool = Field(True, description="Run background jobs (rollups, alerts) in this process.")
-
-    # --- alerts (app/alerts, docs/alerts.md): rule defaults, channels, delivery
-    alert_rules: dict[str, dict[str, Any]] = Field(
-        default_factory=dict,
-        description="Rule parameter defaults, e.g. {hit_rate_drop_overall = {for_s = 60}} (see docs/alerts.md).",
-    )
-    alert_channels: list[AlertChannel] = Field(
-        default_factory=list, description="Notification channels: webhook, ntfy, slack, discord, alertmanager."
-    )
-    alert_delivery_interval_s: float = Field(5.0, gt=0, description="How often queued notifications are sent.")
-    alert_retry_base_s: float = Field(10.0, gt=0, description="First retry delay of a failed notification.")
-    alert_retry_max_s: float = Field(900.0, gt=0, description="Longest retry delay (exponential backoff cap).")
-    alert_max_attempts: int = Field(10, ge=1, description="Give a notification up after this many attempts.")
-    alert_resend_s: float = Field(60.0, gt=0, description="Re-send firing alerts to Alertmanager this often.")
-    alert_nodata_resolve_s: float = Field(
-        900.0, gt=0, description="Resolve a firing alert after this long without data."
-    )
-    alert_public_url: str | None = Field(
-        None, description="This app's URL as users reach it, for links in notifications."
-    )
-    alert_history_days: float = Field(90.0, gt=0, description="Keep resolved alerts and their history this long.")
-
-    @field_validator("alert_rules")
-    @classmethod
-    def _alert_rules(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        from app.alerts.params import ParamError, validate_overrides
-
-        try:
-            return validate_overrides(v)
-        except ParamError as exc:
-            raise ValueError(str(exc)) from None
-
-    @field_validator("alert_channels")
-    @classmethod
-    def _alert_channels(cls, v: list[AlertChannel]) -> list[AlertChannel]:
-        names = [c.name for c in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"alert channel names must be unique: {', '.join(dup)}")
-        return v
-
-    # --- scale-out: the app as a Prometheus exporter, Prometheus as a history source
-    exporter_enabled: bool = Field(True, description="Export derived per-instance series on /metrics.")
-    exporter_window_s: float = Field(
-        60.0, gt=0, description="Window of the exported rates and hit ratios (seconds of stored samples)."
-    )
-    exporter_cache_s: float = Field(5.0, ge=0, description="Reuse one computation of /metrics this long.")
-    prometheus_url: str | None = Field(
-        None, description="Base URL of a Prometheus that scrapes the vLLM servers (history source)."
-    )
-    prometheus_instance_label: str = Field(
-        "instance", description="Prometheus label that names the vLLM server (host:port, as in its scrape)."
-    )
-    prometheus_timeout_s: float = Field(10.0, gt=0, description="Timeout of one Prometheus query.")
-
-    # --- controller (app/controller/rollouts.py, docs/controller.md): rollout deadlines and the probe
-    rollout_health_deadline_s: float = Field(
-        300.0, gt=0, description="A restarted server must answer /health and /v1/models within this."
-    )
-    rollout_request_ttl_s: float = Field(900.0, gt=0, description="Expire a rollout no agent picked up this long.")
-    rollout_ack_ttl_s: float = Field(
-        120.0, gt=0, description="Expire a rollout handed to an agent that did not acknowledge it this long."
-    )
-    rollout_silent_ttl_s: float = Field(
-        3600.0, gt=0, description="Expire an unfinished rollout whose agent reported nothing this long."
-    )
-    probe_enabled: bool = Field(True, description="Run the verification probe after each restart.")
-    probe_prefix_words: int = Field(1500, ge=1, description="Words per probe prefix (~tokens).")
-    probe_evict_count: int = Field(8, ge=0, description="Other prefixes the probe sends to evict the first.")
-    probe_request_timeout_s: float = Field(60.0, gt=0, description="A probe request slower than this is a hang.")
-
-    # --- A/B experiments (app/ab, docs/ab.md)
-    ab_tick_interval_s: float = Field(1.0, gt=0, description="How often running A/B experiments are moved on.")
-    ab_switch_timeout_s: float = Field(1800.0, gt=0, description="An arm's profile switch must end within this.")
-    ab_run_timeout_s: float = Field(3600.0, gt=0, description="One workload run must end within this.")
-    ab_max_error_rate: float = Field(
-        0.5, ge=0, le=1, description="A run with a larger share of failed requests fails its arm."
-    )
-    ab_bootstrap_resamples: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples per verdict.")
-    ab_workers: int = Field(2, ge=1, le=16, description="Workload runs that may run at once (app-side threads).")
-    ab_max_foreign_share: float = Field(
-        0.05,
-        ge=0,
-        le=1,
-        description="A/B: a run in which other clients sent more than this share of the requests or prompt "
-        "tokens the server served is left out of the verdict (flagged, with the figures).",
-    )
-
-    # --- security (app/auth, docs/security.md)
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Host headers the app answers (DNS-rebinding guard); empty: the bind address, "
@@ -211,7 +106,10 @@ class Settings(BaseSettings):
         "right-most untrusted hop is the client); empty: none.",
     )
     max_body_bytes: int = Field(
-        1024 * 1024, ge=1024, description="Largest request body outside pushes (those have max_batch_bytes)."
+        1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="Largest request body outside pushes (those have [ingest] max_batch_bytes).",
     )
     body_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="A request body not fully received within this gets 408."
@@ -220,7 +118,24 @@ class Settings(BaseSettings):
         None, description="Mark cookies Secure; default: when the request came over https (behind a TLS proxy)."
     )
 
-    # --- ingest limits (app/storage/series_index.py): sized from real vLLM exporters
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                ipaddress.ip_network(p.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{p[:64]!r} is not an IP address or network") from None
+        return v
+
+
+class IngestSettings(Section):
+    """Push limits (app/ingest, app/storage/series_index.py): sized from real vLLM exporters."""
+
+    max_batch_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=1024**3, description="Largest accepted push body.")
+    max_future_skew_s: float = Field(
+        300.0, ge=0, le=86400 * 365, description="Refuse samples this far in the future (the agents' clock skew)."
+    )
     max_series_per_instance: int = Field(
         10_000,
         ge=100,
@@ -239,7 +154,133 @@ class Settings(BaseSettings):
         "(422), known instances keep pushing.",
     )
 
-    # --- flags (kvcore/flag_policy.py): profiles' extra_args beyond the allow-list
+
+class StorageSettings(Section):
+    FLAT: ClassVar[dict[str, str]] = {"budget_mb": "storage_budget_mb"}
+
+    raw_retention_h: float = Field(48.0, gt=0, le=24 * 365 * 10, description="Keep raw samples this long.")
+    rollup_1m_retention_d: float = Field(30.0, gt=0, le=365 * 10, description="Keep 1-minute rollups this long.")
+    rollup_1h_retention_d: float = Field(400.0, gt=0, le=365 * 100, description="Keep 1-hour rollups this long.")
+    budget_mb: float = Field(
+        0.0,
+        ge=0,
+        le=10_000_000,
+        description="Disk budget of the database in MB (0: none). Over it, the oldest raw samples that are "
+        "already rolled up go first (rollups stay), before the raw retention would drop them.",
+    )
+    seal_interval_s: float = Field(
+        30.0, ge=5, le=3600, description="How often raw samples older than a minute are sealed into chunks."
+    )
+
+
+class DashboardSettings(Section):
+    stale_after_s: float = Field(30.0, gt=0, le=86400, description="An agent silent this long is shown as stale.")
+    chart_cache_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="Dashboard fragments share one computation per chart for this long "
+        "(named ranges end at now rounded down to it); 0 disables.",
+    )
+
+
+class AlertsSettings(Section):
+    """app/alerts, docs/alerts.md: rule defaults, channels, links."""
+
+    FLAT: ClassVar[dict[str, str]] = {
+        "eval_interval_s": "alert_eval_interval_s",
+        "rules": "alert_rules",
+        "channels": "alert_channels",
+        "public_url": "alert_public_url",
+        "history_days": "alert_history_days",
+    }
+
+    eval_interval_s: float = Field(15.0, gt=0, le=3600, description="How often alert rules are evaluated.")
+    rules: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Rule parameter defaults, e.g. {hit_rate_drop_overall = {for_s = 60}} (see docs/alerts.md).",
+    )
+    channels: list[AlertChannel] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Notification channels: webhook, ntfy, slack, discord, alertmanager.",
+    )
+    public_url: str | None = Field(
+        None, max_length=2048, description="This app's URL as users reach it, for links in notifications."
+    )
+    history_days: float = Field(90.0, gt=0, le=36500, description="Keep resolved alerts and their history this long.")
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from app.alerts.params import ParamError, validate_overrides
+
+        try:
+            return validate_overrides(v)
+        except ParamError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: list[AlertChannel]) -> list[AlertChannel]:
+        names = [c.name for c in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"alert channel names must be unique: {', '.join(dup)}")
+        return v
+
+
+class ExportSettings(Section):
+    """Scale-out: the app as a Prometheus exporter, Prometheus as a history source (docs/scale.md)."""
+
+    FLAT: ClassVar[dict[str, str]] = {"enabled": "exporter_enabled"}
+
+    enabled: bool = Field(True, description="Export derived per-instance series on /metrics.")
+    prometheus_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="Base URL of a Prometheus that scrapes the vLLM servers (history source).",
+    )
+    prometheus_instance_label: str = Field(
+        "instance",
+        max_length=128,
+        description="Prometheus label that names the vLLM server (host:port, as in its scrape).",
+    )
+
+
+class ControllerSettings(Section):
+    """app/controller, docs/controller.md: rollout deadlines, the probe, the flag policy."""
+
+    FLAT: ClassVar[dict[str, str]] = {
+        "health_deadline_s": "rollout_health_deadline_s",
+        "request_ttl_s": "rollout_request_ttl_s",
+        "ack_ttl_s": "rollout_ack_ttl_s",
+        "silent_ttl_s": "rollout_silent_ttl_s",
+    }
+
+    health_deadline_s: float = Field(
+        300.0, gt=0, le=86400, description="A restarted server must answer /health and /v1/models within this."
+    )
+    request_ttl_s: float = Field(
+        900.0, gt=0, le=86400 * 7, description="Expire a rollout no agent picked up this long."
+    )
+    ack_ttl_s: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="Expire a rollout handed to an agent that did not acknowledge it this long.",
+    )
+    silent_ttl_s: float = Field(
+        3600.0, gt=0, le=86400 * 7, description="Expire an unfinished rollout whose agent reported nothing this long."
+    )
+    probe_enabled: bool = Field(True, description="Run the verification probe after each restart.")
+    # the probe's ranges are the agent's (agent/probe.py PROBE_LIMITS): refused here at start-up,
+    # not by every agent at every rollout
+    probe_prefix_words: int = Field(1500, ge=16, le=200_000, description="Words per probe prefix (~tokens).")
+    probe_evict_count: int = Field(8, ge=0, le=1000, description="Other prefixes the probe sends to evict the first.")
+    probe_request_timeout_s: float = Field(
+        60.0, ge=0.1, le=3600, description="A probe request slower than this is a hang."
+    )
     allow_flags: list[str] = Field(
         default_factory=list,
         max_length=256,
@@ -259,33 +300,66 @@ class Settings(BaseSettings):
         "launcher configs (tier_roots) decide on their hosts.",
     )
 
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _proxies(cls, v: list[str]) -> list[str]:
-        for p in v:
-            try:
-                ipaddress.ip_network(p.strip(), strict=False)
-            except ValueError:
-                raise ValueError(f"{p[:64]!r} is not an IP address or network") from None
-        return v
 
-    @field_validator("data_dir", mode="before")
-    @classmethod
-    def _expand(cls, v: Any) -> Any:
-        return Path(os.path.expanduser(str(v))) if v is not None else v
+class AbSettings(Section):
+    """A/B experiments (app/ab, docs/ab.md)."""
+
+    FLAT: ClassVar[dict[str, str]] = {"bootstrap_resamples": "ab_bootstrap_resamples"}
+
+    bootstrap_resamples: int = Field(2000, ge=100, le=100_000, description="Bootstrap resamples per verdict.")
+
+
+# Old flat settings that are internal tuning knobs now: the constant that replaced each.
+REMOVED: dict[str, str] = {
+    "rollup_interval_s": "now app.dashboard.ROLLUP_INTERVAL_S",
+    "page_threads": "now app.dashboard.workers.PAGE_THREADS",
+    "max_past_age_s": "now app.ingest.api.MAX_PAST_AGE_S",
+    "alert_delivery_interval_s": "now app.alerts.delivery.DELIVERY_INTERVAL_S",
+    "alert_retry_base_s": "now app.alerts.delivery.RETRY_BASE_S",
+    "alert_retry_max_s": "now app.alerts.delivery.RETRY_MAX_S",
+    "alert_max_attempts": "now app.alerts.delivery.MAX_ATTEMPTS",
+    "alert_resend_s": "now app.alerts.delivery.RESEND_S",
+    "alert_nodata_resolve_s": "now app.alerts.evaluate.NODATA_RESOLVE_S",
+    "exporter_window_s": "now app.export.exporter.WINDOW_S",
+    "exporter_cache_s": "now app.export.exporter.CACHE_S",
+    "prometheus_timeout_s": "now app.export.prometheus_source.TIMEOUT_S",
+    "ab_tick_interval_s": "now app.ab.api.TICK_INTERVAL_S",
+    "ab_switch_timeout_s": "now app.ab.orchestrator.SWITCH_TIMEOUT_S",
+    "ab_run_timeout_s": "now app.ab.orchestrator.RUN_TIMEOUT_S",
+    "ab_max_error_rate": "now app.ab.orchestrator.MAX_ERROR_RATE",
+    "ab_workers": "now app.ab.actions.WORKERS",
+    "ab_max_foreign_share": "now app.ab.verdict.DEFAULT_MAX_FOREIGN_SHARE",
+}
+# TOML sections other readers own: the agent's (agent/settings.py) may share the file
+OTHER_SECTIONS = ("agent",)
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    server: ServerSettings = Field(default_factory=ServerSettings)  # type: ignore[arg-type]
+    auth: AuthSettings = Field(default_factory=AuthSettings)  # type: ignore[arg-type]
+    ingest: IngestSettings = Field(default_factory=IngestSettings)  # type: ignore[arg-type]
+    storage: StorageSettings = Field(default_factory=StorageSettings)  # type: ignore[arg-type]
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)  # type: ignore[arg-type]
+    alerts: AlertsSettings = Field(default_factory=AlertsSettings)  # type: ignore[arg-type]
+    export: ExportSettings = Field(default_factory=ExportSettings)  # type: ignore[arg-type]
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)  # type: ignore[arg-type]
+    ab: AbSettings = Field(default_factory=AbSettings)  # type: ignore[arg-type]
 
     @property
     def effective_database_url(self) -> str:
-        if self.database_url:
-            return self.database_url
-        return f"sqlite:///{self.data_dir / 'kvscope.db'}"
+        if self.server.database_url:
+            return self.server.database_url
+        return f"sqlite:///{self.server.data_dir / 'kvscope.db'}"
 
     @property
     def is_loopback(self) -> bool:
-        if self.host in ("localhost", ""):
-            return self.host == "localhost"
+        host = self.server.host
+        if host in ("localhost", ""):
+            return host == "localhost"
         try:
-            return ipaddress.ip_address(self.host).is_loopback
+            return ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False
 
@@ -293,64 +367,90 @@ class Settings(BaseSettings):
         """Refuse placeholder or short secrets when the app is reachable from other machines."""
         if self.is_loopback:
             return
-        if self.secret_key.strip().lower() in PLACEHOLDER_SECRETS or len(self.secret_key.encode()) < 32:
+        host, auth = self.server.host, self.auth
+        if auth.secret_key.strip().lower() in PLACEHOLDER_SECRETS or len(auth.secret_key.encode()) < 32:
             raise UserError(
-                f"binding to {self.host} needs a real secret of 32 bytes or more: set KVSCOPE_SECRET_KEY "
+                f"binding to {host} needs a real secret of 32 bytes or more: set KVSCOPE_SECRET_KEY "
                 "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
             )
-        if self.agent_token is not None and self.agent_token.strip().lower() in PLACEHOLDER_SECRETS:
+        if auth.agent_token is not None and auth.agent_token.strip().lower() in PLACEHOLDER_SECRETS:
             raise UserError(
-                f"binding to {self.host} with KVSCOPE_AGENT_TOKEN at a placeholder: "
+                f"binding to {host} with KVSCOPE_AGENT_TOKEN at a placeholder: "
                 "create one with `kvscope token create NAME` or unset it"
             )
-        if self.agent_token is not None and len(self.agent_token.strip()) < 32:
+        if auth.agent_token is not None and len(auth.agent_token.strip()) < 32:
             raise UserError(
-                f"binding to {self.host} needs KVSCOPE_AGENT_TOKEN of 32 characters or more "
+                f"binding to {host} needs KVSCOPE_AGENT_TOKEN of 32 characters or more "
                 "(or unset it and use `kvscope token create HOST`)"
             )
-        if self.agent_token is not None and not self.agent_token_host:
+        if auth.agent_token is not None and not auth.agent_token_host:
             raise UserError(
-                f"binding to {self.host} with KVSCOPE_AGENT_TOKEN needs KVSCOPE_AGENT_TOKEN_HOST: "
+                f"binding to {host} with KVSCOPE_AGENT_TOKEN needs KVSCOPE_AGENT_TOKEN_HOST: "
                 "the one host that token may speak for"
             )
 
 
-@functools.lru_cache(maxsize=16)
-def _settings_class(toml_path: Path | None) -> type[Settings]:
-    """Settings read from init arguments, then KVSCOPE_* env, then the TOML file if any. One class
-    per file (pydantic builds a class's validators once); the file is read at each instantiation."""
-
-    class _Settings(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-            if toml_path is not None:
-                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
-            return tuple(sources)
-
-    return _Settings
+def sections() -> dict[str, type[Section]]:
+    """Each section's name and model, in the order of Settings."""
+    out: dict[str, type[Section]] = {}
+    for name, f in Settings.model_fields.items():
+        model = f.annotation
+        assert isinstance(model, type) and issubclass(model, Section), name
+        out[name] = model
+    return out
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build the settings once, at start-up. Bad values become a one-line UserError."""
-    given = config_file or os.environ.get("KVSCOPE_CONFIG")
-    path = Path(given).expanduser() if given is not None else None
-    if path is not None and not path.is_file():
-        raise UserError(f"config file {path} not found: fix --config / KVSCOPE_CONFIG")
+def _is_json(annotation: Any) -> bool:
+    return any(typing.get_origin(a) in (list, dict) for a in (annotation, *typing.get_args(annotation)))
 
-    clean = {k: v for k, v in overrides.items() if v is not None}
+
+def setting_keys() -> list[Key]:
+    """Every setting's place, environment variable and old flat key (kvcore/settings_sources.py)."""
+    out: list[Key] = []
+    for section, model in sections().items():
+        for name, f in model.model_fields.items():
+            flat = model.FLAT.get(name, name)
+            out.append(Key(section, name, "KVSCOPE_" + flat.upper(), flat=flat, json=_is_json(f.annotation)))
+    return out
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(layered: Layered) -> None:
+    for text in layered.warnings:
+        if text not in _warned:
+            _warned.add(text)
+            log.warning("kvscope: %s", text)
+
+
+def load_settings(
+    config_file: str | Path | None = None, *, environ: typing.Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Build the settings once, at start-up. Overrides by old flat name (``port=``, ``alert_rules=``)
+    or ``section.name`` through a dict (``**{"alerts.eval_interval_s": 5}``). Bad values become a
+    one-line UserError naming the setting and where its value came from."""
+    path = config_path(config_file, environ)
     try:
-        return _settings_class(path)(**clean)
+        toml = read_toml(path) if path is not None else {}
+        name = f"config file {path}"
+        layered = layer(
+            setting_keys(),
+            overrides=overrides,
+            environ=environ,
+            toml=toml,
+            toml_name=name,
+            removed=REMOVED,
+            other_sections=OTHER_SECTIONS,
+        )
+    except SettingError as exc:
+        raise UserError(str(exc)) from None
+    _warn_once(layered)
+    try:
+        return Settings.model_validate(layered.values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ())) or "settings"
-        raise UserError(f"bad setting {where}: {err.get('msg')} (check KVSCOPE_* env and the config file)") from None
-    except ValueError as exc:  # TOML syntax errors
-        raise UserError(f"cannot read config file {path}: {exc}") from None
+        loc = [str(p) for p in err.get("loc", ())]
+        where = ".".join(loc) or "settings"
+        origin = layered.where(".".join(loc[:2]))
+        raise UserError(f"bad setting {where} (from {origin}): {err.get('msg')}") from None

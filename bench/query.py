@@ -182,11 +182,17 @@ def main() -> int:
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvscope-bench-query-"))
     work.mkdir(parents=True, exist_ok=True)
-    from app.settings import Settings
+    import app.settings as app_settings
 
     # the bench times the computation of each chart: a result cache shared between viewers (if
-    # the app has one) would turn every repeat after the warm-up into a cache hit
-    no_cache = {"chart_cache_s": 0.0} if "chart_cache_s" in Settings.model_fields else {}
+    # the app has one) would turn every repeat after the warm-up into a cache hit; the flat names
+    # of the settings (sections since issue 25; one flat model before)
+    flat = (
+        {str(k.flat) for k in app_settings.setting_keys()}
+        if hasattr(app_settings, "setting_keys")
+        else set(app_settings.Settings.model_fields)
+    )
+    no_cache = {"chart_cache_s": 0.0} if "chart_cache_s" in flat else {}
     settings = load_settings(None, data_dir=str(work), run_scheduler=False, **no_cache)
     engine = open_database(settings.effective_database_url)
     with engine.connect() as conn:

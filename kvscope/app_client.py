@@ -49,16 +49,16 @@ def app_url(args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
     if url:
         return str(url).rstrip("/")
     s = _settings(args)
-    host = str(s.host)
+    host = str(s.server.host)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{int(s.port)}"
+    return f"http://{host}:{int(s.server.port)}"
 
 
 def token_file(args: argparse.Namespace) -> Path:
-    return Path(_settings(args).data_dir) / TOKEN_FILE
+    return Path(_settings(args).server.data_dir) / TOKEN_FILE
 
 
 def demo_token_file() -> Path:

@@ -31,7 +31,7 @@ def start_app_thread(app: Any, host: str, port: int, log_level: str, start_timeo
     from app.auth.serving import uvicorn_options
 
     ctx = getattr(getattr(app, "state", None), "ctx", None)
-    trusted = list(ctx.settings.trusted_proxies) if ctx is not None else []
+    trusted = list(ctx.settings.auth.trusted_proxies) if ctx is not None else []
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(trusted))
     )

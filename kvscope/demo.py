@@ -289,7 +289,7 @@ def run_demo(args: argparse.Namespace) -> int:
             raise UserError(f"cannot create {data_dir / sub}: {exc.strerror}; pass --data-dir") from None
     settings = load_settings(None, data_dir=str(data_dir), host=args.host, port=args.port)
     settings.check_for_bind()
-    check_port_free(settings.host, settings.port)
+    check_port_free(settings.server.host, settings.server.port)
     shm = Path("/dev/shm")
     offload_gib = args.offload_gib
     if shm.is_dir():
@@ -309,7 +309,7 @@ def run_demo(args: argparse.Namespace) -> int:
     access = local_access.prepare(engine, data_dir, now)
     _seed_profiles(engine, offload_gib, now)
     app = create_app(settings, engine=engine)
-    served = start_app_thread(app, settings.host, settings.port, args.log_level)
+    served = start_app_thread(app, settings.server.host, settings.server.port, args.log_level)
     url = served.url
 
     ports = {srv.key: _free_port() for srv in SERVERS}

@@ -111,7 +111,7 @@ def _run_up(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, host=args.host, port=args.port)
     settings.check_for_bind()
     try:
-        check_port_free(settings.host, settings.port)
+        check_port_free(settings.server.host, settings.server.port)
     except UserError as exc:
         raise UserError(f"the app's {exc}" + (" (kvscope's own --port goes before `--`)" if command else "")) from None
     server = None
@@ -119,9 +119,9 @@ def _run_up(args: argparse.Namespace) -> int:
         server = up_server.prepare(
             command,
             vllm_url=(args.vllm_url or [None])[0],
-            log_dir=Path(settings.data_dir) / "logs",
+            log_dir=Path(settings.server.data_dir) / "logs",
             stop_timeout_s=args.stop_timeout,
-            health_deadline_s=settings.rollout_health_deadline_s,
+            health_deadline_s=settings.controller.health_deadline_s,
         )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -129,7 +129,7 @@ def _run_up(args: argparse.Namespace) -> int:
     hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
     host_name = socket.gethostname()
     token = _local_token(engine, time.time(), host_name)
-    access = local_access.prepare(engine, Path(settings.data_dir), time.time())
+    access = local_access.prepare(engine, Path(settings.server.data_dir), time.time())
     typed_version: int | None = None
     typed_line = ""
     record_typed = False  # what the instance runs is still to be recorded (after the first push)
@@ -141,16 +141,16 @@ def _run_up(args: argparse.Namespace) -> int:
             typed_version, typed_line = typed_profile.store(engine, server.initial_args, time.time())
             record_typed = True
     app = create_app(settings, engine=engine)
-    served = start_app_thread(app, settings.host, settings.port, args.log_level)
+    served = start_app_thread(app, settings.server.host, settings.server.port, args.log_level)
     url = served.url
     agent_args = argparse.Namespace(
         vllm_url=[server.url] if server is not None else args.vllm_url,
         interval=interval,
-        state_dir=args.state_dir or str(Path(settings.data_dir) / "agent"),
+        state_dir=args.state_dir or str(Path(settings.server.data_dir) / "agent"),
         no_gpu=args.no_gpu,
         nvidia_smi=args.nvidia_smi,
         host_name=host_name,
-        spool_max_mb=256.0,
+        config=getattr(args, "config", None),  # its [agent] section, if any (agent/settings.py)
     )
     stop = threading.Event()
     try:

@@ -124,8 +124,8 @@ def e2e_rig(
     from app.main import create_app
     from app.storage.tokens import create_token
 
-    settings.probe_request_timeout_s = 4.0
-    settings.rollout_health_deadline_s = 60.0
+    settings.controller.probe_request_timeout_s = 4.0
+    settings.controller.health_deadline_s = 60.0
     app = create_app(settings, engine=engine, clock=time.time, start_jobs=False)
     token = create_token(engine, "e2e", time.time(), host=socket.gethostname())  # the agents' default host name
     shm = Path("/dev/shm") / f"kvscope-e2e-{tmp_path.name}"

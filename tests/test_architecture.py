@@ -15,7 +15,7 @@ The layers, lowest first (a module imports only its own layer and those below):
 The agent and the simulator stand beside the app on the foundation: they import kvcore and
 kvscope's version and errors, never app/. The app imports of the agent only the libraries named in
 AGENT_LIBRARIES (each for a reason docs/architecture.md gives); kvscope/ (entry) starts the agent
-and the simulator. The one import up the layers: the settings validate the alerts part's rule
+and the simulator. The one import up the layers: the settings' alerts section validates the alerts part's rule
 overrides and channel configs with that part's own checks (UPWARD).
 """
 
@@ -198,6 +198,33 @@ def test_the_agent_libraries_the_app_uses_pull_in_no_other_part_of_the_agent() -
                 if target.startswith("agent") and target != "agent" and not target.startswith(AGENT_LIBRARIES):
                     bad.append(f"{name} -> {target}")
     assert bad == []
+
+
+def test_the_app_and_the_agent_read_their_settings_through_one_stdlib_mechanism() -> None:
+    """app/settings.py and agent/settings.py both layer their sources with
+    kvcore/settings_sources.py, which imports the standard library only; nothing else of the
+    agent reads KVSCOPE_* variables itself."""
+    import sys
+
+    mods = project_modules()
+    for reader in ("app.settings", "agent.settings"):
+        assert "kvcore.settings_sources" in imports_of(mods[reader], mods), reader
+    tree = ast.parse(mods["kvcore.settings_sources"].read_text())
+    tops = {a.name.partition(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    tops |= {
+        n.module.partition(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+    }
+    assert tops - {"__future__"} <= set(sys.stdlib_module_names)
+    readers = [
+        name
+        for name, path in mods.items()
+        if name.startswith("agent")
+        and name != "agent.settings"
+        and re.search(r"environ\.get\(\"KVSCOPE_", path.read_text())
+    ]
+    assert readers == []
 
 
 # --- the tests mirror the code (docs/architecture.md, "The tests")

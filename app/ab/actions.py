@@ -16,20 +16,17 @@ from app.storage import ab_store as st
 from app.storage.ab_rows import ExperimentRow, RunRow
 from app.storage.controller_rows import NamedVersionRow, ProfileRow
 
+# Workload runs at once (app-side threads): one per arm of two experiments; each run loads a
+# vLLM server, so more would measure the runs' contention, not the profiles
+WORKERS = 2
+
 
 def build_orchestrator(ctx: AppContext) -> Orchestrator:
-    s = ctx.settings
-    limits = Limits(
-        switch_timeout_s=s.ab_switch_timeout_s,
-        run_timeout_s=s.ab_run_timeout_s,
-        max_error_rate=s.ab_max_error_rate,
-        n_boot=s.ab_bootstrap_resamples,
-        max_foreign_share=s.ab_max_foreign_share,
-    )
+    limits = Limits(n_boot=ctx.settings.ab.bootstrap_resamples)
     return Orchestrator(
         ctx.engine,
         RolloutsPort(ctx),
-        ThreadExecutor(max_workers=s.ab_workers),
+        ThreadExecutor(max_workers=WORKERS),
         limits,
         agent_executor=AgentExecutor(ctx.engine),
     )
@@ -61,7 +58,7 @@ def arm_tier(ctx: AppContext, version_id: Any, name: Any = None) -> str:
         version = None
     if version is None and name:
         version = get_profile(ctx.engine, str(name))
-    prof = version_profile(version, ctx.settings.allow_flags, policy_limits(ctx.settings))
+    prof = version_profile(version, ctx.settings.controller.allow_flags, policy_limits(ctx.settings))
     return prof.tier_label() if prof is not None else "unknown (profile not found or no longer valid)"
 
 
@@ -97,7 +94,6 @@ def start_from(ctx: AppContext, body: dict[str, Any], who: str) -> int:
             override_hybrid=bool(body.get("override_hybrid")),
             requested_by=who,
             executor=str(body.get("executor") or "auto"),
-            max_foreign_share=ctx.settings.ab_max_foreign_share,
         )
     except service.ExperimentError as exc:
         raise http_error(exc) from None

@@ -39,11 +39,18 @@ READY_STEPS = frozenset({"switch", "run"})
 MAX_STEPS_PER_TICK = 4
 
 
+# An arm's profile switch (a rollout: restart, health, probe) must end within this: a large model
+# loads in minutes, half an hour means it will not
+SWITCH_TIMEOUT_S = 1800.0
+RUN_TIMEOUT_S = 3600.0  # one workload run must end within this (the longest built-in runs minutes)
+MAX_ERROR_RATE = 0.5  # a run with a larger share of failed requests fails its arm: it measured errors
+
+
 @dataclass
 class Limits:
-    switch_timeout_s: float = 1800.0  # a rollout must end within this
-    run_timeout_s: float = 3600.0  # a workload run must end within this
-    max_error_rate: float = 0.5  # a run with more failed requests than this fails its arm
+    switch_timeout_s: float = SWITCH_TIMEOUT_S
+    run_timeout_s: float = RUN_TIMEOUT_S
+    max_error_rate: float = MAX_ERROR_RATE
     n_boot: int = 2000
     max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE  # above: the run is left out of the verdict
 

@@ -21,6 +21,8 @@ FAMILY_LEVEL = 0.95
 GIB = 1024**3
 MIN_RUNS = 3  # completed runs per arm for a verdict; fewer is "inconclusive: too few runs"
 INCONCLUSIVE = "inconclusive: too few runs"
+# A run in which other clients sent more than this share of the requests or prompt tokens is
+# left out of the verdict (flagged, with the figures): 5% foreign load moves latencies visibly
 DEFAULT_MAX_FOREIGN_SHARE = 0.05
 
 

@@ -5,7 +5,7 @@
 - POST /api/v1/alerts/{id}/ack        acknowledge (Content-Type: application/json; {"note": ...} optional)
 - POST /api/v1/alerts/silences        {"minutes": 60, "rule": ..., "instance": id, "host": id, "reason": ...}
 - the pages (/alerts, /alerts/{id}, /alerts/rules; app.alerts.pages), the banner Jinja global,
-- the jobs "alerts" (evaluation, every settings.alert_eval_interval_s) and "alerts_delivery".
+- the jobs "alerts" (evaluation, every settings.alerts.eval_interval_s) and "alerts_delivery".
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.alerts import pages
 from app.alerts.catalog import BY_NAME
-from app.alerts.delivery import run_deliveries
+from app.alerts.delivery import DELIVERY_INTERVAL_S, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
 from app.alerts.views import (
     AlertsState,
@@ -46,17 +46,15 @@ STATE_FILTERS = {
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    s = ctx.settings
+    s = ctx.settings.alerts
     ev = Evaluator(
         ctx.engine,
-        rule_settings=s.alert_rules,
-        channels=s.alert_channels,
+        rule_settings=s.rules,
+        channels=s.channels,
         config=EvalConfig(
-            interval_s=s.alert_eval_interval_s,
-            nodata_resolve_s=s.alert_nodata_resolve_s,
-            base_url=s.alert_public_url,
-            resend_s=s.alert_resend_s,
-            history_s=s.alert_history_days * 86400,
+            interval_s=s.eval_interval_s,
+            base_url=s.public_url,
+            history_s=s.history_days * 86400,
             started_at=ctx.now(),
         ),
     )
@@ -67,11 +65,11 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
     def delivery_job(c: AppContext, now: float) -> None:
         alerts_state(c).last_delivery_report = run_deliveries(
-            c.engine, c.settings.alert_channels, now, delivery_config(c)
+            c.engine, c.settings.alerts.channels, now, delivery_config(c)
         )
 
-    register_job(ctx, "alerts", eval_job, s.alert_eval_interval_s)
-    register_job(ctx, "alerts_delivery", delivery_job, s.alert_delivery_interval_s)
+    register_job(ctx, "alerts", eval_job, s.eval_interval_s)
+    register_job(ctx, "alerts_delivery", delivery_job, DELIVERY_INTERVAL_S)
 
     templates = ctx.templates
     templates.env.globals["alerts_banner"] = lambda: banner(ctx)

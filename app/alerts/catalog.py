@@ -2,7 +2,7 @@
 
 Every rule has the common parameters `enabled`, `for_s` (how long the condition must hold before
 firing), `cooldown_s` (after a resolve, how long before the same alert may open again) and
-`severity`. Defaults here < settings.alert_rules < per-instance overrides (from the UI).
+`severity`. Defaults here < settings.alerts.rules < per-instance overrides (from the UI).
 """
 
 from __future__ import annotations

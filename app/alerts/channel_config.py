@@ -1,6 +1,6 @@
-"""The settings shape of one notification channel (settings.alert_channels). In TOML:
+"""The settings shape of one notification channel (settings.alerts.channels). In TOML:
 
-[[alert_channels]]
+[[alerts.channels]]
 name = "ops"
 kind = "alertmanager"          # webhook | ntfy | slack | discord | alertmanager
 url = "http://127.0.0.1:9093"  # Alertmanager base URL; a full URL for the others

@@ -22,14 +22,23 @@ from app.storage import alerts_store as store
 
 log = logging.getLogger("kvscope.alerts.delivery")
 
+DELIVERY_INTERVAL_S = 5.0  # queued notifications go out within this of their alert's change
+# A failed notification is retried after RETRY_BASE_S, doubling up to RETRY_MAX_S, and given up
+# after MAX_ATTEMPTS (about 1.5 h of a channel being down)
+RETRY_BASE_S = 10.0
+RETRY_MAX_S = 900.0
+MAX_ATTEMPTS = 10
+# Firing alerts are re-sent to Alertmanager this often: well inside its resolve_timeout (5 min)
+RESEND_S = 60.0
+
 
 @dataclass(frozen=True)
 class DeliveryConfig:
-    retry_base_s: float = 10.0
-    retry_max_s: float = 900.0
-    max_attempts: int = 10
+    retry_base_s: float = RETRY_BASE_S
+    retry_max_s: float = RETRY_MAX_S
+    max_attempts: int = MAX_ATTEMPTS
     lease_s: float = 120.0
-    resend_s: float = 60.0  # Alertmanager refresh interval for firing alerts
+    resend_s: float = RESEND_S  # Alertmanager refresh interval for firing alerts
     run_budget_s: float = 30.0  # stop a run after this much wall time; the rest waits for the next
     base_url: str | None = None
 

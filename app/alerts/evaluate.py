@@ -23,6 +23,7 @@ from app.alerts import expected
 from app.alerts.catalog import RULES, RuleSpec
 from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
+from app.alerts.delivery import RESEND_S
 from app.alerts.inputs import SeriesCache
 from app.alerts.params import effective
 from app.alerts.rule_io import RuleResult, TargetData
@@ -35,14 +36,17 @@ from app.storage.events import EventRow, list_events
 from app.storage.series_store import list_hosts, list_instances
 
 log = logging.getLogger("kvscope.alerts")
+# A firing alert whose series stopped is resolved after this long without data: a quarter hour
+# outlasts a restart (which the health rules report themselves)
+NODATA_RESOLVE_S = 900.0
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     interval_s: float = 15.0
-    nodata_resolve_s: float = 900.0
+    nodata_resolve_s: float = NODATA_RESOLVE_S
     base_url: str | None = None
-    resend_s: float = 60.0  # re-send firing alerts to Alertmanager channels this often
+    resend_s: float = RESEND_S  # re-send firing alerts to Alertmanager channels this often
     history_s: float = 90 * 86400.0  # resolved alerts older than this are pruned (hourly)
     started_at: float | None = None  # when this app started: silences count from then (rules_health)
 

@@ -58,7 +58,7 @@ def _list_context(ctx: AppContext) -> dict[str, Any]:
     history = store.list_transitions(ctx.engine, limit=200)
     channels: list[dict[str, Any]] = []
     failing: list[DeliveryRow] = []
-    for c in ctx.settings.alert_channels:
+    for c in ctx.settings.alerts.channels:
         last = store.list_deliveries(ctx.engine, channel=c.name, limit=5)
         channels.append({"cfg": c, "recent": last})
         failing.extend(d for d in last if d["status"] == "failed" or d["last_error"])
@@ -83,7 +83,7 @@ def _list_context(ctx: AppContext) -> dict[str, Any]:
         "rules": RULES,
         "instances": instances,
         "simulated": any(i.get("simulated") for i in instances),
-        "eval_interval": ctx.settings.alert_eval_interval_s,
+        "eval_interval": ctx.settings.alerts.eval_interval_s,
     }
 
 
@@ -115,8 +115,8 @@ def rules_page(ctx: CtxDep, request: Request, instance: OptionalDbIdQuery = None
     chosen_host = next((int(i["host_id"]) for i in instances if i["id"] == chosen), None)
     for spec in RULES:
         ov = overrides.get((chosen, spec.name), {}) if chosen is not None else {}
-        eff = effective(spec.name, ctx.settings.alert_rules, ov)
-        base = effective(spec.name, ctx.settings.alert_rules, None)
+        eff = effective(spec.name, ctx.settings.alerts.rules, ov)
+        base = effective(spec.name, ctx.settings.alerts.rules, None)
         target = chosen if spec.scope == "instance" else chosen_host
         # what the rule said at the last evaluation (e.g. "learning: ..."), with its units
         now_said = results.get(alert_key(spec.name, spec.scope, target)) if target is not None else None
@@ -143,7 +143,7 @@ async def save_override(ctx: CtxDep, instance_id: DbId, rule: str, request: Requ
         raise HTTPException(404, f"no per-instance rule {rule!r}")
     if get_instance(ctx.engine, instance_id) is None:
         raise HTTPException(404, f"no instance {instance_id}")
-    base = effective(rule, ctx.settings.alert_rules, None)
+    base = effective(rule, ctx.settings.alerts.rules, None)
     params: dict[str, Any] = {}
     reset = form.get("reset") is not None
     if not reset:
@@ -225,8 +225,8 @@ async def expire(ctx: CtxDep, silence_id: DbId, request: Request) -> Response:
 @requires(OPERATOR)
 async def test_channel(ctx: CtxDep, name: str, request: Request) -> Response:
     await _checked_form(ctx, request)
-    channel = next((c for c in ctx.settings.alert_channels if c.name == name), None)
+    channel = next((c for c in ctx.settings.alerts.channels if c.name == name), None)
     if channel is None:
-        raise HTTPException(404, f"no channel {name!r} in settings.alert_channels")
+        raise HTTPException(404, f"no channel {name!r} in settings.alerts.channels")
     _did, err = await run_in_threadpool(send_test, ctx.engine, channel, ctx.now(), delivery_config(ctx))
     return _back("/alerts", f"test to {name}: " + ("sent" if err is None else f"FAILED: {err}"))

@@ -1,4 +1,4 @@
-"""Rule parameters: code defaults <- settings.alert_rules <- per-instance overrides.
+"""Rule parameters: code defaults <- settings.alerts.rules <- per-instance overrides.
 
 Values are coerced to the type of the default (bool, float, str); unknown rules or parameters,
 and values that do not parse, raise ParamError with a message that says what to fix.
@@ -58,7 +58,7 @@ def validate_overrides(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if rule not in BY_NAME:
             raise ParamError(f"unknown alert rule {rule!r}; known: {', '.join(sorted(BY_NAME))}")
         if not isinstance(params, Mapping):
-            raise ParamError(f"alert_rules.{rule} must be a table of parameters")
+            raise ParamError(f"alerts.rules.{rule} must be a table of parameters")
         out[rule] = {k: coerce(rule, k, v) for k, v in params.items()}
     return out
 

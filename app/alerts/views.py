@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.alerts.catalog import BY_NAME
-from app.alerts.delivery import DeliveryConfig
+from app.alerts.delivery import DELIVERY_INTERVAL_S, DeliveryConfig
 from app.alerts.evaluate import Evaluator
 from app.alerts.silencing import is_silenced
 from app.context import AppContext
@@ -43,15 +43,7 @@ def evaluator(ctx: AppContext) -> Evaluator:
 
 
 def delivery_config(ctx: AppContext) -> DeliveryConfig:
-    s = ctx.settings
-    return DeliveryConfig(
-        retry_base_s=s.alert_retry_base_s,
-        retry_max_s=s.alert_retry_max_s,
-        max_attempts=s.alert_max_attempts,
-        resend_s=s.alert_resend_s,
-        base_url=s.alert_public_url,
-        run_budget_s=max(5.0, s.alert_delivery_interval_s * 6),
-    )
+    return DeliveryConfig(base_url=ctx.settings.alerts.public_url, run_budget_s=max(5.0, DELIVERY_INTERVAL_S * 6))
 
 
 def alert_json(row: AlertRow, silences: Sequence[SilenceRow], now: float) -> dict[str, Any]:

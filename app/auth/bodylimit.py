@@ -53,7 +53,8 @@ class BodyLimit:
 
     def cap_for(self, path: str) -> int:
         s = self.ctx.settings
-        return max(s.max_batch_bytes, s.max_body_bytes) if path == INGEST_PATH else s.max_body_bytes
+        own = s.auth.max_body_bytes
+        return max(s.ingest.max_batch_bytes, own) if path == INGEST_PATH else own
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -70,7 +71,7 @@ class BodyLimit:
         if declared is not None and declared > cap:
             await _answer(send, 413, f"request body of {declared} bytes over the {cap}-byte cap")
             return
-        deadline = self.clock() + self.ctx.settings.body_timeout_s
+        deadline = self.clock() + self.ctx.settings.auth.body_timeout_s
         seen = 0
         started = False
         answered = False
@@ -103,7 +104,7 @@ class BodyLimit:
                     raise TimeoutError
                 message = await asyncio.wait_for(receive(), timeout=left)
             except TimeoutError:
-                timeout = self.ctx.settings.body_timeout_s
+                timeout = self.ctx.settings.auth.body_timeout_s
                 return await refuse(408, f"request body not received within {timeout:g} s")
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))

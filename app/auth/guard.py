@@ -44,7 +44,7 @@ class BearerLimiter(WindowLimiter):
 
 
 def bearer_limiter(ctx: AppContext) -> BearerLimiter:
-    return ctx.state(BearerLimiter, lambda: BearerLimiter(ctx.settings.bearer_max_failures))
+    return ctx.state(BearerLimiter, lambda: BearerLimiter(ctx.settings.auth.bearer_max_failures))
 
 
 def resolve(ctx: AppContext, request: Request) -> Principal:
@@ -52,7 +52,7 @@ def resolve(ctx: AppContext, request: Request) -> Principal:
     token = bearer(request)
     if token is not None:
         limiter = bearer_limiter(ctx)
-        addr = client_address(request.scope, networks(ctx.settings.trusted_proxies))
+        addr = client_address(request.scope, networks(ctx.settings.auth.trusted_proxies))
         now = ctx.now()
         wait = limiter.retry_after(addr, now)
         if wait > 0:
@@ -61,9 +61,9 @@ def resolve(ctx: AppContext, request: Request) -> Principal:
                 f"too many failed bearer tokens: try again in {math.ceil(wait)} s",
                 headers={"Retry-After": str(math.ceil(wait))},
             )
-        static = ctx.settings.agent_token
+        static = ctx.settings.auth.agent_token
         if static and hmac.compare_digest(static.encode(), token.encode()):
-            return Principal(kind="agent", name="static", role=AGENT, host=ctx.settings.agent_token_host)
+            return Principal(kind="agent", name="static", role=AGENT, host=ctx.settings.auth.agent_token_host)
         info = lookup_token(ctx.engine, token)
         if info is None:
             limiter.failed(addr, now)
@@ -90,7 +90,7 @@ def _wants_html(request: Request) -> bool:
 def needed_role(ctx: AppContext, request: Request) -> str:
     route = request.scope.get("route")
     need = role_needed(getattr(route, "endpoint", None), request.method)
-    if need == VIEWER and ctx.settings.metrics_public and request.url.path in PUBLIC_METRICS_PATHS:
+    if need == VIEWER and ctx.settings.auth.metrics_public and request.url.path in PUBLIC_METRICS_PATHS:
         return PUBLIC
     return need
 
@@ -101,7 +101,7 @@ def authorize(ctx: AppContext, request: Request, need: str) -> Principal:
         request.state.principal = ANONYMOUS
         return ANONYMOUS
     who = resolve(ctx, request)
-    if who.kind == "anonymous" and need == VIEWER and ctx.settings.public_dashboards:
+    if who.kind == "anonymous" and need == VIEWER and ctx.settings.auth.public_dashboards:
         who = Principal(kind="anonymous", name="public", role=VIEWER)  # KVSCOPE_PUBLIC_DASHBOARDS: reads only
         request.state.principal = who
         return who

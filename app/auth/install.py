@@ -28,5 +28,5 @@ def install(app: FastAPI, ctx: AppContext) -> None:
 
     app.add_middleware(BodyLimit, ctx=ctx)  # role check and caps before a body is read
     app.add_middleware(NoStoreForLoggedIn)
-    allowed = set(ctx.settings.allowed_hosts) or default_allowed_hosts(ctx.settings)
+    allowed = set(ctx.settings.auth.allowed_hosts) or default_allowed_hosts(ctx.settings)
     app.add_middleware(Perimeter, allowed=allowed)  # added last: the outermost layer

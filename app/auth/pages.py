@@ -32,12 +32,12 @@ def safe_next(value: Any) -> str:
 
 
 def _client(ctx: AppContext, request: Request) -> str:
-    return client_address(request.scope, networks(ctx.settings.trusted_proxies))
+    return client_address(request.scope, networks(ctx.settings.auth.trusted_proxies))
 
 
 def start_session(ctx: AppContext, request: Request, response: Response, user_id: int) -> None:
     """A new server-side session; the cookie carries only its random id."""
-    max_age_s = ctx.settings.session_max_age_h * 3600
+    max_age_s = ctx.settings.auth.session_max_age_h * 3600
     value = create_session(ctx.engine, user_id, ctx.now(), max_age_s)
     secure = sessions.is_secure(ctx.settings, request)
     response.set_cookie(
@@ -53,7 +53,7 @@ def start_session(ctx: AppContext, request: Request, response: Response, user_id
 
 def login_limiter(ctx: AppContext) -> LoginLimiter:
     """The app's one login limiter (ctx.state)."""
-    return ctx.state(LoginLimiter, lambda: LoginLimiter(ctx.settings.login_max_failures))
+    return ctx.state(LoginLimiter, lambda: LoginLimiter(ctx.settings.auth.login_max_failures))
 
 
 def page(ctx: AppContext, request: Request, status: int = 200, **data: Any) -> Response:

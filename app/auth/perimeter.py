@@ -34,7 +34,7 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 
 
 def default_allowed_hosts(settings: Settings) -> set[str]:
-    hosts = {"localhost", "127.0.0.1", "::1", settings.host.lower()}
+    hosts = {"localhost", "127.0.0.1", "::1", settings.server.host.lower()}
     if not settings.is_loopback:
         hosts |= _machine_names()
     return hosts

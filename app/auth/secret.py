@@ -19,10 +19,10 @@ FILE_NAME = "secret-key"
 
 
 def effective_secret(settings: Settings) -> str:
-    key = settings.secret_key
+    key = settings.auth.secret_key
     if key.strip().lower() not in PLACEHOLDER_SECRETS:
         return key
-    return _stored_secret(Path(settings.data_dir) / FILE_NAME)
+    return _stored_secret(Path(settings.server.data_dir) / FILE_NAME)
 
 
 def _stored_secret(path: Path) -> str:

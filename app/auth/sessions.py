@@ -20,8 +20,8 @@ MAX_COOKIE_CHARS = 128
 
 def is_secure(settings: Settings, request: HTTPConnection) -> bool:
     """Whether this request's session cookie is (to be) Secure: cookie_secure, else https."""
-    if settings.cookie_secure is not None:
-        return bool(settings.cookie_secure)
+    if settings.auth.cookie_secure is not None:
+        return bool(settings.auth.cookie_secure)
     return request.url.scheme == "https"
 
 

@@ -256,7 +256,7 @@ def _num(v: float) -> str:
 
 def policy_limits(settings: Any) -> flag_policy.Limits:
     """The app's settings as flag_policy limits (kv_events_allowed_hosts, tier_roots)."""
-    return flag_policy.Limits.of(settings.kv_events_allowed_hosts, settings.tier_roots)
+    return flag_policy.Limits.of(settings.controller.kv_events_allowed_hosts, settings.controller.tier_roots)
 
 
 class ProfileError(ValueError):

@@ -64,7 +64,8 @@ def build_payload(
     model_root: str | None,
 ) -> dict[str, Any]:
     s = ctx.settings
-    lkg_profile = version_profile(lkg, s.allow_flags, policy_limits(s))
+    c = s.controller
+    lkg_profile = version_profile(lkg, c.allow_flags, policy_limits(s))
     return {
         "profile": {"name": profile.name, "version": version["version"], "version_id": version["id"]},
         "argv": profile.to_argv(),
@@ -78,12 +79,12 @@ def build_payload(
         # nothing (a per-instance health_deadline_s or probe there wins); a rollout that sets
         # "health_deadline_s" or "probe" itself (top level) wins over both.
         "defaults": {
-            "health_deadline_s": s.rollout_health_deadline_s,
+            "health_deadline_s": c.health_deadline_s,
             "probe": {
-                "enabled": s.probe_enabled,
-                "prefix_words": s.probe_prefix_words,
-                "evict_count": s.probe_evict_count,
-                "request_timeout_s": s.probe_request_timeout_s,
+                "enabled": c.probe_enabled,
+                "prefix_words": c.probe_prefix_words,
+                "evict_count": c.probe_evict_count,
+                "request_timeout_s": c.probe_request_timeout_s,
             },
         },
     }
@@ -101,7 +102,10 @@ def _instance_and_profile(
         raise RolloutError(f"no profile named {profile_name!r}", 404)
     try:
         profile = parse_profile(
-            profile_name, prof["spec"], allow_flags=ctx.settings.allow_flags, limits=policy_limits(ctx.settings)
+            profile_name,
+            prof["spec"],
+            allow_flags=ctx.settings.controller.allow_flags,
+            limits=policy_limits(ctx.settings),
         )
     except ProfileError as exc:
         raise RolloutError(f"profile {profile_name!r} does not validate any more: {exc}", 422) from None
@@ -185,11 +189,11 @@ def push_hook(ctx: AppContext) -> Any:
 
 
 def expire_job(ctx: AppContext, now: float) -> None:
-    s = ctx.settings
-    shortest = min(s.rollout_request_ttl_s, s.rollout_silent_ttl_s, s.rollout_ack_ttl_s)
+    s = ctx.settings.controller
+    shortest = min(s.request_ttl_s, s.silent_ttl_s, s.ack_ttl_s)
     for r in rs.stale_rollouts(ctx.engine, updated_before=now - shortest):
         age = now - float(r["updated_at"])
-        if r["state"] == "requested" and age >= s.rollout_request_ttl_s:
+        if r["state"] == "requested" and age >= s.request_ttl_s:
             rs.finish_rollout(
                 ctx.engine,
                 int(r["id"]),
@@ -198,7 +202,7 @@ def expire_job(ctx: AppContext, now: float) -> None:
                 now,
                 only_from=("requested",),
             )
-        elif r["state"] == "claimed" and age >= s.rollout_ack_ttl_s:
+        elif r["state"] == "claimed" and age >= s.ack_ttl_s:
             rs.finish_rollout(
                 ctx.engine,
                 int(r["id"]),
@@ -208,7 +212,7 @@ def expire_job(ctx: AppContext, now: float) -> None:
                 now,
                 only_from=("claimed",),
             )
-        elif r["state"] != "requested" and age >= s.rollout_silent_ttl_s:
+        elif r["state"] != "requested" and age >= s.silent_ttl_s:
             rs.finish_rollout(
                 ctx.engine,
                 int(r["id"]),
@@ -246,7 +250,7 @@ def preview(
     now = ctx.now() if now is None else now
     inst, prof, profile = _instance_and_profile(ctx, instance_id, profile_name)
     current = rs.instance_profiles(ctx.engine, instance_id)
-    cur_profile = version_profile(current["current"], ctx.settings.allow_flags, policy_limits(ctx.settings))
+    cur_profile = version_profile(current["current"], ctx.settings.controller.allow_flags, policy_limits(ctx.settings))
     before = cur_profile.to_argv() if cur_profile else []
     after = profile.to_argv()
     plan = pf.OffloadPlan.from_payload(profile.offload_summary())
@@ -255,7 +259,7 @@ def preview(
     checks = pf.check_memory(plan, mem, reclaim_bytes=reclaim)
     labels = {str(k): str(v) for k, v in (inst.get("cache_config") or {}).items()}
     checks.append(pf.check_hybrid(plan, None, labels, override=override_hybrid))
-    checks.append(check_flag_policy(after, before, ctx.settings.allow_flags, policy_limits(ctx.settings)))
+    checks.append(check_flag_policy(after, before, ctx.settings.controller.allow_flags, policy_limits(ctx.settings)))
     if plan.disk_path:
         checks.append(
             pf.Check(

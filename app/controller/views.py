@@ -19,7 +19,7 @@ from kvcore import flag_policy
 
 def policy(ctx: AppContext) -> tuple[list[str], flag_policy.Limits]:
     """The app's flag allow-list widening and its kv-events hosts / tier roots."""
-    return ctx.settings.allow_flags, policy_limits(ctx.settings)
+    return ctx.settings.controller.allow_flags, policy_limits(ctx.settings)
 
 
 def profile_view(
@@ -97,7 +97,9 @@ def save_profile(
     ctx: AppContext, name: str, spec: dict[str, Any], note: str, *, create: bool, author: str = "api"
 ) -> JSONResponse:
     try:
-        prof = parse_profile(name, spec, allow_flags=ctx.settings.allow_flags, limits=policy_limits(ctx.settings))
+        prof = parse_profile(
+            name, spec, allow_flags=ctx.settings.controller.allow_flags, limits=policy_limits(ctx.settings)
+        )
     except ProfileError as exc:
         raise HTTPException(422, f"invalid profile: {exc}") from None
     try:

@@ -24,6 +24,10 @@ from app.storage.rollups import run_rollups
 from app.storage.store_budget import apply_budget
 from app.web.jobs import register_job
 
+# Rollups fold raw samples older than 2 min into 1 min / 1 h rows: once a minute keeps the 1 min
+# tier at most one bucket behind; more often only repeats empty passes
+ROLLUP_INTERVAL_S = 60.0
+
 
 def install(app: FastAPI, ctx: AppContext) -> None:
     live = live_values(ctx)
@@ -33,8 +37,8 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     app.mount("/static", requires(PUBLIC)(StaticFiles(directory=str(static_dir()))), name="static")
     app.include_router(overview.router)
     app.include_router(instance.router)
-    register_job(ctx, ROLLUP_JOB, rollup_job, ctx.settings.rollup_interval_s)
-    register_job(ctx, SEAL_JOB, seal_job, ctx.settings.seal_interval_s)
+    register_job(ctx, ROLLUP_JOB, rollup_job, ROLLUP_INTERVAL_S)
+    register_job(ctx, SEAL_JOB, seal_job, ctx.settings.storage.seal_interval_s)
     _freeze_once()
 
 
@@ -66,7 +70,7 @@ ROLLUP_JOB = "rollups"
 
 def rollup_job(ctx: AppContext, now: float) -> None:
     """Roll raw samples up to 1 min / 1 h and apply the retention settings."""
-    s = ctx.settings
+    s = ctx.settings.storage
     run_rollups(
         ctx.engine,
         now,
@@ -83,5 +87,5 @@ def seal_job(ctx: AppContext, now: float) -> None:
     """Seal raw samples older than a minute into chunks (app/storage/chunk_seal.py), then keep the
     database within KVSCOPE_STORAGE_BUDGET_MB (app/storage/store_budget.py)."""
     seal_head(ctx.engine, now)
-    if ctx.settings.storage_budget_mb > 0:
-        apply_budget(ctx.engine, int(ctx.settings.storage_budget_mb * 1_000_000), now)
+    if ctx.settings.storage.budget_mb > 0:
+        apply_budget(ctx.engine, int(ctx.settings.storage.budget_mb * 1_000_000), now)

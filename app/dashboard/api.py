@@ -66,7 +66,8 @@ def instances(ctx: CtxDep) -> JSONResponse:
     now = ctx.now()
     # JSON body: each instance row with its state
     out = [
-        {**inst, "state": instance_state(inst, now, ctx.settings.stale_after_s)} for inst in list_instances(ctx.engine)
+        {**inst, "state": instance_state(inst, now, ctx.settings.dashboard.stale_after_s)}
+        for inst in list_instances(ctx.engine)
     ]
     return JSONResponse({"instances": out})
 
@@ -144,8 +145,8 @@ async def summary_json(ctx: CtxDep, instance_id: DbId, rq: RangeQueryDep) -> JSO
             start=tr.start,
             end=tr.end,
             now=ctx.now(),
-            state=state_of(ctx.engine, inst, ctx.now(), ctx.settings.stale_after_s),
-            raw_retention_s=ctx.settings.raw_retention_h * 3600,
+            state=state_of(ctx.engine, inst, ctx.now(), ctx.settings.dashboard.stale_after_s),
+            raw_retention_s=ctx.settings.storage.raw_retention_h * 3600,
             px=SUMMARY_PX,
         )
         return {"instance_id": instance_id, "range": tr.name, "state": sc.state, **compute_summary(sc).as_json()}

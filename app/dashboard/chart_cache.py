@@ -84,5 +84,5 @@ class ResultCache:
 
 def shared_cache(ctx: AppContext) -> ResultCache:
     """The process's fragment cache (one per app, `chart_cache_s` seconds per result)."""
-    cache = ctx.state(ResultCache, lambda: ResultCache(ctx.settings.chart_cache_s))
+    cache = ctx.state(ResultCache, lambda: ResultCache(ctx.settings.dashboard.chart_cache_s))
     return cache

@@ -69,7 +69,7 @@ def _scope(
 ) -> Scope:
     """live: named ranges reuse the final values of earlier refreshes (app.derived.live)."""
     now = ctx.now()
-    state = state_of(ctx.engine, inst, now, ctx.settings.stale_after_s)
+    state = state_of(ctx.engine, inst, now, ctx.settings.dashboard.stale_after_s)
     return make_scope(
         ctx.engine,
         inst,
@@ -77,7 +77,7 @@ def _scope(
         end=tr.end,
         now=now,
         state=state,
-        raw_retention_s=ctx.settings.raw_retention_h * 3600,
+        raw_retention_s=ctx.settings.storage.raw_retention_h * 3600,
         px=px,
         tier=tier,
         live=live_values(ctx) if live and tr.name != "custom" else None,
@@ -135,7 +135,7 @@ def _float(v: object) -> float | None:
 
 def shared_now(ctx: AppContext) -> float:
     """Now, rounded to the chart cache's quantum: live fragments of one refresh share it."""
-    return quantise(ctx.now(), ctx.settings.chart_cache_s)
+    return quantise(ctx.now(), ctx.settings.dashboard.chart_cache_s)
 
 
 def frame(ctx: AppContext, inst: InstanceRow, tr: TimeRange, px: int = MAX_POINTS) -> tuple[Scope, list[EventRow]]:

@@ -62,7 +62,11 @@ def _context(ctx: AppContext) -> dict[str, Any]:
     hosts = [
         _host_card(h)
         for h in overview(
-            ctx.engine, now, ctx.settings.stale_after_s, ctx.settings.raw_retention_h * 3600, live=live_values(ctx)
+            ctx.engine,
+            now,
+            ctx.settings.dashboard.stale_after_s,
+            ctx.settings.storage.raw_retention_h * 3600,
+            live=live_values(ctx),
         )
     ]
     simulated = any(i.get("simulated") for h in hosts for i in h["instances"])
@@ -71,11 +75,11 @@ def _context(ctx: AppContext) -> dict[str, Any]:
 
 def _storage(ctx: AppContext) -> dict[str, Any]:
     """The storage panel's figures: a pass over the chunk rows, so shared for STORAGE_REFRESH_S."""
-    budget = int(ctx.settings.storage_budget_mb * 1_000_000)
+    budget = int(ctx.settings.storage.budget_mb * 1_000_000)
     cache = shared_cache(ctx)
     key = ("storage", quantise(ctx.now(), STORAGE_REFRESH_S))
     usage = cache.get_or_compute(key, lambda: store_usage(ctx.engine, budget), STORAGE_REFRESH_S)
-    return {"st": usage, "raw_retention_h": ctx.settings.raw_retention_h}
+    return {"st": usage, "raw_retention_h": ctx.settings.storage.raw_retention_h}
 
 
 router = APIRouter(include_in_schema=False)
@@ -93,7 +97,9 @@ async def overview_page(ctx: CtxDep, request: Request) -> HTMLResponse:
 async def overview_fragment(ctx: CtxDep, request: Request) -> HTMLResponse:
     # the live refresh: every open overview shares one computation per refresh interval
     cache = shared_cache(ctx)
-    quantum = max(ctx.settings.chart_cache_s, LIVE_REFRESH_S) if ctx.settings.chart_cache_s > 0 else 0.0
+    quantum = (
+        max(ctx.settings.dashboard.chart_cache_s, LIVE_REFRESH_S) if ctx.settings.dashboard.chart_cache_s > 0 else 0.0
+    )
     key = ("overview", quantise(ctx.now(), quantum))
     data = await run_page_work(ctx, lambda: cache.get_or_compute(key, lambda: _context(ctx), quantum))
     return ctx.templates.TemplateResponse(request, "dashboard/_instances.html", data)

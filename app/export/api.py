@@ -34,7 +34,7 @@ def prometheus_chart(
         start=tr.start,
         end=tr.end,
         now=now,
-        state=state_of(ctx.engine, inst, now, ctx.settings.stale_after_s),
+        state=state_of(ctx.engine, inst, now, ctx.settings.dashboard.stale_after_s),
     )
     out = chart_data(ctx, inst, key, tr, scope=sc)
     out["source"] = "prometheus"

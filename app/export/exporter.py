@@ -2,7 +2,7 @@
 
 For users who already run Prometheus and Grafana: the figures the dashboard derives (hit rates,
 prompt tokens by source, KV transfer rates, pinned host memory, memory headroom) are exported
-with stable names, computed at scrape time from the last `exporter_window_s` seconds of stored
+with stable names, computed at scrape time from the last WINDOW_S seconds of stored
 samples (the same counter arithmetic as the charts: app.derived.rates, resets never give negative
 rates). A figure with no data in the window (no traffic, no offload, agent silent) is left out
 rather than exported as 0 or NaN. Names are a contract: docs/scale.md lists them and
@@ -24,6 +24,11 @@ from app.storage.series_store import InstanceRow, list_instances
 from kvcore import kv_vocabulary as kv
 
 PREFIX = "kvscope_"
+# Window of the exported rates and hit ratios: a minute covers four 15 s Prometheus scrapes and
+# many agent ticks, as `rate(x[1m])` would
+WINDOW_S = 60.0
+# One computation of /metrics serves the scrapes within this (several Prometheus replicas)
+CACHE_S = 5.0
 INSTANCE_LABELS = ("host", "vllm_url", "instance_id", "model", "simulated")
 HOST_LABELS = ("host",)
 
@@ -301,7 +306,7 @@ class DerivedCollector:
 
 def install(app: Any, ctx: Any) -> None:
     s = ctx.settings
-    collector = DerivedCollector(ctx.engine, ctx.now, s.exporter_window_s, s.stale_after_s, s.exporter_cache_s)
-    if s.exporter_enabled:
+    collector = DerivedCollector(ctx.engine, ctx.now, WINDOW_S, s.dashboard.stale_after_s, CACHE_S)
+    if s.export.enabled:
         ctx.metrics.registry.register(collector)
     ctx.set_state(collector)

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from app.derived.series_reader import TieredSeries
+from app.settings import Settings
 from app.storage.series_store import InstanceRow
 
 MAX_POINTS_PER_QUERY = 10_000  # Prometheus refuses more than 11,000 per series
@@ -42,6 +43,7 @@ MAX_RAW_POINTS = 11_000  # raw samples per series read as they are
 PROBE_S = 900.0  # range read to measure the scrape interval
 DEFAULT_INTERVAL_S = 15.0  # Prometheus' default scrape interval, when the probe finds nothing
 DROP_LABELS = frozenset({"__name__", "job"})
+TIMEOUT_S = 10.0  # one range query; a slower Prometheus would hold a page thread that long
 
 
 class PrometheusError(Exception):
@@ -259,10 +261,8 @@ def prometheus_scope(
     return cls(**fields, source=source)
 
 
-def source_from_settings(settings: Any) -> PrometheusSource | None:
-    url = getattr(settings, "prometheus_url", None)
+def source_from_settings(settings: Settings) -> PrometheusSource | None:
+    url = settings.export.prometheus_url
     if not url:
         return None
-    return PrometheusSource(
-        url, instance_label=settings.prometheus_instance_label, timeout_s=settings.prometheus_timeout_s
-    )
+    return PrometheusSource(url, instance_label=settings.export.prometheus_instance_label, timeout_s=TIMEOUT_S)

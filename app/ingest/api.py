@@ -18,19 +18,21 @@ from app.storage.ingest_store import SeriesCapExceeded, SeriesLimits, WriteResul
 from app.web.deps import CtxDep
 
 log = logging.getLogger("kvscope.ingest")
+# Samples older than this are refused: beyond the 1 h rollups' retention, whatever a spool replays
+MAX_PAST_AGE_S = 400 * 86400.0
 
 
 def _store(ctx: AppContext, request: Request, body: bytes, now: float) -> tuple[WriteResult, list[dict[str, Any]]]:
     """Validate and store a push, run the push hooks, collect the host's pending commands."""
     batch = parse_batch(
-        body, now, max_future_skew_s=ctx.settings.max_future_skew_s, max_past_age_s=ctx.settings.max_past_age_s
+        body, now, max_future_skew_s=ctx.settings.ingest.max_future_skew_s, max_past_age_s=MAX_PAST_AGE_S
     )
     agent_host_check(request, str(batch.host))  # 403 before anything is stored for another host
     limits = SeriesLimits(
-        per_instance=ctx.settings.max_series_per_instance,
-        new_per_push=ctx.settings.max_new_series_per_push,
-        instances_per_host=ctx.settings.max_instances_per_host,
-        fresh_ms=round(min(12.0, ctx.settings.raw_retention_h / 4) * 3600 * 1000),
+        per_instance=ctx.settings.ingest.max_series_per_instance,
+        new_per_push=ctx.settings.ingest.max_new_series_per_push,
+        instances_per_host=ctx.settings.ingest.max_instances_per_host,
+        fresh_ms=round(min(12.0, ctx.settings.storage.raw_retention_h / 4) * 3600 * 1000),
     )
     try:
         result = ctx.writer.write(batch, now, limits)
@@ -72,7 +74,7 @@ router = APIRouter()
 @requires(AGENT)
 async def ingest(ctx: CtxDep, request: Request) -> JSONResponse:
     """Agent (bound to the batch's host): store a push. The token is checked before the body is read."""
-    cap = ctx.settings.max_batch_bytes
+    cap = ctx.settings.ingest.max_batch_bytes
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

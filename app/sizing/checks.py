@@ -83,7 +83,6 @@ def start_ab(
             workload={"kind": "probe"},  # evicting prefixes sized from the GPU pool and the tiers
             runs_per_arm=n,
             requested_by=f"{who} (sizing: A/B current vs suggested)",
-            max_foreign_share=ctx.settings.ab_max_foreign_share,
         )
     except ab.ExperimentError as exc:
         raise SizingError(str(exc), exc.status) from None

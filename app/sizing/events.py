@@ -87,7 +87,9 @@ def profile_with_events(ctx: AppContext, instance_id: int, *, author: str) -> st
     spec["description"] = f"{base} with KV cache events on (for the sizing page)"[:2000]
     name = f"events-{instance_id}"
     try:
-        prof = parse_profile(name, spec, allow_flags=ctx.settings.allow_flags, limits=policy_limits(ctx.settings))
+        prof = parse_profile(
+            name, spec, allow_flags=ctx.settings.controller.allow_flags, limits=policy_limits(ctx.settings)
+        )
     except ProfileError as exc:
         raise EventsError(f"cannot build a profile with KV events: {exc}", 422) from None
     existing = rs.get_profile(ctx.engine, name)

@@ -1,5 +1,5 @@
 """Background jobs (APScheduler 3, in-process). Parts register jobs in their install(app, ctx);
-the scheduler starts with the app (lifespan) when settings.run_scheduler is on.
+the scheduler starts with the app (lifespan) when settings.server.run_scheduler is on.
 
 Every job is a function of `now`, so tests call it directly instead of waiting for the scheduler.
 """

@@ -330,12 +330,12 @@ def test_prometheus_chart_api(client: Any, app: Any, backfilled: Any) -> None:
     params = {"range": "custom", "start": first + 60, "end": last - 3}
     r = client.get("/api/v1/prometheus/instances/1/charts/tokens", params=params)
     assert r.status_code == 404 and "KVSCOPE_PROMETHEUS_URL" in r.json()["error"]
-    app.state.ctx.settings.prometheus_url = server.url
+    app.state.ctx.settings.export.prometheus_url = server.url
     try:
         via_prom = client.get("/api/v1/prometheus/instances/1/charts/tokens", params=params)
         via_store = client.get("/api/v1/instances/1/charts/tokens", params={**params, "tier": "raw"})
     finally:
-        app.state.ctx.settings.prometheus_url = None
+        app.state.ctx.settings.export.prometheus_url = None
     assert via_prom.status_code == 200, via_prom.text
     body = via_prom.json()
     assert body["source"] == "prometheus" and body["figure"] is not None

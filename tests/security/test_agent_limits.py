@@ -19,7 +19,7 @@ CAP = 3  # instances per host, in these tests
 
 @pytest.fixture
 def settings(settings: Any) -> Any:
-    return settings.model_copy(update={"max_instances_per_host": CAP})
+    return settings.model_copy(update={"ingest": settings.ingest.model_copy(update={"max_instances_per_host": CAP})})
 
 
 def _push(client: Any, token: str, batch: dict[str, Any]) -> Any:

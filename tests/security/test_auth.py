@@ -222,7 +222,7 @@ def test_a_password_change_ends_existing_sessions(anon: Any, engine: Any) -> Non
 
 def test_failed_logins_are_rate_limited(anon: Any, engine: Any, app: Any) -> None:
     create_user(engine, "alice", "viewer", hash_password("correct horse battery"), time.time())
-    limit = app.state.ctx.settings.login_max_failures
+    limit = app.state.ctx.settings.auth.login_max_failures
     for _ in range(limit):
         assert _login(anon, "alice", "wrong password!").status_code == 401
     r = _login(anon, "alice", "correct horse battery")
@@ -273,7 +273,7 @@ def test_on_loopback_a_placeholder_secret_becomes_a_random_key_kept_private(tmp_
 
     s = load_settings(None, data_dir=str(tmp_path))
     key = effective_secret(s)
-    assert key != s.secret_key and len(key) >= 32
+    assert key != s.auth.secret_key and len(key) >= 32
     assert effective_secret(s) == key
     assert (tmp_path / "secret-key").stat().st_mode & 0o777 == 0o600
 

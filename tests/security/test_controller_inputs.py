@@ -58,7 +58,7 @@ def test_the_apps_kv_events_allowed_hosts_setting_widens_the_hosts(client: Any, 
     body = {"name": "ev", "spec": {"kv_events": {"endpoint": "tcp://*:5557"}}}
     r = client.post("/api/v1/profiles", json=body)
     assert r.status_code == 422 and "loopback" in r.text
-    app.state.ctx.settings.kv_events_allowed_hosts = ["*"]
+    app.state.ctx.settings.controller.kv_events_allowed_hosts = ["*"]
     r = client.post("/api/v1/profiles", json=body)
     assert r.status_code == 201, r.text
     assert client.get("/api/v1/profiles/ev").json()["error"] is None
@@ -115,7 +115,7 @@ def test_a_tier_folder_under_an_allowed_root_passes_and_the_roots_are_settings(c
     assert check_flag_policy(argv, []).status == "pass"
     body = {"name": "disk", "spec": {"disk_tier": {"shared_storage_path": "/opt/kv"}}}
     assert client.post("/api/v1/profiles", json=body).status_code == 422
-    app.state.ctx.settings.tier_roots = ["/opt/kv"]
+    app.state.ctx.settings.controller.tier_roots = ["/opt/kv"]
     r = client.post("/api/v1/profiles", json=body)
     assert r.status_code == 201, r.text
     narrow = flag_policy.Limits.of((), ["/opt/kv"])

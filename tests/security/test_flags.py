@@ -178,7 +178,7 @@ def test_a_stored_profile_that_no_longer_validates_shows_as_invalid(client: Any,
 def test_the_apps_allow_flags_setting_widens_its_own_list(client: Any, app: Any) -> None:
     body = {"name": "seeded", "spec": {"extra_args": ["--seed", "1"]}}
     assert client.post("/api/v1/profiles", json=body).status_code == 422
-    app.state.ctx.settings.allow_flags = ["--seed"]
+    app.state.ctx.settings.controller.allow_flags = ["--seed"]
     r = client.post("/api/v1/profiles", json=body)
     assert r.status_code == 201, r.text
     assert client.get("/api/v1/profiles/seeded").json()["error"] is None

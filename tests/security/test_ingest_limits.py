@@ -26,7 +26,13 @@ PUSH_CAP = 500  # new series per push, in these tests
 @pytest.fixture
 def settings(settings: Any) -> Any:
     """Small caps, so that going over them takes a few hundred series."""
-    return settings.model_copy(update={"max_series_per_instance": CAP, "max_new_series_per_push": PUSH_CAP})
+    return settings.model_copy(
+        update={
+            "ingest": settings.ingest.model_copy(
+                update={"max_series_per_instance": CAP, "max_new_series_per_push": PUSH_CAP}
+            )
+        }
+    )
 
 
 def _post(client: Any, token: str, batch: dict[str, Any] | bytes) -> Any:

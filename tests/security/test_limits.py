@@ -64,7 +64,7 @@ def test_a_body_over_the_cap_gets_413_even_from_an_admin_and_is_not_read_on(app:
         "content-type": "application/json",
     }
     body = CountingBody(chunks=80)
-    cap = app.state.ctx.settings.max_body_bytes
+    cap = app.state.ctx.settings.auth.max_body_bytes
 
     async def go() -> tuple[httpx.Response, httpx.Response]:
         async with _client(app) as c:
@@ -83,8 +83,10 @@ def test_the_push_endpoint_keeps_its_own_larger_cap(app: Any) -> None:
 
     limit = BodyLimit(None, app.state.ctx)
     s = app.state.ctx.settings
-    assert limit.cap_for("/api/v1/ingest") == max(s.max_batch_bytes, s.max_body_bytes) > s.max_body_bytes
-    assert limit.cap_for("/api/v1/users") == s.max_body_bytes
+    assert (
+        limit.cap_for("/api/v1/ingest") == max(s.ingest.max_batch_bytes, s.auth.max_body_bytes) > s.auth.max_body_bytes
+    )
+    assert limit.cap_for("/api/v1/users") == s.auth.max_body_bytes
 
 
 def test_a_body_that_does_not_arrive_in_time_gets_408(app: Any) -> None:
@@ -105,7 +107,7 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(app: Any) -> None:
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def slow_receive() -> Any:
-        t[0] += ctx.settings.body_timeout_s  # each trickled chunk arrives a whole deadline later
+        t[0] += ctx.settings.auth.body_timeout_s  # each trickled chunk arrives a whole deadline later
         return {"type": "http.request", "body": b"x", "more_body": True}
 
     sent: list[Any] = []
@@ -130,7 +132,7 @@ def test_a_stalled_body_gets_408_instead_of_holding_the_connection(app: Any) -> 
     from app.auth.bodylimit import BodyLimit
 
     ctx = app.state.ctx
-    ctx.settings.body_timeout_s = 0.05  # the stalled receive below never returns
+    ctx.settings.auth.body_timeout_s = 0.05  # the stalled receive below never returns
 
     async def inner(scope: Any, receive: Any, send: Any) -> None:
         await receive()
@@ -226,7 +228,7 @@ def test_parallel_wrong_logins_are_counted_before_the_password_check(app: Any, m
             return [r.status_code for r in rs]
 
     codes = _run(go())
-    limit = app.state.ctx.settings.login_max_failures
+    limit = app.state.ctx.settings.auth.login_max_failures
     assert len(checked) <= limit
     assert codes.count(429) >= 30 - limit
 
@@ -256,7 +258,7 @@ def test_the_login_page_answers_429_with_retry_after_then_lets_the_owner_in(
     app: Any, clock: Any, monkeypatch: Any
 ) -> None:
     create_user(app.state.ctx.engine, "alice", "viewer", hash_password("correct horse battery"), clock())
-    limit = app.state.ctx.settings.login_max_failures
+    limit = app.state.ctx.settings.auth.login_max_failures
 
     async def login(c: httpx.AsyncClient, password: str) -> httpx.Response:
         token = _csrf((await c.get("/login")).text)
@@ -281,7 +283,7 @@ def test_the_login_page_answers_429_with_retry_after_then_lets_the_owner_in(
 
 
 def test_failed_bearer_tokens_are_throttled_per_client_address(app: Any, clock: Any) -> None:
-    limit = app.state.ctx.settings.bearer_max_failures
+    limit = app.state.ctx.settings.auth.bearer_max_failures
 
     async def go() -> tuple[list[int], httpx.Response, httpx.Response]:
         async with _client(app, peer="10.0.0.7") as c:
@@ -319,10 +321,10 @@ def test_the_static_agent_token_speaks_only_for_its_bound_host(settings: Any, en
     from app.main import create_app
     from tests.conftest import make_batch
 
-    settings.agent_token = "static-agent-token-" + "x" * 32
-    settings.agent_token_host = "rig1"
+    settings.auth.agent_token = "static-agent-token-" + "x" * 32
+    settings.auth.agent_token_host = "rig1"
     app = create_app(settings, engine=engine, clock=clock, start_jobs=False)
-    auth = {"Authorization": f"Bearer {settings.agent_token}"}
+    auth = {"Authorization": f"Bearer {settings.auth.agent_token}"}
     with TestClient(app) as c:
         assert c.post("/api/v1/ingest", json=make_batch(1, clock()), headers=auth).status_code == 200
         other = c.post("/api/v1/ingest", json=make_batch(1, clock(), host="rig2"), headers=auth)
@@ -353,7 +355,7 @@ def test_after_its_body_a_long_poll_still_waits_for_the_client_past_the_body_dea
 
     async def inner(scope: Any, receive: Any, send: Any) -> None:
         await receive()
-        t[0] += 10 * ctx.settings.body_timeout_s  # the poll holds well past the body deadline
+        t[0] += 10 * ctx.settings.auth.body_timeout_s  # the poll holds well past the body deadline
         got.append((await receive())["type"])  # the real disconnect, not a made-up 408
 
     async def receive() -> Any:

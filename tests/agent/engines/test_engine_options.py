@@ -48,8 +48,5 @@ def test_a_bad_fragment_is_refused_with_a_message(fragment: str, message: str) -
 def test_the_agent_cli_refuses_a_bad_fragment_before_starting() -> None:
     from agent.cli import _urls
 
-    class Args:
-        vllm_url = ["http://h:1#engine=nonesuch"]
-
     with pytest.raises(UserError, match="unknown engine 'nonesuch'"):
-        _urls(Args())  # type: ignore[arg-type]
+        _urls(["http://h:1#engine=nonesuch"])

@@ -27,9 +27,9 @@ LAPTOP_POOL = {"kv_cache_memory_bytes": 268435456, "max_model_len": 2048}
 
 @pytest.fixture
 def rig_factory(tmp_path: Path, settings: Any, engine: Any) -> Iterator[Any]:
-    settings.probe_evict_count = 4
-    settings.probe_prefix_words = 1400
-    settings.ab_bootstrap_resamples = 500
+    settings.controller.probe_evict_count = 4
+    settings.controller.probe_prefix_words = 1400
+    settings.ab.bootstrap_resamples = 500
     with e2e_rig(tmp_path, settings, engine, time_scale=5, env={"VLLM_SERVER_DEV_MODE": "1"}, settle_steps=0) as made:
         yield made
 

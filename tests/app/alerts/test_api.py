@@ -206,7 +206,7 @@ def test_per_instance_overrides_from_the_ui(live: tuple[Any, Any], clock: Any) -
 
     ov = all_overrides(ctx.engine)[(1, "hit_rate_drop_overall")]
     assert ov == {"for_s": 30.0, "abs_margin": 0.2}
-    assert effective("hit_rate_drop_overall", ctx.settings.alert_rules, ov)["for_s"] == 30.0
+    assert effective("hit_rate_drop_overall", ctx.settings.alerts.rules, ov)["for_s"] == 30.0
     assert 'value="30.0"' in c.get("/alerts/rules?instance=1").text
     r = c.post("/alerts/rules/1/hit_rate_drop_overall", data={"for_s": "soon", "csrf": tok}, follow_redirects=False)
     assert "not%20saved" in r.headers["location"]
@@ -223,7 +223,7 @@ def test_settings_validate_rules_and_channels(tmp_path: Any) -> None:
     from app.settings import load_settings
 
     s = load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {"budget_s": "0.5", "enabled": "yes"}})
-    assert s.alert_rules == {"ttft_p95": {"budget_s": 0.5, "enabled": True}}
+    assert s.alerts.rules == {"ttft_p95": {"budget_s": 0.5, "enabled": True}}
     with pytest.raises(UserError, match="unknown alert rule"):
         load_settings(None, data_dir=str(tmp_path), alert_rules={"nope": {}})
     with pytest.raises(UserError, match="has no parameter"):
@@ -244,6 +244,12 @@ def test_settings_validate_rules_and_channels(tmp_path: Any) -> None:
         '[alert_rules.hit_rate_drop_overall]\nfor_s = 60\n\n[[alert_channels]]\nname = "am"\n'
         'kind = "alertmanager"\nurl = "http://127.0.0.1:9093"\nmin_severity = "warning"\n'
     )
-    s = load_settings(cfg, data_dir=str(tmp_path))
-    assert s.alert_rules["hit_rate_drop_overall"]["for_s"] == 60.0
-    assert s.alert_channels[0].kind == "alertmanager" and not s.alert_channels[0].wants("ttft_p95", "info")
+    s = load_settings(cfg, data_dir=str(tmp_path))  # the flat form of before the sections still reads
+    assert s.alerts.rules["hit_rate_drop_overall"]["for_s"] == 60.0
+    assert s.alerts.channels[0].kind == "alertmanager" and not s.alerts.channels[0].wants("ttft_p95", "info")
+    cfg.write_text(
+        '[alerts.rules.hit_rate_drop_overall]\nfor_s = 60\n\n[[alerts.channels]]\nname = "am"\n'
+        'kind = "alertmanager"\nurl = "http://127.0.0.1:9093"\nmin_severity = "warning"\n'
+    )
+    nested = load_settings(cfg, data_dir=str(tmp_path))
+    assert nested.alerts == s.alerts

@@ -203,7 +203,7 @@ def _held_since(r: Run, start: float, end: float) -> float | None:
     ev = evaluator(r.ctx)
     (inst,) = list_instances(r.ctx.engine)
     spec = BY_NAME[RULE]
-    params = effective(RULE, r.ctx.settings.alert_rules)
+    params = effective(RULE, r.ctx.settings.alerts.rules)
     data = ev.load(Target("instance", int(inst["id"]), int(inst["host_id"]), inst), [(spec, params)], end)
     since = None
     t = start

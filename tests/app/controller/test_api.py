@@ -155,7 +155,7 @@ def test_expiry_job(app: Any, client: Any, token: str, clock: Any) -> None:
     ctx = app.state.ctx
     run_job_now(ctx, "rollout_expiry", clock() + 60)
     assert client.get(f"/api/v1/rollouts/{rid}").json()["state"] == "requested"
-    run_job_now(ctx, "rollout_expiry", clock() + ctx.settings.rollout_request_ttl_s + 1)
+    run_job_now(ctx, "rollout_expiry", clock() + ctx.settings.controller.request_ttl_s + 1)
     assert client.get(f"/api/v1/rollouts/{rid}").json()["state"] == "expired"
 
 
@@ -209,6 +209,6 @@ def test_only_the_agent_that_scrapes_an_instance_gets_its_rollout(client: Any, t
     assert [c["id"] for c in _push(client, token, 4, clock())["commands"]] == [rid]
     # An agent that never acknowledges (no --launcher-config): expired with a hint.
     ctx = client.app.state.ctx
-    run_job_now(ctx, "rollout_expiry", clock() + ctx.settings.rollout_ack_ttl_s + 1)
+    run_job_now(ctx, "rollout_expiry", clock() + ctx.settings.controller.ack_ttl_s + 1)
     got = client.get(f"/api/v1/rollouts/{rid}").json()
     assert got["state"] == "expired" and "--launcher-config" in got["message"]

@@ -33,7 +33,7 @@ def live(tmp_path: Path) -> Iterator[LiveServer]:
 
     settings = load_settings(None, data_dir=str(tmp_path / "data"), run_scheduler=False)
     engine = open_database(settings.effective_database_url)
-    write_cli_token(engine, settings.data_dir, time.time())
+    write_cli_token(engine, settings.server.data_dir, time.time())
     srv = LiveServer(create_app(settings, engine=engine, start_jobs=False))
     srv.start()
     try:

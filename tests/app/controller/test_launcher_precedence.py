@@ -64,5 +64,5 @@ def test_the_app_sends_its_defaults_apart_from_explicit_settings(app: Any) -> No
         model_root=None,
     )
     assert "health_deadline_s" not in payload and "probe" not in payload
-    assert payload["defaults"]["health_deadline_s"] == ctx.settings.rollout_health_deadline_s
-    assert payload["defaults"]["probe"]["prefix_words"] == ctx.settings.probe_prefix_words
+    assert payload["defaults"]["health_deadline_s"] == ctx.settings.controller.health_deadline_s
+    assert payload["defaults"]["probe"]["prefix_words"] == ctx.settings.controller.probe_prefix_words

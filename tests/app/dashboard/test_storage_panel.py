@@ -23,8 +23,8 @@ def test_the_overview_shows_the_raw_samples_held_and_the_room_left_in_the_budget
     app: Any, client: Any, clock: Any, token: str
 ) -> None:
     ctx = app.state.ctx
-    ctx.settings.chart_cache_s = 0.0
-    ctx.settings.storage_budget_mb = 50.0
+    ctx.settings.dashboard.chart_cache_s = 0.0
+    ctx.settings.storage.budget_mb = 50.0
     batches = recorded_batches(T0 - 1800, 120, interval=10.0)
     push_all(client, token, batches, clock)
     run_job_now(ctx, "seal_chunks", now=clock.t)

@@ -216,7 +216,7 @@ def test_malformed_json_is_422(client: Any, token: str, raw: bytes) -> None:
 
 
 def test_oversized_batch_is_413(client: Any, token: str, clock: Any, batch_factory: Any, engine: Any, app: Any) -> None:
-    cap = app.state.ctx.settings.max_batch_bytes
+    cap = app.state.ctx.settings.ingest.max_batch_bytes
     b = batch_factory(1, clock())
     b["scrapes"][0]["error"] = "x" * (cap + 10)
     r = _post(client, token, b)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, func, select
 
 from app.ingest.parse import parse_batch
-from app.settings import Settings
+from app.settings import StorageSettings
 from app.storage import chunk_codec, chunk_reads
 from app.storage.chunk_seal import CHUNK_BYTES, seal_head
 from app.storage.engine import open_database
@@ -220,13 +220,13 @@ def test_over_the_disk_budget_the_oldest_rolled_up_raw_samples_go_and_the_reader
 
 
 def test_the_budget_and_seal_interval_settings_refuse_values_out_of_range() -> None:
-    with pytest.raises(ValidationError, match="storage_budget_mb"):
-        Settings(storage_budget_mb=-1)
-    with pytest.raises(ValidationError, match="storage_budget_mb"):
-        Settings(storage_budget_mb=1e12)
+    with pytest.raises(ValidationError, match="budget_mb"):
+        StorageSettings(budget_mb=-1)
+    with pytest.raises(ValidationError, match="budget_mb"):
+        StorageSettings(budget_mb=1e12)
     with pytest.raises(ValidationError, match="seal_interval_s"):
-        Settings(seal_interval_s=1)
-    assert Settings(storage_budget_mb=512).storage_budget_mb == 512
+        StorageSettings(seal_interval_s=1)
+    assert StorageSettings(budget_mb=512).budget_mb == 512
 
 
 @pytest.mark.both_databases

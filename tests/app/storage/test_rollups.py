@@ -99,12 +99,12 @@ def test_job_rolls_up_and_applies_retention(app: Any, client: Any, clock: Any) -
     ctx = app.state.ctx
     last = batches[-1]["sent_at"]
     # raw samples not rolled up yet are never deleted, whatever the retention
-    ctx.settings.raw_retention_h = 0.001
+    ctx.settings.storage.raw_retention_h = 0.001
     run_job_now(ctx, "rollups", now=last + 30)
     with engine.connect() as conn:
         left = conn.execute(select(func.min(SampleRow.ts_ms), func.count()).select_from(SampleRow)).one()
     assert left[1] > 0 and left[0] >= (last - 300) * 1000
-    ctx.settings.raw_retention_h = 48.0
+    ctx.settings.storage.raw_retention_h = 48.0
     run_job_now(app.state.ctx, "rollups", now=last + 300)
     with engine.connect() as conn:
         m = conn.execute(select(func.count()).select_from(Rollup1m)).scalar_one()
@@ -137,7 +137,7 @@ def test_job_rolls_up_and_applies_retention(app: Any, client: Any, clock: Any) -
         assert incs == pytest.approx(increase(raw), rel=1e-12)
         assert hour_incs == pytest.approx(min_incs_to_hour, rel=1e-12)
     # retention: with 1 h of raw retention, raw samples older than that go
-    ctx.settings.raw_retention_h = 1.0
+    ctx.settings.storage.raw_retention_h = 1.0
     run_job_now(ctx, "rollups", now=last + 1800)
     with engine.connect() as conn:
         oldest = conn.execute(select(func.min(SampleRow.ts_ms))).scalar_one()
@@ -145,7 +145,7 @@ def test_job_rolls_up_and_applies_retention(app: Any, client: Any, clock: Any) -
     assert 0 < raw_after <= raw_before
     assert oldest >= (last + 1800 - 3600) * 1000 - 1
     # 1-minute rollups expire after their own retention
-    ctx.settings.rollup_1m_retention_d = 0.05
+    ctx.settings.storage.rollup_1m_retention_d = 0.05
     run_job_now(ctx, "rollups", now=last + 1800)
     with engine.connect() as conn:
         oldest_m, kept = conn.execute(select(func.min(Rollup1m.bucket_ms), func.count()).select_from(Rollup1m)).one()

@@ -146,7 +146,7 @@ def test_late_samples_older_than_raw_retention_are_dropped_cleanly(
     last = batches[-1]["sent_at"]
     run_job_now(ctx, "rollups", now=last + 300)
     minutes_before = _stored(engine, Rollup1m)
-    ctx.settings.raw_retention_h = 1.0
+    ctx.settings.storage.raw_retention_h = 1.0
     push_all(client, token, late)
     run_job_now(ctx, "rollups", now=last + 360)
     with engine.connect() as conn:
