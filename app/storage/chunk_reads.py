@@ -13,9 +13,8 @@ overlap (the usual case) are just concatenated.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
-from operator import truediv
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, func, select, union_all
@@ -41,95 +40,103 @@ def _merge(a: list[Any], b: list[Any]) -> list[Any]:
     return sorted(merged.items())
 
 
-def _trimmed(blob: bytes, lo: int, hi: int) -> tuple[list[int], list[float]]:
+def _decoded(blob: bytes, seconds: bool) -> list[Any]:
+    if seconds:
+        return chunk_codec.decode_points(blob)
     ts, values = chunk_codec.decode(blob)
-    i, j = bisect_left(ts, lo), bisect_right(ts, hi)
-    if i or j < len(ts):
-        return ts[i:j], values[i:j]
-    return ts, values
+    return list(zip(ts, values, strict=True))
 
 
-def _chunk_points(blobs: Iterable[bytes], lo: int, hi: int, seconds: bool) -> list[Any]:
-    """The points of ascending chunks within [lo, hi] ms."""
+_T = itemgetter(0)
+
+
+def _chunk_points(chunks: Sequence[tuple[int, int, bytes]], lo: int, hi: int, seconds: bool) -> list[Any]:
+    """The points within [lo, hi] ms of a series' chunks, given as (start_ms, end_ms, data). Chunks
+    of one series do not overlap (the sealing job rewrites what a late sample touches), so they
+    are decoded in start order and joined; only the first and last can reach past [lo, hi], and
+    only those are cut. Should two overlap all the same, they are merged (the first one's point
+    kept on equal timestamps)."""
+    ordered = sorted(chunks, key=_T) if len(chunks) > 1 else chunks
     out: list[Any] = []
-    for blob in blobs:
-        ts, values = _trimmed(blob, lo, hi)
-        if not ts:
+    last_end: int | None = None
+    for start, end, blob in ordered:
+        pts = _decoded(blob, seconds)
+        if start < lo or end > hi:
+            lo_t, hi_t = (lo / 1000.0, hi / 1000.0) if seconds else (lo, hi)
+            pts = pts[bisect_left(pts, lo_t, key=_T) : bisect_right(pts, hi_t, key=_T)]
+        if not pts:
             continue
-        part: list[Any] = (
-            list(zip(map(truediv, ts, repeat(1000.0)), values, strict=True))
-            if seconds
-            else list(zip(ts, values, strict=True))
-        )
-        out = _merge(out, part)
+        if last_end is None or last_end < start:
+            out.extend(pts)
+        else:
+            out = _merge(out, pts)
+        last_end = end if last_end is None else max(last_end, end)
     return out
 
 
 def points(conn: Connection, ranges: Mapping[int, tuple[int, int]], *, seconds: bool = False) -> dict[int, list[Any]]:
     """Raw points of each series over its [lo, hi] ms (both ends in), ascending: (ts ms, value),
-    or with `seconds` (ts / 1000.0, value). Series without points come back empty."""
+    or with `seconds` (ts / 1000.0, value). Series without points come back empty.
+
+    Per group of series with one range: the head rows (per series on SQLite, a primary-key range
+    scan whose rows the driver builds as tuples in C; one query for the group elsewhere), then one
+    query for the chunks (open and sealed together, one statement: one snapshot) of every series
+    of the group. The head is read first: a sample the sealing job moves from the head into a
+    chunk between the two reads is then seen twice (and dropped once), never missed."""
     out: dict[int, list[Any]] = {sid: [] for sid in ranges}
     if not ranges:
-        return out
-    if conn.dialect.name == "sqlite":
-        _points_sqlite(conn, ranges, out, seconds)
         return out
     by_range: dict[tuple[int, int], list[int]] = {}
     for sid, rng in ranges.items():
         by_range.setdefault(rng, []).append(sid)
-    h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
+    sqlite = conn.dialect.name == "sqlite"
     for (lo, hi), all_ids in by_range.items():
         for i in range(0, len(all_ids), IN_CHUNK):
             ids = all_ids[i : i + IN_CHUNK]
-            head: dict[int, list[Any]] = {sid: [] for sid in ids}
-            for sid, ts, v in conn.execute(
-                select(h.series_id, h.ts_ms, h.value)
-                .where(h.series_id.in_(ids), h.ts_ms >= lo, h.ts_ms <= hi)
-                .order_by(h.series_id, h.ts_ms)
-            ):
-                head[int(sid)].append((ts / 1000.0 if seconds else int(ts), float(v)))
-            blobs: dict[int, list[bytes]] = {}
-            opens: dict[int, bytes] = {}
-            for sid, data in conn.execute(
-                select(o.series_id, o.data).where(o.series_id.in_(ids), o.end_ms >= lo, o.start_ms <= hi)
-            ):
-                opens[int(sid)] = bytes(data)
-            for sid, data in conn.execute(
-                select(c.series_id, c.data)
-                .where(c.series_id.in_(ids), c.end_ms >= lo, c.start_ms <= hi)
-                .order_by(c.series_id, c.end_ms)
-            ):
-                blobs.setdefault(int(sid), []).append(bytes(data))
+            head = _head_sqlite(conn, ids, lo, hi, seconds) if sqlite else _head(conn, ids, lo, hi, seconds)
+            chunks = _chunks_of(conn, ids, lo, hi)
             for sid in ids:
-                chunks = blobs.get(sid, [])
-                if sid in opens:
-                    chunks.append(opens[sid])
-                out[sid] = _merge(_chunk_points(chunks, lo, hi, seconds), head[sid]) if chunks else head[sid]
+                got = chunks.get(sid)
+                rows = head.get(sid, [])
+                out[sid] = _merge(_chunk_points(got, lo, hi, seconds), rows) if got else rows
     return out
+
+
+def _chunks_of(conn: Connection, ids: list[int], lo: int, hi: int) -> dict[int, list[tuple[int, int, bytes]]]:
+    """(start_ms, end_ms, data) of the open and sealed chunks of `ids` that reach into [lo, hi]."""
+    o, c = OpenChunk.__table__.c, SampleChunk.__table__.c
+    q = union_all(
+        select(c.series_id, c.start_ms, c.end_ms, c.data).where(c.series_id.in_(ids), c.end_ms >= lo, c.start_ms <= hi),
+        select(o.series_id, o.start_ms, o.end_ms, o.data).where(o.series_id.in_(ids), o.end_ms >= lo, o.start_ms <= hi),
+    )
+    out: dict[int, list[tuple[int, int, bytes]]] = {}
+    for sid, start, end, data in conn.execute(q):
+        out.setdefault(int(sid), []).append((int(start), int(end), bytes(data)))
+    return out
+
+
+def _head(conn: Connection, ids: list[int], lo: int, hi: int, seconds: bool) -> dict[int, list[Any]]:
+    h = SampleRow.__table__.c
+    head: dict[int, list[Any]] = {}
+    for sid, ts, v in conn.execute(
+        select(h.series_id, h.ts_ms, h.value)
+        .where(h.series_id.in_(ids), h.ts_ms >= lo, h.ts_ms <= hi)
+        .order_by(h.series_id, h.ts_ms)
+    ):
+        head.setdefault(int(sid), []).append((ts / 1000.0 if seconds else int(ts), float(v)))
+    return head
 
 
 _HEAD_S = "SELECT ts_ms / 1000.0, value FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
 _HEAD_MS = "SELECT ts_ms, value FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms"
-_OPEN = "SELECT data FROM open_chunks WHERE series_id = ? AND end_ms >= ? AND start_ms <= ?"
-_SEALED = "SELECT data FROM sample_chunks WHERE series_id = ? AND end_ms >= ? AND start_ms <= ? ORDER BY end_ms"
 
 
-def _points_sqlite(
-    conn: Connection, ranges: Mapping[int, tuple[int, int]], out: dict[int, list[Any]], seconds: bool
-) -> None:
-    """The hot read on SQLite: primary-key (and chunk index) range scans per series through the
-    driver's cursor; head rows come back as tuples built in C."""
+def _head_sqlite(conn: Connection, ids: list[int], lo: int, hi: int, seconds: bool) -> dict[int, list[Any]]:
+    """The hot read on SQLite: a primary-key range scan per series through the driver's cursor."""
     cur = conn.connection.cursor()
-    head_sql = _HEAD_S if seconds else _HEAD_MS
+    sql = _HEAD_S if seconds else _HEAD_MS
     try:
-        for sid, (lo, hi) in ranges.items():
-            head = cur.execute(head_sql, (sid, lo, hi)).fetchall()
-            blobs = [r[0] for r in cur.execute(_OPEN, (sid, lo, hi)).fetchall()]
-            sealed = [r[0] for r in cur.execute(_SEALED, (sid, lo, hi)).fetchall()]
-            if blobs or sealed:
-                out[sid] = _merge(_chunk_points([*sealed, *blobs], lo, hi, seconds), head)
-            else:
-                out[sid] = head
+        return {sid: cur.execute(sql, (sid, lo, hi)).fetchall() for sid in ids}
     finally:
         cur.close()
 
