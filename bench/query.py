@@ -18,15 +18,29 @@ Requests go as a real client's do: Host 127.0.0.1, a viewer API token made by th
 (so the chart times include the token check; /healthz is public and checks none).
 
     python bench/query.py [--days 30] [--repeat 5] [--keep DIR]
+
+Against an older commit in the same run (the "no slower than before" check):
+
+    python bench/query.py --baseline-rev 00dec04 --rounds 5 --days 8 --repeat 7 --keep DIR
+
+checks REV out into a git worktree of its own (DIR/src-REV), then runs this commit's bench and
+REV's own bench/query.py (each on its own seeded database, DIR/db-new and DIR/db-REV, seeded
+once and reused) one after the other, alternating which goes first, --rounds times; each run is a
+fresh process. It prints, per chart, the median over the rounds of each run's median CPU ms and
+the ratio new / baseline (CPU time of the bench's process: what the server did, less disturbed
+than wall time on a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
 import secrets
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -171,8 +185,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ranges", default=",".join(RANGES), help="comma-separated subset of 1h,24h,30d")
     ap.add_argument("--keep", help="keep the seeded database in this folder; reuse it when it is already seeded")
+    ap.add_argument("--baseline-rev", help="also run the bench of this git revision, alternating; compare")
+    ap.add_argument("--rounds", type=int, default=3, help="with --baseline-rev: runs of each")
     args = ap.parse_args()
-
+    if args.baseline_rev:
+        return compare(args)
     from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -264,6 +281,80 @@ def main() -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if fails else 0
+
+
+# a chart row of the bench's table: range, chart, tier, points, pts/px, wall ms, CPU ms, best CPU ...
+_ROW = re.compile(r"^\s*(1h|24h|30d)\s+(\w+)\s+(raw|1m|1h)\s+\d+\s+[\d.]+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
+_RAW = re.compile(r"^\s*24h\s+(\w+): raw\s+([\d.]+) ms CPU")
+_FLOOR = re.compile(r"GET /healthz ([\d.]+) ms wall, ([\d.]+) ms CPU")
+_PAGE = re.compile(r"whole instance page, 30 d .*: ([\d.]+) ms wall, ([\d.]+) ms CPU")
+
+
+def parse_run(text: str) -> dict[str, float]:
+    """CPU ms per figure of one bench run's output: "1h tokens", "24h-raw tokens", "healthz", "page"."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if m := _ROW.match(line):
+            out[f"{m[1]} {m[2]}"] = float(m[5])
+        elif m := _RAW.match(line):
+            out[f"24h-raw {m[1]}"] = float(m[2])
+        elif m := _FLOOR.search(line):
+            out["healthz"] = float(m[2])
+        elif m := _PAGE.search(line):
+            out["page 30d"] = float(m[2])
+    return out
+
+
+def compare(args: argparse.Namespace) -> int:
+    """This commit's bench against --baseline-rev's, alternating, each a fresh process."""
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvscope-bench-query-ab-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rev = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline_rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    src = work / f"src-{rev}"
+    if not (src / "bench" / "query.py").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(src), rev], check=True)
+    common = ["--days", f"{args.days:g}", "--repeat", str(args.repeat), "--ranges", args.ranges]
+    sides = {
+        "new": (ROOT, [*common, "--keep", str(work / "db-new")]),
+        rev: (src, [*common, "--keep", str(work / f"db-{rev}")]),
+    }
+    got: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    for r in range(args.rounds):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for side in order:
+            root, extra = sides[side]
+            # the side's own code first on the path (its bench puts its root first; so does this)
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            t = time.perf_counter()
+            run = subprocess.run(
+                [sys.executable, str(root / "bench" / "query.py"), *extra],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            if run.returncode not in (0, 1):  # 1: a chart over its target, still a measurement
+                print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
+                return 2
+            got[side].append(parse_run(run.stdout))
+            print(f"round {r + 1}/{args.rounds}: {side} done in {time.perf_counter() - t:.0f} s", flush=True)
+    keys = [k for k in got["new"][0] if all(k in g for runs in got.values() for g in runs)]
+    print(f"\nCPU ms, median over {args.rounds} rounds of each run's median of {args.repeat} (ratio new / {rev})")
+    print(f"{'figure':>18} {rev:>9} {'new':>9} {'ratio':>6}   runs {rev} | new")
+    for k in keys:
+        base = [g[k] for g in got[rev]]
+        new = [g[k] for g in got["new"]]
+        b, n = statistics.median(base), statistics.median(new)
+        print(
+            f"{k:>18} {b:>9.1f} {n:>9.1f} {n / max(b, 0.01):>6.2f}   "
+            f"{' '.join(f'{x:.1f}' for x in base)} | {' '.join(f'{x:.1f}' for x in new)}"
+        )
+    if not args.keep:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(src)], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

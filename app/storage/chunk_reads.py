@@ -104,15 +104,32 @@ def points(conn: Connection, ranges: Mapping[int, tuple[int, int]], *, seconds: 
 
 def _chunks_of(conn: Connection, ids: list[int], lo: int, hi: int) -> dict[int, list[tuple[int, int, bytes]]]:
     """(start_ms, end_ms, data) of the open and sealed chunks of `ids` that reach into [lo, hi]."""
+    if conn.dialect.name == "sqlite":  # the driver's cursor: no statement to build per IN list
+        marks = ",".join("?" * len(ids))
+        sql = (
+            f"SELECT series_id, start_ms, end_ms, data FROM sample_chunks WHERE series_id IN ({marks}) "
+            f"AND end_ms >= ? AND start_ms <= ? UNION ALL SELECT series_id, start_ms, end_ms, data "
+            f"FROM open_chunks WHERE series_id IN ({marks}) AND end_ms >= ? AND start_ms <= ?"
+        )
+        cur = conn.connection.cursor()
+        try:
+            rows = cur.execute(sql, (*ids, lo, hi, *ids, lo, hi)).fetchall()
+        finally:
+            cur.close()
+    else:
+        rows = list(conn.execute(_chunks_query(ids, lo, hi)))
+    out: dict[int, list[tuple[int, int, bytes]]] = {}
+    for sid, start, end, data in rows:
+        out.setdefault(int(sid), []).append((int(start), int(end), bytes(data)))
+    return out
+
+
+def _chunks_query(ids: list[int], lo: int, hi: int) -> Any:
     o, c = OpenChunk.__table__.c, SampleChunk.__table__.c
-    q = union_all(
+    return union_all(
         select(c.series_id, c.start_ms, c.end_ms, c.data).where(c.series_id.in_(ids), c.end_ms >= lo, c.start_ms <= hi),
         select(o.series_id, o.start_ms, o.end_ms, o.data).where(o.series_id.in_(ids), o.end_ms >= lo, o.start_ms <= hi),
     )
-    out: dict[int, list[tuple[int, int, bytes]]] = {}
-    for sid, start, end, data in conn.execute(q):
-        out.setdefault(int(sid), []).append((int(start), int(end), bytes(data)))
-    return out
 
 
 def _head(conn: Connection, ids: list[int], lo: int, hi: int, seconds: bool) -> dict[int, list[Any]]:
@@ -139,6 +156,36 @@ def _head_sqlite(conn: Connection, ids: list[int], lo: int, hi: int, seconds: bo
         return {sid: cur.execute(sql, (sid, lo, hi)).fetchall() for sid in ids}
     finally:
         cur.close()
+
+
+def tail_ts(conn: Connection, sid: int, lo: int, hi: int, limit: int) -> list[int]:
+    """The timestamps (ms) of the last `limit` raw points of a series in [lo, hi], ascending: the
+    head's newest rows, then chunks from the newest back until there are enough (a long range
+    decodes only its end)."""
+    h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
+    head = [
+        int(t)
+        for (t,) in conn.execute(
+            select(h.ts_ms)
+            .where(h.series_id == sid, h.ts_ms >= lo, h.ts_ms <= hi)
+            .order_by(h.ts_ms.desc())
+            .limit(limit)
+        )
+    ]
+    head.reverse()
+    chunks = union_all(
+        select(c.start_ms, c.end_ms, c.n, c.data).where(c.series_id == sid, c.end_ms >= lo, c.start_ms <= hi),
+        select(o.start_ms, o.end_ms, o.n, o.data).where(o.series_id == sid, o.end_ms >= lo, o.start_ms <= hi),
+    ).subquery()
+    got: list[tuple[int, int, bytes]] = []
+    held = len(head)
+    for start, end, n, data in conn.execute(select(chunks).order_by(chunks.c.end_ms.desc())):
+        got.append((int(start), int(end), bytes(data)))
+        held += int(n)
+        if held >= 2 * limit:  # twice: a chunk and the head may hold the same samples
+            break
+    ts = [t for t, _ in _merge(_chunk_points(got, lo, hi, False), [(t, 0.0) for t in head])] if got else head
+    return ts[-limit:]
 
 
 def points_before(conn: Connection, sid: int, before_ms: int, since_ms: int | None = None) -> MsPoint | None:

@@ -338,7 +338,7 @@ def scrape_gap(engine: Engine, instance_id: int, start: float, end: float, limit
     lo, hi = int(start * 1000), int(end * 1000)
     with engine.connect() as conn:
         for (sid,) in conn.execute(select(Series.id).where(Series.instance_id == instance_id).order_by(Series.id)):
-            ts = [int(t) for t, _ in reversed(chunk_reads.points(conn, {int(sid): (lo, hi)})[int(sid)][-limit:])]
+            ts = chunk_reads.tail_ts(conn, int(sid), lo, hi, limit)[::-1]
             if len(ts) >= 2:
                 gaps = sorted(ts[i] - ts[i + 1] for i in range(len(ts) - 1))
                 return gaps[len(gaps) // 2] / 1000.0

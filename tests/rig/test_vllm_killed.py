@@ -47,11 +47,7 @@ def test_a_killed_vllm_is_reported_restarted_and_its_gap_left_empty(tmp_path: Pa
         after = [t for t in ticks if t >= t_kill]
         # nothing stored for the dead server: the first reading after the kill is the new server's
         assert before and after and after[0] >= t_kill
-        counters = rig.sql(
-            "select sm.ts_ms, sm.value from samples sm join series s on s.id = sm.series_id "
-            "where s.name = 'vllm:prompt_tokens_total' order by sm.ts_ms"
-        )
-        assert counters
+        assert rig.ticks("vllm:prompt_tokens_total")  # through the store's reader: head and chunks
         # the instance page's token chart across the restart: rates, none negative
         chart = rig.api(f"/api/v1/instances/{inst['id']}/charts/tokens?range=5m")
         assert chart["figure"] is not None, chart.get("notes")
