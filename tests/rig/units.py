@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import shlex
 import signal
 import sqlite3
@@ -30,20 +29,13 @@ from typing import IO, Any
 import httpx
 
 from tests.ports import free_port
+from tests.stored_samples import CLI_EACH, cli_tokens, raw_points, samples_stored_twice
 from tests.waits import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BOX = REPO / "tests" / "controller" / "fixtures" / "hosts" / "box32g-cgv2"  # a recorded 32 GB host
 HOST = "rigbox"
 # `kvscope <argv>` for each argv of the JSON list in argv[1], in one interpreter (one start-up)
-CLI_EACH = """
-import json, sys
-from kvscope.cli import main
-for argv in json.loads(sys.argv[1]):
-    rc = main(argv)
-    if rc:
-        sys.exit(rc)
-"""
 # the per-tick series the rig's oracles count: one sample per batch (host) and per good scrape (vLLM)
 HOST_TICK = "kvscope:host_memory_total_bytes"
 VLLM_TICK = "vllm:num_requests_running"
@@ -225,18 +217,9 @@ class Rig:
     def ticks(self, name: str) -> list[int]:
         """Timestamps (ms) of one per-tick series, oldest first, read the way the app reads raw
         samples (app/storage/chunk_reads.py: the head table and the sealed chunks merged)."""
-        from sqlalchemy import create_engine
-
-        from app.storage import chunk_reads
-
         where = "instance_id is null" if name == HOST_TICK else "instance_id is not null"
         ids = [int(r[0]) for r in self.sql(f"select id from series where name = ? and {where}", name)]
-        engine = create_engine(f"sqlite:///file:{self.db}?mode=ro&uri=true", connect_args={"timeout": 20})
-        try:
-            with engine.connect() as conn:
-                got = chunk_reads.points(conn, dict.fromkeys(ids, (0, 2**62)))
-        finally:
-            engine.dispose()
+        got = raw_points(self.db, ids)
         return sorted(int(ts) for pts in got.values() for ts, _ in pts)
 
     def events(self, kind: str | None = None) -> list[tuple[float, str, str]]:
@@ -297,29 +280,14 @@ class Rig:
                 f"{len(missing)} spooled batch(es) never stored: {sorted(missing)[:8]}; stored near them: {near}; "
                 f"agent notes: {notes}; agent log: {self.agent.log()[-1500:]}; app log: {self.app.log()[-1500:]}"
             )
-        dup = self.sql("select count(*) from (select series_id, ts_ms from samples group by 1, 2 having count(*) > 1)")
-        assert dup[0][0] == 0, "samples stored twice"
+        ids = [int(r[0]) for r in self.sql("select id from series")]
+        assert samples_stored_twice(self.db, ids) == 0, "samples stored twice"
         for a, b in itertools.pairwise(host):
             gap = (b - a) / 1000
             if gap <= max_hole_s:
                 continue
             inside = any(lo <= a / 1000 + 0.5 and b / 1000 - 0.5 <= hi for lo, hi in holes_allowed)
             assert inside, f"a hole of {gap:.1f} s in the host samples at {a / 1000:.1f}"
-
-
-def _cli_tokens(env: dict[str, str], data: Path, creates: list[list[str]]) -> list[str]:
-    argvs = [["token", "create", *args, "--data-dir", str(data)] for args in creates]
-    out = subprocess.run(
-        [sys.executable, "-c", CLI_EACH, json.dumps(argvs)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
-    ).stdout
-    found = re.findall(r"kvs_[A-Za-z0-9_\-]+", out)
-    assert len(found) == len(creates), out
-    return found
 
 
 def sim_command(port: int, work: Path, startup_delay: float) -> list[str]:
@@ -342,7 +310,7 @@ def rig_units(tmp: Path, *, app_env: dict[str, str] | None = None, sim_startup_d
     app_port, sim_port = free_port(), free_port()
     app_url, sim_url = f"http://127.0.0.1:{app_port}", f"http://127.0.0.1:{sim_port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    agent_token, reader, operator = _cli_tokens(
+    agent_token, reader, operator = cli_tokens(
         env, data, [[HOST], ["rig-reader", "--role", "viewer"], ["rig-operator", "--role", "operator"]]
     )
     ctl = tmp / "ctl"

@@ -24,6 +24,7 @@ import pytest
 from tests.ports import free_port
 from tests.scale.netns import TestLab, why_not_available
 from tests.scale.sim import sim_command
+from tests.stored_samples import cli_tokens, raw_points, samples_stored_twice
 from tests.tiers import unavailable
 from tests.waits import wait_until
 
@@ -32,14 +33,6 @@ N_HOSTS = 3
 STALE_AFTER_S = 4.0
 MAX_HOLE_S = 4.0  # 1 Hz ticks; slack for a loaded 2-core machine
 # `kvscope <argv>` for each argv of the JSON list in argv[1], in one interpreter; stops at a failure
-CLI_EACH = """
-import json, sys
-from kvscope.cli import main
-for argv in json.loads(sys.argv[1]):
-    rc = main(argv)
-    if rc:
-        sys.exit(rc)
-"""
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -77,20 +70,7 @@ def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
         env["KVSCOPE_ALLOWED_HOSTS"] = json.dumps([net.app_ip, "localhost", "127.0.0.1"])
 
         def make_tokens(*creates: list[str]) -> list[str]:
-            """`kvscope token create <args>` for each of `creates`, in one interpreter (the CLI's
-            own entry point called once per token: one Python start-up instead of one each)."""
-            argvs = [["token", "create", *args, "--data-dir", str(data)] for args in creates]
-            out = subprocess.run(
-                [sys.executable, "-c", CLI_EACH, json.dumps(argvs)],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=60,
-                check=True,
-            ).stdout
-            found = re.findall(r"kvs_[A-Za-z0-9_\-]+", out)
-            assert len(found) == len(creates), out
-            return found
+            return cli_tokens(env, data, list(creates), timeout=60)
 
         # the agents' tokens, each bound to its own host, then the reader's
         *tokens, API["token"] = make_tokens(
@@ -231,8 +211,7 @@ def test_three_hosts_one_drops_off_and_its_spool_arrives_once(lab: dict[str, Any
         # no sample stored twice: the samples held (head rows and chunk counts, a sample pushed
         # again after sealing counted twice) are the distinct points the reader returns
         ids = [int(r[0]) for r in conn.execute("select id from series")]
-        distinct = sum(len(p) for p in _raw_points(conn, ids).values())
-        assert _held(db) == distinct
+        assert samples_stored_twice(db, ids) == 0
 
 
 def _host_ticks(conn: sqlite3.Connection, host: str) -> list[float]:
@@ -246,35 +225,8 @@ def _host_ticks(conn: sqlite3.Connection, host: str) -> list[float]:
     ).fetchone()
     if row is None:
         return []
-    return [ts for ts, _ in _raw_points(conn, [int(row[0])])[int(row[0])]]
-
-
-def _raw_points(conn: sqlite3.Connection, ids: list[int]) -> dict[int, list[tuple[float, float]]]:
-    """Every raw point of `ids` through the store's reader, on a read-only copy of the database."""
-    from sqlalchemy import create_engine
-
-    from app.storage import chunk_reads
-
-    db = conn.execute("pragma database_list").fetchone()[2]
-    engine = create_engine(f"sqlite:///file:{db}?mode=ro&uri=true", connect_args={"timeout": 10})
-    try:
-        with engine.connect() as sa:
-            return chunk_reads.points(sa, dict.fromkeys(ids, (0, 2**62)), seconds=True)
-    finally:
-        engine.dispose()
-
-
-def _held(db: Path) -> int:
-    from sqlalchemy import create_engine
-
-    from app.storage import chunk_reads
-
-    engine = create_engine(f"sqlite:///file:{db}?mode=ro&uri=true", connect_args={"timeout": 10})
-    try:
-        with engine.connect() as sa:
-            return chunk_reads.count(sa)
-    finally:
-        engine.dispose()
+    db = Path(conn.execute("pragma database_list").fetchone()[2])
+    return [ts for ts, _ in raw_points(db, [int(row[0])], seconds=True)[int(row[0])]]
 
 
 def _tick_counts(db: Path, hosts: list[str]) -> dict[str, int]:
