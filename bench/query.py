@@ -315,6 +315,9 @@ def compare(args: argparse.Namespace) -> int:
     src = work / f"src-{rev}"
     if not (src / "bench" / "query.py").exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(src), rev], check=True)
+    # an older tree whose tests/ was a namespace package would lose to this checkout's regular
+    # `tests` package (the editable install puts it on the path): make the older one regular too
+    (src / "tests" / "__init__.py").touch(exist_ok=True)
     common = ["--days", f"{args.days:g}", "--repeat", str(args.repeat), "--ranges", args.ranges]
     sides = {
         "new": (ROOT, [*common, "--keep", str(work / "db-new")]),
@@ -338,7 +341,11 @@ def compare(args: argparse.Namespace) -> int:
             if run.returncode not in (0, 1):  # 1: a chart over its target, still a measurement
                 print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
                 return 2
-            got[side].append(parse_run(run.stdout))
+            figures = parse_run(run.stdout)
+            if not figures:  # a bench that printed no figure failed, whatever its exit status
+                print(f"{side}: no figures", run.stdout[-3000:], run.stderr[-3000:], sep="\n")
+                return 2
+            got[side].append(figures)
             print(f"round {r + 1}/{args.rounds}: {side} done in {time.perf_counter() - t:.0f} s", flush=True)
     keys = [k for k in got["new"][0] if all(k in g for runs in got.values() for g in runs)]
     print(f"\nCPU ms, median over {args.rounds} rounds of each run's median of {args.repeat} (ratio new / {rev})")
