@@ -19,17 +19,19 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import typing
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.alerts.channel_config import AlertChannel
 from kvcore.flag_policy import DEFAULT_TIER_ROOTS
 from kvcore.settings_sources import Key, Layered, SettingError, config_path, layer, read_toml
 from kvscope.errors import UserError
 
+MAX_RULE_OVERRIDES = 64  # rules in settings.alerts.rules
+MAX_RULE_PARAMS = 32  # parameters per rule
 PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "secret", "token", "placeholder"})
 log = logging.getLogger("kvscope.settings")
 
@@ -184,6 +186,54 @@ class DashboardSettings(Section):
     )
 
 
+# One notification channel (settings.alerts.channels). In TOML:
+#   [[alerts.channels]]
+#   name = "ops"
+#   kind = "alertmanager"          # webhook | ntfy | slack | discord | alertmanager
+#   url = "http://127.0.0.1:9093"  # Alertmanager base URL; a full URL for the others
+#   min_severity = "warning"
+# The alerts part (app/alerts/channels.py, delivery.py) sends through it.
+ChannelKind = Literal["webhook", "ntfy", "slack", "discord", "alertmanager"]
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class AlertChannel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., description="Unique name, shown in the UI (letters, digits, _ . -).")
+    kind: ChannelKind
+    url: str = Field(..., description="http(s) URL: webhook URL, ntfy topic URL, or Alertmanager base URL.")
+    enabled: bool = True
+    min_severity: Severity = "info"
+    rules: list[str] = Field(default_factory=list, description="Only these rules (empty: all).")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. Authorization).")
+    timeout_s: float = Field(5.0, gt=0, le=60)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("channel name must be 1-64 letters, digits, '_', '.' or '-'")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip()
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError("channel url must start with http:// or https://")
+        return v
+
+    def wants(self, rule: str, severity: str) -> bool:
+        if not self.enabled:
+            return False
+        if self.rules and rule not in self.rules:
+            return False
+        return SEVERITY_ORDER.get(severity, 1) >= SEVERITY_ORDER[self.min_severity]
+
+
 class AlertsSettings(Section):
     """app/alerts, docs/alerts.md: rule defaults, channels, links."""
 
@@ -213,12 +263,21 @@ class AlertsSettings(Section):
     @field_validator("rules")
     @classmethod
     def _rules(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        from app.alerts.params import ParamError, validate_overrides
-
-        try:
-            return validate_overrides(v)
-        except ParamError as exc:
-            raise ValueError(str(exc)) from None
+        """The shape and size only: which rules and parameters exist, and what their values
+        mean, the alerts part checks when it starts (app.alerts.params.validate_overrides)."""
+        if len(v) > MAX_RULE_OVERRIDES:
+            raise ValueError(f"at most {MAX_RULE_OVERRIDES} rules may be set, not {len(v)}")
+        for rule, params in v.items():
+            if not isinstance(params, dict):
+                raise ValueError(f"alerts.rules.{rule} must be a table of parameters")
+            if len(rule) > 64 or len(params) > MAX_RULE_PARAMS:
+                raise ValueError(
+                    f"alerts.rules.{rule[:64]}: rule names up to 64 characters, {MAX_RULE_PARAMS} parameters"
+                )
+            for key, value in params.items():
+                if len(key) > 64 or not isinstance(value, bool | int | float | str) or len(str(value)) > 256:
+                    raise ValueError(f"alerts.rules.{rule}.{key[:64]} must be a number, true/false or a short string")
+        return v
 
     @field_validator("channels")
     @classmethod

@@ -18,6 +18,7 @@ from app.alerts import pages
 from app.alerts.catalog import BY_NAME
 from app.alerts.delivery import DELIVERY_INTERVAL_S, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
+from app.alerts.params import ParamError, validate_overrides
 from app.alerts.views import (
     AlertsState,
     alert_json,
@@ -35,6 +36,7 @@ from app.web import csrf
 from app.web.deps import CtxDep, DbId, OptionalDbIdQuery
 from app.web.jobs import register_job
 from app.web.json_body import read_json
+from kvscope.errors import UserError
 
 STATE_FILTERS = {
     "open": ("pending", "firing"),
@@ -47,9 +49,13 @@ STATE_FILTERS = {
 
 def install(app: FastAPI, ctx: AppContext) -> None:
     s = ctx.settings.alerts
+    try:  # the settings checked only the shape; which rules and parameters exist is this part's
+        rule_settings = validate_overrides(s.rules)
+    except ParamError as exc:
+        raise UserError(f"bad setting alerts.rules: {exc}") from None
     ev = Evaluator(
         ctx.engine,
-        rule_settings=s.rules,
+        rule_settings=rule_settings,
         channels=s.channels,
         config=EvalConfig(
             interval_s=s.eval_interval_s,

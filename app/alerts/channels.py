@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.alerts.catalog import BY_NAME
-from app.alerts.channel_config import AlertChannel
+from app.settings import AlertChannel
 
 WEBHOOK_VERSION = "1"
 

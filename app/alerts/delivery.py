@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine
 
-from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import render
+from app.settings import AlertChannel
 from app.storage import alerts_store as store
 
 log = logging.getLogger("kvscope.alerts.delivery")

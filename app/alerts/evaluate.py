@@ -21,7 +21,6 @@ from sqlalchemy import Engine
 
 from app.alerts import expected
 from app.alerts.catalog import RULES, RuleSpec
-from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
 from app.alerts.delivery import RESEND_S
 from app.alerts.inputs import SeriesCache
@@ -30,6 +29,7 @@ from app.alerts.rule_io import RuleResult, TargetData
 from app.alerts.series import SeriesMap, median_gap, sample_times
 from app.alerts.silencing import is_silenced
 from app.alerts.state import FIRING, PENDING, RESOLVED, Decision, OpenAlert, decide
+from app.settings import AlertChannel
 from app.storage import alerts_store as store
 from app.storage.alert_rows import AlertRow
 from app.storage.events import EventRow, list_events

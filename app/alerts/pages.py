@@ -17,7 +17,7 @@ from app.alerts.catalog import BY_NAME, RULES
 from app.alerts.delivery import send_test
 from app.alerts.evaluate import alert_key
 from app.alerts.params import ParamError, coerce, effective
-from app.alerts.views import alert_json, alerts_state, create_silence, delivery_config
+from app.alerts.views import alert_json, alerts_state, create_silence, delivery_config, evaluator
 from app.auth.roles import OPERATOR, VIEWER, requires
 from app.context import AppContext
 from app.storage import alerts_store as store
@@ -115,8 +115,8 @@ def rules_page(ctx: CtxDep, request: Request, instance: OptionalDbIdQuery = None
     chosen_host = next((int(i["host_id"]) for i in instances if i["id"] == chosen), None)
     for spec in RULES:
         ov = overrides.get((chosen, spec.name), {}) if chosen is not None else {}
-        eff = effective(spec.name, ctx.settings.alerts.rules, ov)
-        base = effective(spec.name, ctx.settings.alerts.rules, None)
+        eff = effective(spec.name, evaluator(ctx).rule_settings, ov)
+        base = effective(spec.name, evaluator(ctx).rule_settings, None)
         target = chosen if spec.scope == "instance" else chosen_host
         # what the rule said at the last evaluation (e.g. "learning: ..."), with its units
         now_said = results.get(alert_key(spec.name, spec.scope, target)) if target is not None else None
@@ -143,7 +143,7 @@ async def save_override(ctx: CtxDep, instance_id: DbId, rule: str, request: Requ
         raise HTTPException(404, f"no per-instance rule {rule!r}")
     if get_instance(ctx.engine, instance_id) is None:
         raise HTTPException(404, f"no instance {instance_id}")
-    base = effective(rule, ctx.settings.alerts.rules, None)
+    base = effective(rule, evaluator(ctx).rule_settings, None)
     params: dict[str, Any] = {}
     reset = form.get("reset") is not None
     if not reset:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
 from app.alerts.delivery import DeliveryConfig, run_deliveries, send_test
+from app.settings import AlertChannel
 from app.storage import alerts_store as store
 from tests.app.alerts.alertmanager import Alertmanager, alertmanager
 from tests.waits import wait_until

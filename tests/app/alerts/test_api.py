@@ -219,15 +219,45 @@ def test_per_instance_overrides_from_the_ui(live: tuple[Any, Any], clock: Any) -
     assert c.post("/alerts/rules/99/ttft_p95", data={"csrf": tok}).status_code == 404
 
 
-def test_settings_validate_rules_and_channels(tmp_path: Any) -> None:
+def test_the_app_refuses_at_start_a_rule_or_parameter_that_does_not_exist(tmp_path: Any) -> None:
+    from app.alerts.views import evaluator
+    from app.main import create_app
     from app.settings import load_settings
 
-    s = load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {"budget_s": "0.5", "enabled": "yes"}})
-    assert s.alerts.rules == {"ttft_p95": {"budget_s": 0.5, "enabled": True}}
-    with pytest.raises(UserError, match="unknown alert rule"):
-        load_settings(None, data_dir=str(tmp_path), alert_rules={"nope": {}})
+    def started(rules: dict[str, Any]) -> Any:
+        s = load_settings(None, data_dir=str(tmp_path), alert_rules=rules)
+        return create_app(s, start_jobs=False)
+
+    app = started({"ttft_p95": {"budget_s": "0.5", "enabled": "yes"}})
+    assert evaluator(app.state.ctx).rule_settings == {"ttft_p95": {"budget_s": 0.5, "enabled": True}}
+    with pytest.raises(UserError, match=r"bad setting alerts\.rules: unknown alert rule"):
+        started({"nope": {}})
     with pytest.raises(UserError, match="has no parameter"):
-        load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {"budget": 1}})
+        started({"ttft_p95": {"budget": 1}})
+    with pytest.raises(UserError, match="must be a number"):
+        started({"ttft_p95": {"budget_s": "soon"}})
+
+
+def test_settings_refuse_rule_tables_of_the_wrong_shape_or_size(tmp_path: Any) -> None:
+    from app.settings import MAX_RULE_OVERRIDES, MAX_RULE_PARAMS, load_settings
+
+    with pytest.raises(UserError, match=r"alerts\.rules\.ttft_p95 .*valid dictionary"):
+        load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": 3})
+    with pytest.raises(UserError, match="at most"):
+        load_settings(None, data_dir=str(tmp_path), alert_rules={f"r{i}": {} for i in range(MAX_RULE_OVERRIDES + 1)})
+    with pytest.raises(UserError, match="parameters"):
+        load_settings(
+            None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {f"p{i}": 1 for i in range(MAX_RULE_PARAMS + 1)}}
+        )
+    with pytest.raises(UserError, match="short string"):
+        load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {"budget_s": [1, 2]}})
+    with pytest.raises(UserError, match="short string"):
+        load_settings(None, data_dir=str(tmp_path), alert_rules={"ttft_p95": {"budget_s": "x" * 257}})
+
+
+def test_settings_validate_channels_and_read_both_toml_forms(tmp_path: Any) -> None:
+    from app.settings import load_settings
+
     with pytest.raises(UserError, match="unique"):
         load_settings(
             None,
@@ -245,7 +275,7 @@ def test_settings_validate_rules_and_channels(tmp_path: Any) -> None:
         'kind = "alertmanager"\nurl = "http://127.0.0.1:9093"\nmin_severity = "warning"\n'
     )
     s = load_settings(cfg, data_dir=str(tmp_path))  # the flat form of before the sections still reads
-    assert s.alerts.rules["hit_rate_drop_overall"]["for_s"] == 60.0
+    assert s.alerts.rules["hit_rate_drop_overall"]["for_s"] == 60
     assert s.alerts.channels[0].kind == "alertmanager" and not s.alerts.channels[0].wants("ttft_p95", "info")
     cfg.write_text(
         '[alerts.rules.hit_rate_drop_overall]\nfor_s = 60\n\n[[alerts.channels]]\nname = "am"\n'

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from app.alerts.channel_config import AlertChannel
 from app.alerts.delivery import DeliveryConfig, run_deliveries
 from app.alerts.evaluate import EvalConfig, Evaluator
+from app.settings import AlertChannel
 from app.storage import alerts_store as store
 from app.storage.engine import open_database
 from app.storage.ingest_store import IngestWriter

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.alerts.channel_config import AlertChannel
 from app.alerts.channels import snapshot
 from app.alerts.delivery import DeliveryConfig, backoff_s, run_deliveries
+from app.settings import AlertChannel
 from app.storage import alerts_store as store
 from tests.app.alerts.receiver import Receiver, receiver
 from tests.paths import REPO
