@@ -19,7 +19,8 @@ import json
 from typing import Any
 
 from app.context import AppContext
-from app.controller.profiles import ProfileError, parse_profile, policy_limits
+from app.controller.derived_profiles import save_derived_profile
+from app.controller.profiles import ProfileError
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, list_instances
 from app.storage.sizing_store import windows_in
@@ -79,25 +80,18 @@ def state(ctx: AppContext, instance_id: int, now: float) -> dict[str, Any]:
 def profile_with_events(ctx: AppContext, instance_id: int, *, author: str) -> str:
     """Save the instance's current profile with KV events on; return the profile's name."""
     cfg = config_for(ctx, instance_id)
-    current = rs.instance_profiles(ctx.engine, instance_id)["current"]
-    spec = dict(current["spec"]) if current else {}
-    spec.pop("name", None)
-    spec["kv_events"] = {k: cfg[k] for k in ("endpoint", "replay_endpoint", "topic")}
-    base = f"profile {current['name']} v{current['version']}" if current else "the start-up command"
-    spec["description"] = f"{base} with KV cache events on (for the sizing page)"[:2000]
-    name = f"events-{instance_id}"
+    events = {k: cfg[k] for k in ("endpoint", "replay_endpoint", "topic")}
     try:
-        prof = parse_profile(
-            name, spec, allow_flags=ctx.settings.controller.allow_flags, limits=policy_limits(ctx.settings)
+        return save_derived_profile(
+            ctx,
+            instance_id,
+            f"events-{instance_id}",
+            {"kv_events": events},
+            "with KV cache events on (for the sizing page)",
+            author=author,
+            note="sizing: KV events on",
         )
     except ProfileError as exc:
         raise EventsError(f"cannot build a profile with KV events: {exc}", 422) from None
-    existing = rs.get_profile(ctx.engine, name)
-    try:
-        if existing is None:
-            rs.create_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing: KV events on")
-        elif existing.get("spec") != prof.spec():
-            rs.edit_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing: KV events on")
     except rs.StoreConflict as exc:
         raise EventsError(str(exc), 409) from None
-    return name

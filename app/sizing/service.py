@@ -16,7 +16,8 @@ import re
 from typing import Any
 
 from app.context import AppContext
-from app.controller.profiles import ProfileError, parse_profile
+from app.controller.derived_profiles import save_derived_profile
+from app.controller.profiles import ProfileError
 from app.derived.series_reader import SeriesQuery, read_series
 from app.sizing.curve import Figure, add_windows, bytes_per_token, current_tier, curve, reconcile
 from app.storage import rollouts_store as rs
@@ -281,23 +282,17 @@ def profile_for_size(ctx: AppContext, instance_id: int, offload_gib: Any, *, aut
     gib = round(gib, 2) or 0.01
     if get_instance(ctx.engine, instance_id) is None:
         raise SizingError(f"no instance {instance_id}", 404)
-    current = rs.instance_profiles(ctx.engine, instance_id)["current"]
-    spec = dict(current["spec"]) if current else {}
-    spec["offload_size_gib"] = gib
-    name = _profile_name(instance_id, gib)
-    spec.pop("name", None)
-    base = f"profile {current['name']} v{current['version']}" if current else "the start-up command"
-    spec["description"] = f"{base} with a {gib:g} GiB CPU offload tier (from the sizing curve)"[:2000]
     try:
-        prof = parse_profile(name, spec)
+        return save_derived_profile(
+            ctx,
+            instance_id,
+            _profile_name(instance_id, gib),
+            {"offload_size_gib": gib},
+            f"with a {gib:g} GiB CPU offload tier (from the sizing curve)",
+            author=author,
+            note="sizing curve",
+        )
     except ProfileError as exc:
         raise SizingError(f"cannot build a profile with that size: {exc}", 422) from None
-    existing = rs.get_profile(ctx.engine, name)
-    try:
-        if existing is None:
-            rs.create_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing curve")
-        elif existing.get("spec") != prof.spec():
-            rs.edit_profile(ctx.engine, name, prof.spec(), ctx.now(), author=author, note="sizing curve")
     except rs.StoreConflict as exc:
         raise SizingError(str(exc), 409) from None
-    return name

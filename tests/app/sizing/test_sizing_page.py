@@ -308,6 +308,26 @@ def test_the_ab_runs_current_vs_suggested_and_the_page_sets_predicted_beside_mea
     assert "Predictions put to the test" in page and "predicted" in page and "59.0 ms" in page
 
 
+def test_a_sized_profile_is_checked_against_this_apps_own_flag_policy(app, client, token, batch_factory, clock):
+    """The profile the sizing page derives keeps a flag this app's allow_flags permits, and is
+    refused with the policy's reason once the app no longer permits it."""
+    from app.sizing.service import SizingError, profile_for_size
+
+    i = fed(client, token, batch_factory, clock)
+    ctx = app.state.ctx
+    eng, now = ctx.engine, ctx.now()
+    ctx.settings.controller.allow_flags = ["--seed"]
+    spec = parse_profile("seeded", {"offload_size_gib": 0.5, "extra_args": ["--seed", "1"]}, allow_flags=["--seed"])
+    rs.create_profile(eng, "seeded", spec.spec(), now, author="t", note="")
+    rs.set_instance_profile(eng, i, int(rs.get_profile(eng, "seeded")["version_id"]), now, healthy=True)
+    name = profile_for_size(ctx, i, 2.0, author="t")
+    saved = rs.get_profile(eng, name)["spec"]
+    assert saved["extra_args"] == ["--seed", "1"] and saved["offload_size_gib"] == 2.0
+    ctx.settings.controller.allow_flags = []
+    with pytest.raises(SizingError, match="--seed is not on the allow-list"):
+        profile_for_size(ctx, i, 3.0, author="t")
+
+
 def test_after_apply_the_page_waits_for_traffic_then_sets_measured_against_predicted(
     app, client, token, batch_factory, clock
 ):
