@@ -5,7 +5,8 @@
    then served again with a 0.5/1/2/4 GiB CPU tier, whose ``external_kv_transfer`` tokens are
    the measurement. Printed: predicted, measured, error in tokens, in % of the prompt tokens and
    in % of the measured reloads (targets: <= 1 % of prompt tokens; <= 15 % of the reloads where
-   those are >= 5 % of the prompt tokens).
+   those are >= 5 % of the prompt tokens). Then ``demo x3``: the dense demo server's mix from three
+   clients sending in step (kvscope demo's traffic), each size predicted from its own tier's stream.
 2. Exact Mattson pass vs fixed-size SHARDS on one large synthetic trace: time, memory, error.
 
 Same trace, same process; CPU time of one untraced run of each pass, memory tracemalloc's peak
@@ -107,6 +108,35 @@ def accuracy() -> None:
                 f"{name:9s} {gib:>4} GiB {pred:>10,.0f} {meas:>12,} {pred - meas:>+10,.0f} "
                 f"{(pred - meas) / prompt * 100:+7.2f}%  {rel}   of {prompt:,} prompt tokens"
             )
+    concurrent_accuracy()
+
+
+def concurrent_accuracy() -> None:
+    """The dense demo server's mix from three clients in step (kvscope demo's traffic), each tier
+    size predicted from its own stream, as the sizing page does."""
+    from tests.simulator.simdrive import EventRecorder, engine, serve_closed_loop
+    from tests.simulator.test_sim_kv_events import DEMO, SIZES_GIB, demo_prompts
+
+    prompts = demo_prompts(500)
+    prompt = sum(len(p) for p in prompts)
+    for gib in SIZES_GIB:
+        e = engine(*DEMO, "--kv-offloading-size", str(gib), "--kv-offloading-backend", "native")
+        recorder = EventRecorder(e)
+        served = serve_closed_loop(e, prompts, workers=3, interval=1.5, max_tokens=16)
+        assert e.conn is not None
+        cap = e.conn.cpu.capacity
+        model = TierModel("bench", now=0.0, max_keys=None, capacities=[cap])
+        for batch in recorder.batches():
+            model.observe(batch)
+        w = model.take_window(1.0)
+        assert w is not None
+        pred = {int(c): n for c, n in w.points}[cap] * e.cfg.block_size
+        meas = sum(r.ext_tokens for r in served)
+        rel = f"{(pred - meas) / meas * 100:+7.1f}%" if meas else "    n/a"
+        print(
+            f"demo x3   {gib:>4} GiB {pred:>10,.0f} {meas:>12,} {pred - meas:>+10,.0f} "
+            f"{(pred - meas) / prompt * 100:+7.2f}%  {rel}   of {prompt:,} prompt tokens (own stream, 3 clients)"
+        )
 
 
 def main() -> int:

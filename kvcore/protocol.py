@@ -103,7 +103,7 @@ class ReuseWindow:
     references: int = 0  # GPU blocks stored (every one, sampled or not)
     sampled: float = 0.0  # weight of the sampled references (SHARDS-adj: references - sampled goes to bin 0)
     cold: float = 0.0  # weight of first references (no tier of any size serves them)
-    reannounced: float = 0.0  # weight of blocks re-announced while resident on GPU (GPU hits)
+    reannounced: float = 0.0  # older agents: blocks re-announced while on the GPU (taken as GPU hits); 0 now
     bins: list[list[float]] = field(default_factory=list)
     stored_tokens: int = 0  # token_ids carried by GPU BlockStored events
     messages: int = 0

@@ -34,6 +34,7 @@ class OffloadConnector:
         self.tiering = self.native and o.spec_name == "TieringOffloadingSpec"
         self.on_cpu_store = on_cpu_store
         self.store_counts: dict[BlockHash, int] = {}
+        self.pinned: set[BlockHash] = set()  # chunks of in-flight loads (vLLM's prepare_load: not evictable)
         self.store_jobs: list[tuple[float, int]] = []  # (end time, chunks pinned by an in-flight store)
         self.tx_bytes = 0.0  # GPU -> CPU bytes (PCIe tx), for the fake nvidia-smi
         self.config_emitted = False  # kv_offload_config_info appears after the first store
@@ -142,7 +143,7 @@ class OffloadConnector:
             return
         stored = True
         if self.cpu.policy == "lru":
-            if self.cpu.store_lru(new, set(offer)) is None:
+            if self.cpu.store_lru(new, set(offer) | self.pinned) is None:
                 self.stats.inc("vllm:kv_offload_allocation_failure", 1)
                 stored = False  # the secondary (fs) tiers are still written through below
             elif self.on_cpu_store is not None:

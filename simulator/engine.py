@@ -248,6 +248,20 @@ class Engine:
         dur += sum(t for _, t in self.step_prefill) / self.p.prefill_tokens_per_s
         self.step_end = self.t + dur * self._jitter()
 
+    def _prompt_scheduled(self, r: SimRequest) -> None:
+        """``r``'s prompt is scheduled for computing: as vLLM 0.32 does it in that ``Scheduler.schedule()``
+        call, its full blocks are cached (and announced) now, not when its prefill ends
+        (``KVCacheManager.allocate_slots`` -> ``cache_blocks``), so a request scheduled after it hits them
+        on the GPU; and the offload connector offers the tier its chunks in the same call
+        (``OffloadingConnectorScheduler.build_connector_meta`` -> ``_build_store_jobs``). A request that
+        loads gets here when its load is done: vLLM caches loaded blocks only then
+        (``allocate_slots(delay_cache_blocks=True)``, ``Scheduler._update_waiting_for_remote_kv``), so a
+        request scheduled while it loads misses them on the GPU and loads the prefix too. vLLM caches
+        and offers a prompt longer than the step's token budget step by step; here it is at once."""
+        self._cache_prompt_blocks(r)
+        if self.conn is not None:
+            self.conn.store(r.hashes, self.t, start_chunk=r.next_store_chunk, recorded=r.tier_keys)
+
     def _step_done(self, events: list[Event]) -> None:
         members, self.step_members, self.step_end = self.step_members, [], None
         chunks, self.step_prefill = self.step_prefill, []
@@ -308,6 +322,13 @@ class Engine:
                 ext_blocks, disk_blocks, r.fs_read_s = self.conn.lookup(r.hashes, len(hit_ids), cap_blocks)
                 r.ext_tokens = ext_blocks * self.B
                 r.ext_disk_tokens = disk_blocks * self.B
+                k = self.conn.chunk_tokens
+                if r.ext_tokens:  # vLLM's CHUNK_LEVEL: loaded chunks recorded, only what follows offered
+                    first, end = g_tokens // k, (g_tokens + r.ext_tokens) // k
+                    r.tier_keys = [r.hashes[(j + 1) * self.conn.chunk_blocks - 1] for j in range(first, end)]
+                    r.next_store_chunk = end
+                else:  # nothing loaded: every chunk is offered from chunk 0, GPU hits included
+                    r.tier_keys, r.next_store_chunk = [], 0
             if r.ext_tokens and self.p.model.is_hybrid:
                 self._hybrid_reload_failure(r, events)
                 return
@@ -316,15 +337,24 @@ class Engine:
                 r.phase, r.remaining = "transfer", float(r.load_bytes) * self._jitter()
                 r.load_started = self.t
                 self.load_jobs[r.id] = math.ceil(r.ext_tokens / self.chunk_tokens)
+                self._pin()
                 self.active.append(r)
             else:
                 self._start_prefill(r, r.computed_tokens)
+
+    def _pin(self) -> None:
+        """The tier's chunks that in-flight loads read: vLLM's ``CPUOffloadingManager.prepare_load`` pins
+        them (ref_cnt + 1, ``mark_non_evictable``) until ``complete_load``, so no store evicts them."""
+        if self.conn is not None:
+            self.conn.pinned = {h for rid in self.load_jobs for h in self.requests[rid].tier_keys}
 
     def _start_prefill(self, r: SimRequest, tokens: int) -> None:
         if r in self.active:
             self.active.remove(r)
         r.phase, r.remaining = "prefill", float(max(tokens, 1))
         self.prefilling.append(r)
+        if r.first_token_at is None:  # not a resumed request's recompute
+            self._prompt_scheduled(r)
 
     def _seq_hashes(self, r: SimRequest) -> list[BlockHash]:
         """Block hashes of the prompt plus the tokens generated so far (memoised while it waits)."""
@@ -410,6 +440,7 @@ class Engine:
             r.phase, r.remaining = "load_step", (self.p.device.load_step_s + r.fs_read_s) * self._jitter()
             r.load_secs = self.t - r.load_started
             self.load_jobs.pop(r.id, None)
+            self._pin()
         elif r.phase == "load_step":
             self._start_prefill(r, r.computed_tokens)
 
@@ -419,16 +450,8 @@ class Engine:
             self._emit_token(r, events, "token")
             return
         r.first_token_at = self.t
-        self._cache_prompt_blocks(r)
+        self._cache_prompt_blocks(r)  # cached when its prompt was scheduled: nothing left to announce
         if self.conn is not None:
-            k = self.conn.chunk_tokens
-            if r.ext_tokens:  # vLLM's CHUNK_LEVEL: loaded chunks recorded, only what follows offered
-                first, end = r.gpu_hit_tokens // k, (r.gpu_hit_tokens + r.ext_tokens) // k
-                r.tier_keys = [r.hashes[(j + 1) * self.conn.chunk_blocks - 1] for j in range(first, end)]
-                self.conn.store(r.hashes, self.t, start_chunk=end, recorded=r.tier_keys)
-            else:  # nothing loaded: every chunk is offered from chunk 0, GPU hits included
-                r.tier_keys = []
-                self.conn.store(r.hashes, self.t, recorded=r.tier_keys)
             self.conn.record_load(r.load_bytes, r.load_secs)
         record_first_token(self.stats, self.cfg, r)
         self._emit_token(r, events, "first_token")

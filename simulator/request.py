@@ -32,6 +32,7 @@ class SimRequest:
     finished_at: float | None = None
     gpu_hit_tokens: int = 0
     tier_keys: list[BlockHash] = field(default_factory=list)  # chunks the offload tier recorded (re-ranked at the end)
+    next_store_chunk: int = 0  # the first chunk not yet offered to the tier (vLLM's next_stored_chunk_idx)
     ext_tokens: int = 0
     ext_disk_tokens: int = 0
     load_bytes: int = 0

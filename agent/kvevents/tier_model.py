@@ -13,8 +13,15 @@ tests/agent/kvevents/vllm_tier.py the reference re-implementation):
   so the first block ends the most recent. The model references a request's chunks in that
   order, after taking every lookup's distance as it stood when the request arrived; one pass
   of Mattson's stack algorithm still gives the hits of every size.
-- A block re-announced while it is still on the GPU (``kv_cache_report_mode="full"`` in 0.33)
-  is a GPU hit, not a lookup: skipped and counted.
+- A block announced again while another copy of it is on the GPU is a lookup like any other:
+  vLLM (default ``kv_cache_report_mode="incremental"``) announces a block only when a request
+  computed or loaded it, and ``BlockPool.cache_full_blocks`` does not de-duplicate (NOTE #1).
+  The second copy comes from a request scheduled before the first copy was cached, most often
+  while another request *loads* the same prefix (``allocate_slots(delay_cache_blocks=True)``:
+  loaded blocks are cached only when the load completes), so that request looked the tier up
+  too and loaded the prefix a second time, and ``external_kv_transfer`` counts both loads.
+  (Requests that ask for ``kv_cache_report_mode="full"`` re-announce their GPU hits; the model
+  takes those for lookups too: docs/cache-sizing.md.)
 - Only KV-cache group 0 is a lookup stream; other groups (hybrid models) are counted: each
   group takes its own slot in the tier, which the app divides the capacity by.
 - A publisher restart (the sequence goes back with a newer vLLM timestamp) and
@@ -62,7 +69,6 @@ class _Window:
     references: int = 0
     sampled: float = 0.0
     cold: float = 0.0
-    reannounced: float = 0.0
     stored_tokens: int = 0
     messages: int = 0
     events: int = 0
@@ -199,8 +205,6 @@ class TierModel:
             elif isinstance(ev, Removed):
                 if not is_gpu(ev.medium):
                     count.tier_removed += len(ev.hashes)
-                elif ev.group_idx == 0:
-                    rank.removed(ev)
             elif isinstance(ev, Cleared):
                 rank.new_epoch()
                 win.epochs += 1
@@ -237,7 +241,6 @@ class TierModel:
             references=win.references,
             sampled=win.sampled,
             cold=win.cold,
-            reannounced=win.reannounced,
             bins=[[float(k), v] for k, v in sorted(win.bins.items())],
             stored_tokens=win.stored_tokens,
             messages=win.messages,
@@ -270,7 +273,6 @@ class _Rank:
         "last_ts",
         "log",
         "parents",
-        "resident",
         "sampler",
         "suspect_seq",
     )
@@ -282,7 +284,6 @@ class _Rank:
         self.log = log
         self.bank = bank
         self.arc_bank = arc_bank
-        self.resident: set[int] = set()  # sampled blocks on the GPU now
         # last block of a chain -> (running max of its distances, batch it was stored in)
         self.chains: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self.parents: dict[int, int] = {}  # block -> its parent block (insertion order: oldest first)
@@ -296,7 +297,6 @@ class _Rank:
         self.bank.clear()
         if self.arc_bank is not None:
             self.arc_bank.clear()
-        self.resident.clear()
         self.chains.clear()
         self.parents.clear()
         if self.log is not None:
@@ -337,15 +337,10 @@ class _Rank:
             self._link(h, prev)
             prev = h
             win.references += 1
-            ok, dist, weight = sampler.peek(h)
-            if not ok:
-                fresh.append(h)
-                continue
-            if h in self.resident:  # re-announced GPU hit, not a tier lookup
-                win.reannounced += weight
-                continue
             fresh.append(h)
-            lookups.append((h, dist, weight))
+            ok, dist, weight = sampler.peek(h)
+            if ok:
+                lookups.append((h, dist, weight))
         bank_prefix = prefix if prefix or not (self.bank.tiers or self.log) else self._gpu_prefix(ev.parent)
         if self.log is not None:
             self.log.add(bank_prefix[::-1], fresh)
@@ -366,7 +361,6 @@ class _Rank:
         # the request's end: vLLM re-ranks its chunks last block first (GPU-hit prefix included)
         for h, _, _ in reversed(lookups):
             sampler.access(h)
-            self.resident.add(h)
         access = sampler.access
         for h in prefix:
             access(h)  # an unsampled block costs one hash
@@ -374,9 +368,3 @@ class _Rank:
             self.chains[ev.hashes[-1]] = (running, self.batches)
             if len(self.chains) > MAX_CHAINS:
                 self.chains.popitem(last=False)
-        if len(self.resident) > 2 * max(1024, len(sampler.stack)):
-            self.resident &= {h for h in self.resident if sampler.sampled(h)}
-
-    def removed(self, ev: Removed) -> None:
-        for h in ev.hashes:
-            self.resident.discard(h)

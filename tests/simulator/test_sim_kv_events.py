@@ -3,6 +3,7 @@ curve they give against the simulator's own CPU tier."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -13,7 +14,7 @@ from agent.kvevents.subscriber import EventSource, Subscriber
 from agent.kvevents.tier_model import TierModel
 from simulator.kv_events import KvEventsConfigError, SimKvEventPublisher, parse_config
 from tests.agent.kvevents.workloads import WORKLOADS
-from tests.simulator.simdrive import app, client, doc_ids, engine, run
+from tests.simulator.simdrive import EventRecorder, app, client, doc_ids, engine, run, serve_closed_loop
 from tests.waits import wait_until
 
 MASK = (1 << 64) - 1
@@ -73,6 +74,49 @@ def test_the_prediction_from_a_tierless_run_matches_the_simulated_tier_at_every_
             big += 1
             assert abs(predicted - measured) <= 0.15 * measured, (gib, predicted, measured)
     assert big >= 1  # the workload does exercise a tier
+
+
+def demo_prompts(n: int) -> list[list[int]]:
+    """The dense demo server's traffic (kvscope demo: kvscope.traffic's mix over 8 documents of
+    1,600 words, system prompts and unique prompts), as the simulator tokenizes it."""
+    from kvscope.traffic import Mix, Traffic
+    from simulator.tokenizer import encode
+
+    t = Traffic("http://sim", "qwen3-4b", mix=Mix(documents=8, document_words=1600), seed=0)
+    return [encode(t.next_prompt()[1]) for _ in range(n)]
+
+
+# the demo's dense server: a 1 GiB GPU pool, --max-model-len 4096 (kvscope/demo.py's profile)
+DEMO = ("--profile", "rtx4070-qwen3-4b", "--kv-cache-memory-bytes", "1GiB", "--max-model-len", "4096")
+
+
+@pytest.mark.parametrize("gib", [2, 4])
+def test_under_the_demos_concurrency_a_tiers_own_stream_predicts_what_it_reloads(gib):
+    """Issue 27: in a fresh demo the curve at the tier's current 2 GiB predicted 12 % fewer reloads
+    than the tier measured. The demo's three clients send in step, so requests for one document
+    arrive together; one loads it from the tier and, since vLLM caches loaded blocks only when the
+    load completes, the next one misses them on the GPU and loads them too (both counted as
+    external_kv_transfer), announcing a second copy of each block. Served that way (simulated), the
+    tier's own KV events predict its reloads within the issue's targets."""
+    prompts = demo_prompts(500)
+    e = engine(*DEMO, "--kv-offloading-size", str(gib), "--kv-offloading-backend", "native")
+    recorder = EventRecorder(e)
+    served = serve_closed_loop(e, prompts, workers=3, interval=1.5, max_tokens=16)
+    assert len(served) == len(prompts) and all(r.error is None for r in served)
+    arrivals = sorted(r.arrival for r in served)
+    assert sum(1 for a, b in itertools.pairwise(arrivals) if b - a < 1e-6) > len(served) // 2  # in step
+    assert e.conn is not None
+    cap = e.conn.cpu.capacity
+    model = TierModel("sim", now=0.0, max_keys=None, capacities=[cap])
+    for batch in recorder.batches():
+        model.observe(batch)
+    window = model.take_window(1.0)
+    predicted = {int(c): n for c, n in window.points}[cap] * e.cfg.block_size
+    measured = sum(r.ext_tokens for r in served)
+    prompt = sum(len(p) for p in prompts)
+    assert measured >= 0.05 * prompt  # the tier does reload
+    assert abs(predicted - measured) <= 0.01 * prompt, (gib, predicted, measured, prompt)
+    assert abs(predicted - measured) <= 0.15 * measured, (gib, predicted, measured)
 
 
 @pytest.mark.parametrize(

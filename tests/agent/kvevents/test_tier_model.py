@@ -135,12 +135,19 @@ def test_random_streams_match_vllms_tier():
         assert [points[c] for c in caps] == [vllm_tier(stored, c) for c in caps]
 
 
-def test_blocks_reannounced_while_on_the_gpu_are_gpu_hits_not_lookups():
+def test_a_second_copy_announced_while_the_first_is_on_the_gpu_is_a_tier_lookup():
+    """vLLM 0.32 announces a block only when a request computed or loaded it, and does not
+    de-duplicate (BlockPool.cache_full_blocks, NOTE #1): a block announced again while another copy
+    is on the GPU was computed or loaded by a request scheduled before that copy was cached (most
+    often one that loaded the same prefix while another request's load was in flight: loaded blocks
+    are cached only when the load completes). That request looked the tier up: the second copy is a
+    lookup, and a tier holding the chunks loaded them twice (external_kv_transfer counts both)."""
     frames = [message(0, [stored_map([1, 2])]), message(1, [stored_map([1, 2])]), message(2, [removed_map([1, 2])])]
     frames.append(message(3, [stored_map([1, 2])]))
-    window = run(frames, max_keys=None).take_window(1.0)
-    assert window.reannounced == 2
-    assert window.cold == 2 and hits_at(hist_of(window), 100) == 2
+    window = run(frames, max_keys=None, capacities=[2, 8]).take_window(1.0)
+    assert window.reannounced == 0 and window.references == window.sampled == 6
+    assert window.cold == 2 and hits_at(hist_of(window), 100) == 4
+    assert points_of(window) == {2: 4, 8: 4}
 
 
 def test_all_blocks_cleared_and_a_restarted_publisher_start_new_epochs():
