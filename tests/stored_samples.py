@@ -37,9 +37,12 @@ def raw_points(db: Path, ids: Iterable[int], *, seconds: bool = False) -> dict[i
         engine.dispose()
 
 
-def samples_held(db: Path) -> int:
-    """The raw samples the store holds: head rows plus every chunk's count (a sample pushed again
-    after its first copy was sealed is counted twice here, once by the reader)."""
+def samples_stored_twice(db: Path) -> int:
+    """Samples held beyond the distinct points the reader returns, over every series of the file.
+
+    Both figures (and the series they cover) come from one read transaction: the app keeps
+    running while a test checks, and a push landing between two separate reads would add head
+    rows to the second figure only, reading as a sample stored twice."""
     from sqlalchemy import create_engine
 
     from app.storage import chunk_reads
@@ -47,15 +50,14 @@ def samples_held(db: Path) -> int:
     engine = create_engine(f"sqlite:///file:{db}?mode=ro&uri=true", connect_args={"timeout": 20})
     try:
         with engine.connect() as conn:
-            return chunk_reads.count(conn)
+            conn.exec_driver_sql("BEGIN")  # pysqlite opens none for SELECTs: one WAL snapshot from here
+            ids = [int(sid) for (sid,) in conn.exec_driver_sql("SELECT id FROM series")]
+            distinct = sum(len(p) for p in chunk_reads.points(conn, dict.fromkeys(ids, (0, 2**62))).values())
+            held = chunk_reads.count(conn)
+            conn.rollback()
+        return held - distinct
     finally:
         engine.dispose()
-
-
-def samples_stored_twice(db: Path, series_ids: Iterable[int]) -> int:
-    """Samples held beyond the distinct points the reader returns, over every series of the file."""
-    distinct = sum(len(p) for p in raw_points(db, series_ids).values())
-    return samples_held(db) - distinct
 
 
 def cli_tokens(env: dict[str, str], data: Path, creates: list[list[str]], timeout: float = 120) -> list[str]:
