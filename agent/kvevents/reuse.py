@@ -171,6 +171,27 @@ class LruStack:
         self._clock = t + 1
         return dist
 
+    def touch(self, key: int) -> None:
+        """``access`` without working out the distance (the model's re-rank needs none)."""
+        if self._clock >= self._tree.n:
+            self._compact()
+        last = self._last
+        tree = self._tree.tree
+        n = self._tree.n
+        prev = last.get(key)
+        if prev is not None:
+            i = prev + 1
+            while i <= n:
+                tree[i] -= 1
+                i += i & -i
+        t = self._clock
+        i = t + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+        last[key] = t
+        self._clock = t + 1
+
     def distance(self, key: int) -> int | None:
         """The stack distance ``key`` would have now, without referencing it."""
         prev = self._last.get(key)
@@ -276,12 +297,12 @@ class ReuseSampler:
     def access_buckets(self, items: Iterable[tuple[int, int, Any, Any]]) -> None:
         """``access`` each ``(key, bucket, ...)`` in turn (the bucket is ``mix64(key) % P``); the
         threshold is checked at each, as it may drop on the way."""
-        stack = self.stack
+        touch = self.stack.touch
         known = self._bucket
         for key, bucket, _, _ in items:
             if bucket >= self.threshold:
                 continue
-            stack.access(key)
+            touch(key)
             if key not in known:
                 known[key] = bucket
                 if self.max_keys is not None:
@@ -290,7 +311,7 @@ class ReuseSampler:
 
     def access_all(self, keys: Iterable[int]) -> None:
         """``access`` each key in turn; a tracked key's bucket is known, others are hashed."""
-        stack = self.stack
+        touch = self.stack.touch
         known = self._bucket
         for key in keys:
             bucket = known.get(key)
@@ -298,13 +319,13 @@ class ReuseSampler:
                 bucket = mix64(key) & _LOW24
                 if bucket >= self.threshold:
                     continue
-                stack.access(key)
+                touch(key)
                 known[key] = bucket
                 if self.max_keys is not None:
                     heapq.heappush(self._heap, (-bucket, key))
                     self._shrink()
             else:
-                stack.access(key)  # tracked: under the threshold
+                touch(key)  # tracked: under the threshold
 
     def _shrink(self) -> None:
         assert self.max_keys is not None
