@@ -15,6 +15,11 @@ of the hit ratio at 7 cache sizes (SHARDS-adj applied). Then the whole agent pat
 decode + tier model) on KV-event messages built like vLLM's, as blocks per second.
 
     .venv/bin/python bench/sizing.py [--keys 200000] [--refs 400000] [--max-keys 8192] [--no-accuracy]
+        [--baseline-rev main [--rounds 2]]
+
+With ``--baseline-rev`` the speed part runs, in fresh interpreters and alternating, on this tree and on
+that revision (``git archive`` into a temporary folder: the same bench code, the other ``agent``
+package), and prints each figure of this tree with its ratio to the baseline.
 Targets (issues 17, 27): SHARDS mean error < 0.01; agent path >= 100,000 events/s on one core;
 <= 20 MB of model state per instance.
 """
@@ -24,10 +29,16 @@ from __future__ import annotations
 import argparse
 import bisect
 import itertools
+import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -77,9 +88,6 @@ def kv_messages(keys: list[int], per_event: int = 8) -> list[list[bytes]]:
 
 
 def accuracy() -> None:
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' drivers and workloads
     from agent.kvevents.decode import Batch
     from tests.agent.kvevents.workloads import WORKLOADS
@@ -139,16 +147,10 @@ def concurrent_accuracy() -> None:
         )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--no-accuracy", action="store_true")
-    ap.add_argument("--keys", type=int, default=200_000)
-    ap.add_argument("--refs", type=int, default=400_000)
-    ap.add_argument("--max-keys", type=int, default=8192)
-    ap.add_argument("--alpha", type=float, default=0.8)
-    args = ap.parse_args()
-    if not args.no_accuracy:
-        accuracy()
+def speed(args: argparse.Namespace) -> dict[str, Any]:
+    """Every speed and memory figure of this revision's agent/kvevents (the one on sys.path)."""
+    import agent.kvevents.tier_model as tier_model_module
+
     keys = zipf_trace(args.keys, args.refs, args.alpha, seed=3)
     n = len(keys)
     (exact, _, _), t_exact, m_exact = measured(lambda: distances_histogram(keys))
@@ -158,23 +160,23 @@ def main() -> int:
     shards[0] = shards.get(0, 0.0) + (n - weight)
     sizes = [1000, 5000, 10_000, 20_000, 50_000, 100_000, 150_000]
     errors = [abs(hits_at(exact, c) / n - hits_at(shards, c) / n) for c in sizes]
-    print(f"trace: {n:,} references over {args.keys:,} keys (Zipf {args.alpha}); SHARDS max_keys {args.max_keys:,}")
-    print(f"exact : {t_exact:6.2f} s CPU, peak {m_exact / 2**20:7.1f} MiB")
-    print(f"SHARDS: {t_shards:6.2f} s CPU, peak {m_shards / 2**20:7.1f} MiB")
-    print(f"ratio exact/SHARDS: time {t_exact / t_shards:.1f}x, memory {m_exact / max(m_shards, 1):.1f}x")
-    print(f"hit-ratio error: mean {sum(errors) / len(errors):.4f}, max {max(errors):.4f} (target mean < 0.01)")
-
+    out: dict[str, Any] = {
+        "module": tier_model_module.__file__,
+        "refs": n,
+        "exact_s": t_exact,
+        "exact_peak": m_exact,
+        "shards_s": t_shards,
+        "shards_peak": m_shards,
+        "error_mean": sum(errors) / len(errors),
+        "error_max": max(errors),
+    }
     msgs = kv_messages(keys)
-    decode_only = time.process_time()
+    t0 = time.process_time()
     for frames in msgs:
         decode_message(frames)
-    t_decode = time.process_time() - decode_only
-    runs: tuple[tuple[str, Any, type[TierModel]], ...] = (
-        ("stack curve only", (), TierModel),
-        ("with the simulated tiers", None, TierModel),
-        ("as the agent runs it (tiers + the GPU pool's eviction stack)", None, LeverModel),
-    )
-    for label, caps, kind in runs:
+    out["decode_events_s"] = len(msgs) / (time.process_time() - t0)
+    out["events"] = len(msgs)
+    for label, caps, kind in RUNS:
 
         def agent_path(caps: Any = caps, kind: type[TierModel] = kind) -> TierModel:
             model = kind("bench", now=0.0) if caps is None else kind("bench", now=0.0, capacities=caps)
@@ -185,11 +187,133 @@ def main() -> int:
         model, dt, peak = measured(agent_path)
         w = model.take_window(1.0)
         assert w is not None and w.references == n
+        out[label] = {"events_s": len(msgs) / dt, "blocks_s": n / dt, "peak": peak}
+    return out
+
+
+# (label, capacities (None: the default grid), model) of the agent-path runs
+RUNS: tuple[tuple[str, Any, type[TierModel]], ...] = (
+    ("stack curve only", (), TierModel),
+    ("with the simulated tiers", None, TierModel),
+    ("as the agent runs it (tiers + the GPU pool's eviction stack)", None, LeverModel),
+)
+
+
+def speed_of(root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``speed`` in a fresh interpreter whose ``agent`` package is the one under ``root``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--speed-json"]
+    cmd += [
+        "--keys",
+        str(args.keys),
+        "--refs",
+        str(args.refs),
+        "--max-keys",
+        str(args.max_keys),
+        "--alpha",
+        str(args.alpha),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(result["module"]).resolve().is_relative_to(root.resolve()):
+        raise RuntimeError(f"measured {result['module']}, not the revision under {root}")
+    return result
+
+
+def export(rev: str, into: Path) -> Path:
+    """The tree of ``rev`` (a commit of this repository) as files under ``into``."""
+    repo = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    tree = into / sha[:12]
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", sha], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def print_speed(
+    res: dict[str, Any], args: argparse.Namespace, base: dict[str, Any] | None = None, rev: str = ""
+) -> None:
+    def vs(now: float, before: float | None) -> str:
+        return "" if before is None else f" [{now / before:.2f}x {rev}]"
+
+    n, mib = res["refs"], 2**20
+    print(f"trace: {n:,} references over {args.keys:,} keys (Zipf {args.alpha}); SHARDS max_keys {args.max_keys:,}")
+    print(f"exact : {res['exact_s']:6.2f} s CPU, peak {res['exact_peak'] / mib:7.1f} MiB")
+    print(f"SHARDS: {res['shards_s']:6.2f} s CPU, peak {res['shards_peak'] / mib:7.1f} MiB")
+    print(
+        f"ratio exact/SHARDS: time {res['exact_s'] / res['shards_s']:.1f}x, "
+        f"memory {res['exact_peak'] / max(res['shards_peak'], 1):.1f}x"
+    )
+    print(f"hit-ratio error: mean {res['error_mean']:.4f}, max {res['error_max']:.4f} (target mean < 0.01)")
+    for label, _, _ in RUNS:
+        r, b = res[label], (base or {}).get(label)
         print(
-            f"agent path, {label}: {len(msgs) / dt:,.0f} events/s = {n / dt:,.0f} blocks/s (8 blocks an event; "
-            f"decode alone {len(msgs) / t_decode:,.0f} events/s; target >= 100,000 events/s); "
-            f"model state peak {peak / 2**20:.1f} MiB (target <= 20 MB per instance)"
+            f"agent path, {label}: {r['events_s']:,.0f} events/s{vs(r['events_s'], b and b['events_s'])} "
+            f"= {r['blocks_s']:,.0f} blocks/s (8 blocks an event; decode alone {res['decode_events_s']:,.0f} events/s; "
+            f"target >= 100,000 events/s); model state peak {r['peak'] / mib:.1f} MiB{vs(r['peak'], b and b['peak'])} "
+            "(target <= 20 MB per instance)"
         )
+
+
+def compare(args: argparse.Namespace) -> None:
+    """This tree and ``--baseline-rev`` measured in the same run, alternating, best of ``--rounds``."""
+    here = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="kvscope-bench-") as tmp:
+        there = export(args.baseline_rev, Path(tmp))
+        now: list[dict[str, Any]] = []
+        before: list[dict[str, Any]] = []
+        for _ in range(args.rounds):
+            before.append(speed_of(there, args))
+            now.append(speed_of(here, args))
+    best_now, best_before = best(now), best(before)
+    print(f"== baseline {args.baseline_rev} ({there.name}), best of {args.rounds}:")
+    print_speed(best_before, args)
+    print(f"== this tree, best of {args.rounds}; [ratio to {args.baseline_rev}]:")
+    print_speed(best_now, args, best_before, args.baseline_rev)
+
+
+def best(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fastest of each figure (a shared machine only ever slows a run down); memory is the same each run."""
+    out = dict(results[0])
+    for key in ("exact_s", "shards_s"):
+        out[key] = min(r[key] for r in results)
+    out["decode_events_s"] = max(r["decode_events_s"] for r in results)
+    for label, _, _ in RUNS:
+        runs = [r[label] for r in results]
+        out[label] = {
+            "events_s": max(r["events_s"] for r in runs),
+            "blocks_s": max(r["blocks_s"] for r in runs),
+            "peak": max(r["peak"] for r in runs),
+        }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--keys", type=int, default=200_000)
+    ap.add_argument("--refs", type=int, default=400_000)
+    ap.add_argument("--max-keys", type=int, default=8192)
+    ap.add_argument("--alpha", type=float, default=0.8)
+    ap.add_argument("--baseline-rev", help="also measure this git revision's model, in this run, and print the ratios")
+    ap.add_argument("--rounds", type=int, default=2, help="with --baseline-rev: alternating runs of each, best kept")
+    ap.add_argument("--speed-json", action="store_true", help=argparse.SUPPRESS)  # one speed() as JSON (a child)
+    args = ap.parse_args()
+    if args.speed_json:
+        print(json.dumps(speed(args)))
+        return 0
+    if not args.no_accuracy:
+        accuracy()
+    if args.baseline_rev:
+        compare(args)
+    else:
+        print_speed(speed(args), args)
     return 0
 
 

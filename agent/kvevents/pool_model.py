@@ -76,17 +76,35 @@ class _OutStack:
             self.take(key)
         if self._clock >= len(self._tree) - 1:
             self._compact()
-        self._slot[key] = self._clock
-        self._add(self._clock, 1)
-        self._clock += 1
+        t = self._clock
+        self._slot[key] = t
+        tree = self._tree
+        n = len(tree)
+        i = t + 1
+        while i < n:
+            tree[i] += 1
+            i += i & -i
+        self._clock = t + 1
 
     def take(self, key: int) -> int | None:
-        """Remove ``key``; the number of blocks evicted after it and still out (None: not out)."""
+        """Remove ``key``; the number of blocks evicted after it and still out (None: not out).
+
+        The Fenwick tree's prefix sum and update are inlined (once per eviction and per return)."""
         slot = self._slot.pop(key, None)
         if slot is None:
             return None
-        after = len(self._slot) + 1 - self._prefix(slot)
-        self._add(slot, -1)
+        tree = self._tree
+        i = slot + 1
+        total = 0
+        while i > 0:
+            total += tree[i]
+            i &= i - 1
+        after = len(self._slot) + 1 - total
+        n = len(tree)
+        i = slot + 1
+        while i < n:
+            tree[i] -= 1
+            i += i & -i
         return after
 
     def clear(self) -> None:

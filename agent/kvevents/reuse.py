@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 _P = 1 << 24
+_LOW24 = _P - 1  # x % _P for x >= 0
 _MASK64 = (1 << 64) - 1
 
 # Histogram bins, in keys (blocks): width 1 below 64, then 16 per doubling up to 2^40.
@@ -138,26 +141,69 @@ class LruStack:
         self._clock = len(order)
 
     def access(self, key: int) -> int | None:
-        """Reference ``key``; return its stack distance (None on its first reference)."""
+        """Reference ``key``; return its stack distance (None on its first reference).
+
+        The Fenwick tree's prefix sum and updates are inlined (this is the model's hot path)."""
         if self._clock >= self._tree.n:
             self._compact()
-        prev = self._last.get(key)
+        last = self._last
+        tree = self._tree.tree
+        n = self._tree.n
+        prev = last.get(key)
         dist = None
         if prev is not None:
-            dist = len(self._last) - self._tree.prefix(prev)
-            self._tree.add(prev, -1)
+            i = prev + 1
+            s = 0
+            while i > 0:
+                s += tree[i]
+                i &= i - 1
+            dist = len(last) - s
+            i = prev + 1
+            while i <= n:
+                tree[i] -= 1
+                i += i & -i
         t = self._clock
-        self._tree.add(t, 1)
-        self._last[key] = t
+        i = t + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+        last[key] = t
         self._clock = t + 1
         return dist
+
+    def touch(self, key: int) -> None:
+        """``access`` without working out the distance (the model's re-rank needs none)."""
+        if self._clock >= self._tree.n:
+            self._compact()
+        last = self._last
+        tree = self._tree.tree
+        n = self._tree.n
+        prev = last.get(key)
+        if prev is not None:
+            i = prev + 1
+            while i <= n:
+                tree[i] -= 1
+                i += i & -i
+        t = self._clock
+        i = t + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+        last[key] = t
+        self._clock = t + 1
 
     def distance(self, key: int) -> int | None:
         """The stack distance ``key`` would have now, without referencing it."""
         prev = self._last.get(key)
         if prev is None:
             return None
-        return len(self._last) - self._tree.prefix(prev)
+        tree = self._tree.tree
+        i = prev + 1
+        s = 0
+        while i > 0:
+            s += tree[i]
+            i &= i - 1
+        return len(self._last) - s
 
     def forget(self, key: int) -> None:
         prev = self._last.pop(key, None)
@@ -217,6 +263,69 @@ class ReuseSampler:
         rate = self.threshold / _P
         dist = self.stack.distance(key)
         return True, (None if dist is None else dist / rate), 1.0 / rate
+
+    def peek_all(self, keys: Sequence[int]) -> list[tuple[int, int, float | None, float]]:
+        """``(key, bucket, scaled distance or None, weight)`` of each sampled key, as ``peek``
+        would answer one at a time (nothing changes in between); mix64 and the Fenwick prefix
+        sum inlined. The bucket goes back to ``access_buckets``: a key is hashed once."""
+        threshold = self.threshold
+        rate = threshold / _P
+        weight = 1.0 / rate
+        last = self.stack._last
+        tree = self.stack._tree.tree
+        n = len(last)
+        out: list[tuple[int, int, float | None, float]] = []
+        for key in keys:
+            z = (key + 0x9E3779B97F4A7C15) & _MASK64
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+            bucket = (z ^ (z >> 31)) & _LOW24
+            if bucket >= threshold:
+                continue
+            prev = last.get(key)
+            if prev is None:
+                out.append((key, bucket, None, weight))
+                continue
+            i = prev + 1
+            total = 0
+            while i > 0:
+                total += tree[i]
+                i &= i - 1
+            out.append((key, bucket, (n - total) / rate, weight))
+        return out
+
+    def access_buckets(self, items: Iterable[tuple[int, int, Any, Any]]) -> None:
+        """``access`` each ``(key, bucket, ...)`` in turn (the bucket is ``mix64(key) % P``); the
+        threshold is checked at each, as it may drop on the way."""
+        touch = self.stack.touch
+        known = self._bucket
+        for key, bucket, _, _ in items:
+            if bucket >= self.threshold:
+                continue
+            touch(key)
+            if key not in known:
+                known[key] = bucket
+                if self.max_keys is not None:
+                    heapq.heappush(self._heap, (-bucket, key))
+                    self._shrink()
+
+    def access_all(self, keys: Iterable[int]) -> None:
+        """``access`` each key in turn; a tracked key's bucket is known, others are hashed."""
+        touch = self.stack.touch
+        known = self._bucket
+        for key in keys:
+            bucket = known.get(key)
+            if bucket is None:
+                bucket = mix64(key) & _LOW24
+                if bucket >= self.threshold:
+                    continue
+                touch(key)
+                known[key] = bucket
+                if self.max_keys is not None:
+                    heapq.heappush(self._heap, (-bucket, key))
+                    self._shrink()
+            else:
+                touch(key)  # tracked: under the threshold
 
     def _shrink(self) -> None:
         assert self.max_keys is not None

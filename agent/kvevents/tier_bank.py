@@ -54,26 +54,73 @@ class LruTier:
         return loaded, offer, [k for k in offer if k not in order]
 
     def serve(
-        self, prefix: Sequence[int], stored: Sequence[int], planned: tuple[int, list[int], list[int]] | None = None
+        self,
+        prefix: Sequence[int],
+        stored: Sequence[int],
+        planned: tuple[int, Sequence[int], list[int]] | None = None,
+        fresh: dict[int, None] | None = None,
     ) -> int:
-        """A request: its GPU-hit chunks (``prefix``) and the chunks it stored; returns chunks loaded."""
+        """A request: its GPU-hit chunks (``prefix``) and the chunks it stored; returns chunks loaded.
+
+        ``plan`` inlined. ``fresh``, when the bank gives it, is ``dict.fromkeys(reversed([*prefix,
+        *stored]))`` of a request that names no chunk twice: then the common case, a request of
+        which this tier holds nothing, is a few C calls (nothing loads, the whole request is offered
+        and new, nothing is protected, so the victims are the least recent chunks; the chunks
+        enter last block first, the order on_request_finished leaves them in; without room the
+        tier stays as it was)."""
         order = self.order
-        loaded, offer, new = planned or self.plan(prefix, stored)
+        if planned is None:
+            loaded = 0
+            for k in stored:
+                if k not in order:
+                    break
+                loaded += 1
+            if loaded:
+                offer: Sequence[int] = stored[loaded:]
+            elif fresh is not None and order.keys().isdisjoint(fresh):
+                need = len(order) + len(fresh) - self.capacity
+                if need > 0:
+                    if need > len(order):
+                        self.failed += 1
+                        return 0
+                    pop = order.popitem
+                    for _ in range(need):
+                        pop(False)
+                order.update(fresh)
+                return 0
+            else:
+                offer = [*prefix, *stored]
+            new = [k for k in offer if k not in order]
+        else:
+            loaded, offer, new = planned
         need = len(order) + len(new) - self.capacity
         if need > 0:
-            protected = set(offer)
-            victims = []
-            for k in order:
-                if k not in protected:
-                    victims.append(k)
-                    if len(victims) == need:
-                        break
-            if len(victims) < need:
-                self.failed += 1
-                new = []
+            if len(new) == len(offer):  # none of the offer is here: nothing is protected
+                if need > len(order):
+                    self.failed += 1
+                    new = []
+                else:
+                    pop = order.popitem
+                    for _ in range(need):
+                        pop(False)
             else:
-                for k in victims:
-                    del order[k]
+                protected = set(offer)
+                if len(order) - (len(protected) - len(set(new))) < need:  # evictable: not offered
+                    self.failed += 1
+                    new = []
+                else:
+                    # the least recent chunks not offered go; an offered one met on the way is put
+                    # back anywhere: it is re-ranked below (the offer is part of what is re-ranked)
+                    pop = order.popitem
+                    held = []
+                    while need:
+                        k = pop(False)[0]
+                        if k in protected:
+                            held.append(k)
+                        else:
+                            need -= 1
+                    for k in held:
+                        order[k] = None
         for k in new:
             order[k] = None
         # on_request_finished: recorded chunks (loaded, offered and present) re-ranked, last first
@@ -81,7 +128,7 @@ class LruTier:
         for k in reversed(stored if loaded else offer):
             try:
                 move(k)
-            except KeyError:  # offered but not stored (no room): not in the tier
+            except KeyError:  # offered but not stored (no room), or a loaded chunk evicted
                 pass
         return loaded
 
@@ -223,6 +270,7 @@ class TierBank:
         caps = sorted({int(c) for c in capacities if 0 < int(c) <= MAX_CAPACITY})[:MAX_CAPACITIES]
         kind = LruTier if policy == "lru" else ArcTier
         self.tiers: list[Tier] = [kind(c) for c in caps]
+        self._lru = policy == "lru"
         self._leader = 0  # tiers[leader:] have never evicted: only tiers[leader] holds their state
 
     @property
@@ -231,25 +279,47 @@ class TierBank:
 
     def serve(self, prefix: Sequence[int], stored: Sequence[int]) -> list[int]:
         """Chunks each size loaded for this request (the prefix is given last block first)."""
+        out = [0] * len(self.tiers)
+        self.serve_into(prefix, stored, out)
+        return out
+
+    def serve_into(self, prefix: Sequence[int], stored: Sequence[int], acc: list[int]) -> None:
+        """``serve``, adding each size's loaded chunks to ``acc`` (one slot per tier)."""
         pre = list(reversed(prefix))
         tiers = self.tiers
-        out = [t.serve(pre, stored) for t in tiers[: self._leader]]
+        leader = self._leader
+        if leader:
+            if self._lru:
+                whole = [*pre, *stored]
+                rev = dict.fromkeys(reversed(whole))
+                fresh = rev if len(rev) == len(whole) else None  # a chunk named twice: the general path
+                for i in range(leader):
+                    n = tiers[i].serve(pre, stored, None, fresh)  # type: ignore[call-arg]
+                    if n:
+                        acc[i] += n
+            else:
+                for i in range(leader):
+                    n = tiers[i].serve(pre, stored)
+                    if n:
+                        acc[i] += n
         while self._leader < len(tiers):
-            lead = tiers[self._leader]
+            i = self._leader
+            lead = tiers[i]
             planned = lead.plan(pre, stored)
-            if lead.size() + len(planned[2]) > lead.capacity and self._leader + 1 < len(tiers):
-                tiers[self._leader + 1].copy_from(lead)  # type: ignore[arg-type]  # the next size leads from here
+            if lead.size() + len(planned[2]) > lead.capacity and i + 1 < len(tiers):
+                tiers[i + 1].copy_from(lead)  # type: ignore[arg-type]  # the next size leads from here
                 self._leader += 1
-                out.append(lead.serve(pre, stored, planned))
+                acc[i] += lead.serve(pre, stored, planned)
                 continue
             if lead.size() + len(planned[2]) > lead.capacity:
                 self._leader += 1  # the largest size evicts too: every tier runs on its own now
-                out.append(lead.serve(pre, stored, planned))
+                acc[i] += lead.serve(pre, stored, planned)
                 break
             n = lead.serve(pre, stored, planned)
-            out.extend([n] * (len(tiers) - self._leader))
+            if n:
+                for j in range(i, len(tiers)):
+                    acc[j] += n
             break
-        return out
 
     def clear(self) -> None:
         for t in self.tiers:

@@ -38,7 +38,7 @@ whatever the number of distinct blocks. Time is passed in (``now``); no sockets 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +86,18 @@ class _Window:
 
     def __post_init__(self) -> None:
         self.bins: dict[int, float] = {}
-        self.points: dict[int, int] = {}  # tier size (chunks) -> chunks it loaded (miniature simulation)
-        self.arc_points: dict[int, int] = {}  # the same for vLLM's ARC policy (when asked for)
+        self.points: list[int] = []  # per tier of the bank (capacities order): chunks it loaded
+        self.arc_points: list[int] = []  # the same for vLLM's ARC policy (when asked for)
+
+    def points_of(self, tiers: int) -> list[int]:
+        if not self.points:
+            self.points = [0] * tiers
+        return self.points
+
+    def arc_points_of(self, tiers: int) -> list[int]:
+        if not self.arc_points:
+            self.arc_points = [0] * tiers
+        return self.arc_points
 
 
 class TierModel:
@@ -258,8 +268,12 @@ class TierModel:
             kv_groups=max(1, len(self.groups)),
             first_ts=win.first_ts,
             last_ts=win.last_ts,
-            points=[[float(c), float(win.points.get(c, 0))] for c in self._capacities],
-            arc_points=[[float(c), float(win.arc_points.get(c, 0))] for c in self._capacities] if self._arc else [],
+            points=[[float(c), float(win.points[i] if win.points else 0)] for i, c in enumerate(self._capacities)],
+            arc_points=[
+                [float(c), float(win.arc_points[i] if win.arc_points else 0)] for i, c in enumerate(self._capacities)
+            ]
+            if self._arc
+            else [],
         )
 
 
@@ -271,6 +285,7 @@ class _Rank:
         "chains",
         "last_seq",
         "last_ts",
+        "links",
         "log",
         "parents",
         "sampler",
@@ -286,7 +301,8 @@ class _Rank:
         self.arc_bank = arc_bank
         # last block of a chain -> (running max of its distances, batch it was stored in)
         self.chains: OrderedDict[int, tuple[float, int]] = OrderedDict()
-        self.parents: dict[int, int] = {}  # block -> its parent block (insertion order: oldest first)
+        self.parents: dict[int, int] = {}  # block -> its parent block
+        self.links: deque[int] = deque()  # the blocks of ``parents`` in insertion order (oldest first)
         self.last_seq: int | None = None
         self.last_ts: float | None = None
         self.suspect_seq: int | None = None
@@ -299,72 +315,77 @@ class _Rank:
             self.arc_bank.clear()
         self.chains.clear()
         self.parents.clear()
+        self.links.clear()
         if self.log is not None:
             self.log.clear()
-
-    def _link(self, block: int, parent: int | None) -> None:
-        if parent is None:
-            return
-        parents = self.parents
-        parents[block] = parent
-        if len(parents) > MAX_PARENTS:
-            del parents[next(iter(parents))]
 
     def _gpu_prefix(self, parent: int | None) -> list[int]:
         """The request's GPU-hit blocks, last first: ``parent`` and its known ancestors."""
         out: list[int] = []
+        if parent is None:
+            return out
         seen: set[int] = set()
-        h = parent
+        get = self.parents.get
+        h: int | None = parent
         while h is not None and h not in seen and len(out) < MAX_PREFIX_WALK:
             out.append(h)
             seen.add(h)
-            h = self.parents.get(h)
+            h = get(h)
         return out
 
     def stored(self, ev: Stored, win: _Window) -> None:
         sampler = self.sampler
+        parent = ev.parent
+        hashes = ev.hashes
         running = 0.0
         prefix: list[int] = []
-        cont = self.chains.pop(ev.parent, None) if ev.parent is not None else None
+        cont = self.chains.pop(parent, None) if parent is not None else None
         if cont is not None and self.batches - cont[1] <= CONTINUE_BATCHES:
             running = cont[0]  # the same request's next chunk (chunked prefill): one lookup chain
         else:
-            prefix = self._gpu_prefix(ev.parent)  # a new request: its GPU hits are offered too
-        prev = ev.parent
-        lookups: list[tuple[int, float | None, float]] = []
-        fresh: list[int] = []
-        for h in ev.hashes:
-            self._link(h, prev)
+            prefix = self._gpu_prefix(parent)  # a new request: its GPU hits are offered too
+        # block -> parent links; the oldest link goes first (a deque of the keys in insertion order)
+        parents, links = self.parents, self.links
+        prev = parent
+        for h in hashes:
+            if prev is not None:
+                if h not in parents:
+                    links.append(h)
+                parents[h] = prev
+                if len(parents) > MAX_PARENTS:
+                    del parents[links.popleft()]
             prev = h
-            win.references += 1
-            fresh.append(h)
-            ok, dist, weight = sampler.peek(h)
-            if ok:
-                lookups.append((h, dist, weight))
-        bank_prefix = prefix if prefix or not (self.bank.tiers or self.log) else self._gpu_prefix(ev.parent)
+        win.references += len(hashes)
+        lookups = sampler.peek_all(hashes)  # distances as they stood when the request arrived
+        bank_prefix = prefix if prefix or not (self.bank.tiers or self.log) else self._gpu_prefix(parent)
         if self.log is not None:
-            self.log.add(bank_prefix[::-1], fresh)
+            self.log.add(bank_prefix[::-1], hashes)
         if self.bank.tiers:
-            for tier, n in zip(self.bank.tiers, self.bank.serve(bank_prefix, fresh), strict=True):
-                win.points[tier.capacity] = win.points.get(tier.capacity, 0) + n
+            self.bank.serve_into(bank_prefix, hashes, win.points_of(len(self.bank.tiers)))
             if self.arc_bank is not None:
-                for tier, n in zip(self.arc_bank.tiers, self.arc_bank.serve(bank_prefix, fresh), strict=True):
-                    win.arc_points[tier.capacity] = win.arc_points.get(tier.capacity, 0) + n
-        for _h, dist, weight in lookups:  # distances as they stood when the request arrived
-            win.sampled += weight
-            running = max(running, math.inf if dist is None else dist)
-            if math.isinf(running):
-                win.cold += weight
-            else:
-                b = bin_lower(running)
-                win.bins[b] = win.bins.get(b, 0.0) + weight
-        # the request's end: vLLM re-ranks its chunks last block first (GPU-hit prefix included)
-        for h, _, _ in reversed(lookups):
-            sampler.access(h)
-        access = sampler.access
-        for h in prefix:
-            access(h)  # an unsampled block costs one hash
-        if ev.hashes:
-            self.chains[ev.hashes[-1]] = (running, self.batches)
+                self.arc_bank.serve_into(bank_prefix, hashes, win.arc_points_of(len(self.arc_bank.tiers)))
+        if lookups:
+            bins = win.bins
+            sampled = win.sampled
+            cold = win.cold
+            for _h, _b, dist, weight in lookups:
+                sampled += weight
+                if dist is None:
+                    running = math.inf
+                elif dist > running:
+                    running = dist
+                if running == math.inf:
+                    cold += weight
+                else:
+                    b = int(running) if running < 64 else bin_lower(running)
+                    bins[b] = bins.get(b, 0.0) + weight
+            win.sampled = sampled
+            win.cold = cold
+            # the request's end: vLLM re-ranks its chunks last block first (GPU-hit prefix included)
+            sampler.access_buckets(reversed(lookups))
+        if prefix:
+            sampler.access_all(prefix)  # an unsampled block costs one hash
+        if hashes:
+            self.chains[hashes[-1]] = (running, self.batches)
             if len(self.chains) > MAX_CHAINS:
                 self.chains.popitem(last=False)
