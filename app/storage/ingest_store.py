@@ -19,6 +19,7 @@ from app.storage import chunk_reads
 from app.storage.events import add_event
 from app.storage.models import Host, IngestBatch, Instance, SampleRow
 from app.storage.rollup_late import mark_late
+from app.storage.series_generation import NewestSamples, mark_late_writes
 from app.storage.series_index import (
     Scope,
     SeriesCapExceeded,
@@ -89,6 +90,7 @@ class IngestWriter:
         self._index = SeriesIndex(self.dialect)
         self._last: dict[int, float] = {}  # series id -> last cumulative value seen
         self._configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._newest = NewestSamples()  # each series' newest stored sample: which writes are late
 
     # ---------------------------------------------------------------- public
     def write(self, batch: PushBatch, now: float, limits: SeriesLimits | None = None) -> WriteResult:
@@ -107,6 +109,7 @@ class IngestWriter:
             self._index.clear()
             self._last.clear()
             self._configs.clear()
+            self._newest.clear()
 
     # ---------------------------------------------------------------- internals
     def _write(self, batch: PushBatch, now: float, limits: SeriesLimits) -> WriteResult:
@@ -118,7 +121,7 @@ class IngestWriter:
                 if self._seen(conn, batch, now):
                     result.duplicate = True
                     return result
-                host_id = self._host(conn, batch, now)
+                host_id, write_seq = self._host(conn, batch, now)
                 result.host_id = host_id
                 self._check_instance_cap(conn, host_id, batch, limits)  # raises: rolled back, nothing kept
                 url_to_id: dict[str, int] = {}
@@ -173,6 +176,9 @@ class IngestWriter:
                         source="agent",
                         data=ev.data,
                     )
+                # before the insert: a sample older than its series' newest moves the series'
+                # write generation (readers that kept points past it drop them)
+                mark_late_writes(conn, host_id, write_seq, rows, self._newest)
                 if rows:
                     self._insert_samples(conn, rows)
                     mark_late(conn, rows)  # samples of minutes already rolled up: re-rolled by the job
@@ -183,6 +189,7 @@ class IngestWriter:
             self._instances.clear()
             self._index.clear()
             self._last.clear()
+            self._newest.clear()
             raise
         return result
 
@@ -225,7 +232,9 @@ class IngestWriter:
             return
         conn.execute(insert(SampleRow), [{"series_id": a, "ts_ms": b, "value": c} for a, b, c in rows])
 
-    def _host(self, conn: Connection, batch: PushBatch, now: float) -> int:
+    def _host(self, conn: Connection, batch: PushBatch, now: float) -> tuple[int, int]:
+        """The host's id and its write_seq after this push (the UPDATE takes the host row's lock:
+        pushes of one host are serialised from here on, on PostgreSQL too)."""
         hid = self._hosts.get(batch.host)
         if hid is None:
             row = conn.execute(select(Host.id).where(Host.name == batch.host)).first()
@@ -247,12 +256,18 @@ class IngestWriter:
             else:
                 hid = int(row[0])
             self._hosts[batch.host] = hid
-        conn.execute(
+        seq = conn.execute(
             update(Host)
             .where(Host.id == hid)
-            .values(last_push=now, agent_id=batch.agent_id, agent_version=batch.agent_version)
-        )
-        return hid
+            .values(
+                last_push=now,
+                agent_id=batch.agent_id,
+                agent_version=batch.agent_version,
+                write_seq=Host.write_seq + 1,
+            )
+            .returning(Host.write_seq)
+        ).scalar_one()
+        return hid, int(seq)
 
     def _check_instance_cap(self, conn: Connection, host_id: int, batch: PushBatch, limits: SeriesLimits) -> None:
         """SeriesCapExceeded when the push would take the host past its instance cap (one token
