@@ -62,7 +62,8 @@ def mark_late_writes(
     generation of each series that gets a sample older than its newest stored one. Returns how
     many series were bumped. Costs no statement when nothing is late and no other writer wrote
     the host in between; else one read of the newest samples of the series this writer does
-    not know (the first push of a host in this process, or after another process's push)."""
+    not know (the first push of a host in this process, or after another process's push): index
+    seeks for a point after the push's oldest sample, and the newest sample of those that have one."""
     newest = known.by_host.get(host_id)
     if newest is None or known.seq.get(host_id) != write_seq - 1:
         newest = known.by_host[host_id] = {}
@@ -70,12 +71,15 @@ def mark_late_writes(
     if not rows:
         return 0
     unknown = sorted({sid for sid, _, _ in rows if sid not in newest})
-    for i in range(0, len(unknown), IN_CHUNK):
-        ids = unknown[i : i + IN_CHUNK]
-        stored = chunk_reads.last_points(conn, ids)
-        for sid in ids:
-            got = stored.get(sid)
-            newest[sid] = got[0] if got is not None else _NONE
+    if unknown:
+        # only series holding a point after the push's oldest sample can make it late: their
+        # newest is read (decoding a chunk's end); the others' newest is at or before that sample
+        oldest = min(ts for _, ts, _ in rows)
+        after = sorted(chunk_reads.series_with_points_after(conn, unknown, oldest))
+        newest.update(dict.fromkeys(unknown, _NONE))
+        for i in range(0, len(after), IN_CHUNK):
+            stored = chunk_reads.last_points(conn, after[i : i + IN_CHUNK])
+            newest.update({sid: ts for sid, (ts, _) in stored.items()})
     late: set[int] = set()
     pushed: dict[int, int] = {}
     for sid, ts, _ in rows:
