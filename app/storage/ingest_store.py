@@ -74,6 +74,8 @@ class WriteResult:
     resets: list[str] = field(default_factory=list)  # instance URLs with a counter reset
     dropped_samples: int = 0  # samples refused one by one (negative counter values); the rest stored
     dropped: list[str] = field(default_factory=list)  # the first MAX_DROPPED_LISTED, said in words
+    # series this push created: nothing stored yet, so none of its samples can be late
+    created: set[int] = field(default_factory=set, repr=False)
 
 
 class IngestWriter:
@@ -178,7 +180,7 @@ class IngestWriter:
                     )
                 # before the insert: a sample older than its series' newest moves the series'
                 # write generation (readers that kept points past it drop them)
-                mark_late_writes(conn, host_id, write_seq, rows, self._newest)
+                mark_late_writes(conn, host_id, write_seq, rows, self._newest, result.created)
                 if rows:
                     self._insert_samples(conn, rows)
                     mark_late(conn, rows)  # samples of minutes already rolled up: re-rolled by the job
@@ -404,7 +406,7 @@ class IngestWriter:
             hits.append(hit)
             kept.append(s)
         if missing:
-            self._resolve(conn, key, url, scope, missing, types, limits, budget)
+            self._resolve(conn, key, url, scope, missing, types, limits, budget, result.created)
         resets: list[str] = []
         last = self._last
         for skey, hit, s in zip(keys, hits, kept, strict=True):
@@ -430,9 +432,12 @@ class IngestWriter:
         types: Mapping[str, str],
         limits: SeriesLimits,
         budget: list[int],
+        created: set[int],
     ) -> None:
         """Put every missing series of one scope into the cache: one SELECT of the scope's stored
-        series, one INSERT of the new ones (after the caps), one SELECT of their ids."""
+        series, one INSERT of the new ones (after the caps), one SELECT of their ids (added to
+        `created`: the host row's lock, taken first, keeps other pushes of the host out, so a new
+        row is this push's own)."""
         stored = self._index.load(conn, key)
         lks = {skey: labels_key(s.labels) for skey, s in missing.items()}
         new: list[tuple[str, str, dict[str, str], str]] = []
@@ -468,6 +473,7 @@ class IngestWriter:
         for skey in new_keys:
             got = stored[(skey[0], lks[skey])]
             scope[skey] = [got[0], got[1], 0]
+            created.add(got[0])
 
 
 @dataclass

@@ -25,7 +25,7 @@ moved by more than its own push reads the newest samples of the push's series fr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, insert, select, update
@@ -55,10 +55,16 @@ class NewestSamples:
 
 
 def mark_late_writes(
-    conn: Connection, host_id: int, write_seq: int, rows: Sequence[tuple[int, int, float]], known: NewestSamples
+    conn: Connection,
+    host_id: int,
+    write_seq: int,
+    rows: Sequence[tuple[int, int, float]],
+    known: NewestSamples,
+    created: Collection[int] = (),
 ) -> int:
     """Called by the ingest inside its transaction, after incrementing the host's write_seq to
-    `write_seq` and before inserting `rows` (series_id, ts_ms, value): bumps the write
+    `write_seq` and before inserting `rows` (series_id, ts_ms, value; `created`: series this
+    push created, with nothing stored): bumps the write
     generation of each series that gets a sample older than its newest stored one. Returns how
     many series were bumped. Costs no statement when nothing is late and no other writer wrote
     the host in between; else one read of the newest samples of the series this writer does
@@ -70,6 +76,7 @@ def mark_late_writes(
     known.seq[host_id] = write_seq
     if not rows:
         return 0
+    newest.update(dict.fromkeys(created, _NONE))
     unknown = sorted({sid for sid, _, _ in rows if sid not in newest})
     if unknown:
         # only series holding a point after the push's oldest sample can make it late: their
