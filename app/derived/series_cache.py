@@ -13,7 +13,8 @@ storage gives:
 - raw retention and the disk budget delete only samples before a watermark they record first:
   points before it are never served from here, but read from storage every time.
 No time-to-live: nothing here goes stale by time. Bounded: at most `max_points` points in all
-(least recently read series go first; a read larger than that is not kept), series not read for
+(least recently read series go first; a read whose series do not fit together is not kept, nor
+are the entries it read extended), series not read for
 `idle_s` are dropped, and points before every recent read's start are trimmed every `sweep_s`.
 Thread-safe: the plan (what to fetch) and the merge happen under a lock, the storage read
 between them does not; an entry another read changed in between is left as that read left it.
@@ -137,6 +138,14 @@ class SeriesCache:
         pre = raw_points_ms(conn, {sid: p.pre for sid, p in plans.items() if p.pre is not None})
         suf = raw_points_ms(conn, {sid: p.suf for sid, p in plans.items() if p.suf is not None})
         out: dict[int, list[Point]] = {}
+        # a read whose series would not all fit is served and not kept: keeping it would only
+        # evict its own first series (and whatever else there was) before the next read
+        fits = (
+            sum(len(p.entry.points) if p.entry is not None else 0 for p in plans.values())
+            + sum(len(v) for v in pre.values())
+            + sum(len(v) for v in suf.values())
+            <= self.max_points
+        )
         with self._lock:
             for m in metas:
                 sid = m.id
@@ -144,7 +153,7 @@ class SeriesCache:
                 got_pre, got_suf = pre.get(sid, []), suf.get(sid, [])
                 self.points_read += len(got_pre) + len(got_suf)
                 points = got_pre + plan.cached + got_suf if plan is not None else []
-                if plan is not None:
+                if plan is not None and fits:
                     self._merge(sid, m.write_gen, plan, got_pre, got_suf, now)
                 head = before.get(sid)
                 out[sid] = head + points if head else points
@@ -180,8 +189,8 @@ class SeriesCache:
         cur = self._entries.get(sid)
         e = plan.entry
         if e is None:
-            if not plan.install or cur is not plan.seen or len(got_suf) > self.max_points:
-                return  # a historical read, another read changed the entry meanwhile, or too large
+            if not plan.install or cur is not plan.seen:
+                return  # a historical read, or another read changed the entry meanwhile
             if cur is not None:
                 self._drop(sid)
             lo = plan.suf[0] if plan.suf is not None else plan.lo_ms

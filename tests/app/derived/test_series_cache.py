@@ -132,12 +132,10 @@ def test_the_cache_stays_within_its_bound_and_forgets_idle_series(engine: Any, c
         assert cache.size <= 50
     # points before every recent read's start are trimmed; series not read for idle_s go
     m = metas[-1]
-    clock.t = 61.0
-    with engine.connect() as conn:
-        cache.read(conn, [m], {m.id: T0 + 10}, T0 + 30, None)
-    clock.t = 122.0
-    with engine.connect() as conn:
-        assert cache.read(conn, [m], {m.id: T0 + 10}, T0 + 30, None)[m.id] == direct[m.id][10:]
+    for t in (61.0, 122.0, 183.0):  # two sweeps after the last read from T0
+        clock.t = t
+        with engine.connect() as conn:
+            assert cache.read(conn, [m], {m.id: T0 + 10}, T0 + 30, None)[m.id] == direct[m.id][10:]
     held = cache.held(m.id)
     assert held is not None and held[2] == 10
     clock.t = 400.0
