@@ -152,7 +152,11 @@ class SeriesCache:
                 plan = plans.get(sid)
                 got_pre, got_suf = pre.get(sid, []), suf.get(sid, [])
                 self.points_read += len(got_pre) + len(got_suf)
-                points = got_pre + plan.cached + got_suf if plan is not None else []
+                points = plan.cached if plan is not None else []  # a slice: this read's own list
+                if got_pre:
+                    points[:0] = got_pre
+                if got_suf:
+                    points.extend(got_suf)
                 if plan is not None and fits:
                     self._merge(sid, m.write_gen, plan, got_pre, got_suf, now)
                 head = before.get(sid)

@@ -190,7 +190,7 @@ def _read_live(
             starts[sid],
             live.now,
             tail,
-            load_full=partial(_points_of, engine, m, full_lo, q.end),
+            load_full=partial(_points_of, engine, m, full_lo, q.end, kept),
         )
         if starts[sid] <= full_lo:
             handle._full = tail
@@ -213,7 +213,7 @@ def _read_live(
     return out
 
 
-def _points_of(engine: Engine, meta: SeriesMeta, start: float, end: float) -> list[Point]:
+def _points_of(engine: Engine, meta: SeriesMeta, start: float, end: float, kept: int | None) -> list[Point]:
+    """A live series' full points, with the watermark read with its tail (a moment ago)."""
     with engine.connect() as conn:
-        kept = raw_watermarks(conn).kept_from_ms
         return cache_for(engine).read(conn, [meta], {meta.id: start}, end, kept)[meta.id]

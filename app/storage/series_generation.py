@@ -116,6 +116,12 @@ def record_kept_from(conn: Connection, cut_ms: int) -> None:
         conn.execute(update(RollupWatermark).where(RollupWatermark.tier == KEPT_TIER).values(done_ms=cut_ms))
 
 
+# built once: every raw read reads it (the statement's construction cost more than its run)
+_WATERMARKS = select(RollupWatermark.tier, RollupWatermark.done_ms).where(
+    RollupWatermark.tier.in_([RAW_CUT_TIER, KEPT_TIER])
+)
+
+
 @dataclass(frozen=True)
 class RawWatermarks:
     budget_cut_ms: int | None  # the disk budget dropped raw samples before this (None: never)
@@ -125,13 +131,6 @@ class RawWatermarks:
 def raw_watermarks(conn: Connection) -> RawWatermarks:
     """Both raw cuts in one read: the budget's (which the tier choice reads) and the later of it
     and the retention's (before which a reader serves nothing from memory)."""
-    got = {
-        str(tier): int(ms)
-        for tier, ms in conn.execute(
-            select(RollupWatermark.tier, RollupWatermark.done_ms).where(
-                RollupWatermark.tier.in_([RAW_CUT_TIER, KEPT_TIER])
-            )
-        )
-    }
+    got = {str(tier): int(ms) for tier, ms in conn.execute(_WATERMARKS)}
     cuts = list(got.values())
     return RawWatermarks(got.get(RAW_CUT_TIER), max(cuts) if cuts else None)
