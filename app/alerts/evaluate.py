@@ -23,7 +23,7 @@ from app.alerts import expected
 from app.alerts.catalog import RULES, RuleSpec
 from app.alerts.channels import snapshot
 from app.alerts.delivery import RESEND_S
-from app.alerts.inputs import SeriesCache
+from app.alerts.inputs import SeriesInputs
 from app.alerts.params import effective
 from app.alerts.rule_io import RuleResult, TargetData
 from app.alerts.series import SeriesMap, median_gap, sample_times
@@ -89,7 +89,7 @@ class Evaluator:
         self.channels = list(channels)
         self.config = config
         self.rules = list(rules)
-        self.cache = SeriesCache(engine)
+        self.inputs = SeriesInputs(engine)
         # per Alertmanager channel: (alert id -> last queued delivery time, alert ids with one unsent)
         self._refresh_state: dict[str, tuple[dict[int, float], set[int]]] = {}
         self._pruned_at = float("-inf")
@@ -118,9 +118,9 @@ class Evaluator:
                 lookback[name] = max(lookback.get(name, 0.0), spec.lookback_s(params))
         starts = {name: now - back for name, back in lookback.items()}
         if target.scope == "instance":
-            by_name = self.cache.get_many(starts, now, instance_id=target.id)
+            by_name = self.inputs.get_many(starts, now, instance_id=target.id)
         else:
-            by_name = self.cache.get_many(starts, now, host_id=target.id)
+            by_name = self.inputs.get_many(starts, now, host_id=target.id)
         events: list[EventRow] = []
         if target.scope == "instance" and specs:
             longest = max(float(p.get("window_s", 0.0)) for _, p in specs)
@@ -195,6 +195,7 @@ class Evaluator:
                 except Exception as exc:  # one bad rule never stops the others
                     log.exception("alerts: rule %s on %s failed", spec.name, key)
                     report.errors.append(f"{key}: {exc}")
+        self.inputs.forget_unread()
         if now - self._pruned_at >= 3600:
             self._pruned_at = now
             try:

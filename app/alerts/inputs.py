@@ -1,9 +1,10 @@
-"""Loads the series a rule reads from storage, with an in-process cache that fetches only new
-samples between evaluations (a 24 h baseline every 15 s would otherwise re-read the whole day),
-for all the metrics of a target in one batched read (app.derived.series_reader).
-The cache refetches everything every `full_refresh_s`, so samples that arrive late (an agent's
-spool replay) are picked up. Each cached series carries its running reset-corrected sum
-(app.alerts.series.Series.cum), kept up to date incrementally."""
+"""Loads the series a rule reads: all the metrics of a target in one batched read per lookback
+through the series reader (app.derived.series_reader), whose series cache fetches only the
+samples that are new since the last evaluation and drops what a late sample made stale (a 24 h
+baseline every 15 s would otherwise re-read the whole day). Each series carries its running
+reset-corrected sum (kvcore.series.Series.cum): kept per series between evaluations and extended
+over the new points only, recomputed whole when the points are not the previous ones plus new
+ones (a late sample moved the series' write generation, or the start moved back)."""
 
 from __future__ import annotations
 
@@ -11,71 +12,35 @@ import bisect
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
 from app.derived.series_reader import SeriesQuery, TieredSeries, by_name, read_series
-from kvcore.series import Series, extend_running_increase
+from kvcore.series import Point, Series, extend_running_increase
 
 # Points kept before the window start, to anchor an increase over the window.
 ANCHOR_S = 120.0
 
 
 @dataclass
-class _Entry:
-    fetched_from: float
-    fetched_to: float
-    full_at: float
-    labels: dict[int, dict[str, str]] = field(default_factory=dict)
-    points: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
-    cum: dict[int, list[float]] = field(default_factory=dict)
-    resets: dict[int, list[int]] = field(default_factory=dict)
-
-    def add(self, found: list[TieredSeries]) -> int:
-        """Append the new points of each series (those after what the entry holds)."""
-        n = 0
-        for sp in found:
-            pts = self.points.setdefault(sp.series_id, [])
-            self.labels.setdefault(sp.series_id, dict(sp.labels))
-            last = pts[-1][0] if pts else float("-inf")
-            new = [p for p in sp.points if p[0] > last]
-            before = len(pts)
-            pts.extend(new)
-            extend_running_increase(
-                pts, self.cum.setdefault(sp.series_id, []), self.resets.setdefault(sp.series_id, []), before
-            )
-            n += len(new)
-        return n
-
-    def trim(self, lo: float) -> None:
-        if lo <= self.fetched_from:
-            return
-        for sid, pts in self.points.items():
-            cut = bisect.bisect_left(pts, (lo, float("-inf")))
-            if cut:
-                self.points[sid] = pts[cut:]
-                self.cum[sid] = self.cum[sid][cut:]  # differences stay valid
-                self.resets[sid] = [j - cut for j in self.resets[sid] if j - cut >= 1]
-        self.fetched_from = lo
-
-    def view(self, end: float) -> list[Series]:
-        out = []
-        for sid, pts in self.points.items():
-            hi = bisect.bisect_right(pts, (end, float("inf")))
-            resets = self.resets[sid]
-            out.append(Series(self.labels[sid], pts[:hi], self.cum[sid][:hi], resets[: bisect.bisect_left(resets, hi)]))
-        return out
+class _Sums:
+    gen: int
+    points: list[Point]  # what the sums were computed on
+    cum: list[float]
+    resets: list[int]
 
 
-class SeriesCache:
-    def __init__(self, engine: Engine, *, full_refresh_s: float = 600.0) -> None:
+class SeriesInputs:
+    """The evaluator's reads: series by metric name, each with its running sum."""
+
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.full_refresh_s = full_refresh_s
-        self._entries: dict[tuple[int | None, int | None, str], _Entry] = {}
+        self._sums: dict[int, _Sums] = {}
+        self._read: set[int] = set()  # series read since the last forget_unread
         self._lock = threading.Lock()
-        self.rows_read = 0  # for the benchmark and tests
-        self.queries = 0
+        self.extended = 0  # series whose sums were only extended (tests, benchmarks)
+        self.recomputed = 0
 
     def get(
         self, name: str, start: float, end: float, *, instance_id: int | None = None, host_id: int | None = None
@@ -85,48 +50,58 @@ class SeriesCache:
     def get_many(
         self, starts: Mapping[str, float], end: float, *, instance_id: int | None = None, host_id: int | None = None
     ) -> dict[str, list[Series]]:
-        """Series of each metric name from its start (minus the anchor) to end."""
-        with self._lock:
-            full: dict[float, list[str]] = defaultdict(list)  # lo -> names to read whole
-            more: dict[float, list[str]] = defaultdict(list)  # fetched_to -> names to extend
-            for name, start in starts.items():
-                lo = start - ANCHOR_S
-                entry = self._entries.get((instance_id, host_id, name))
-                if (
-                    entry is None
-                    or lo < entry.fetched_from
-                    or end - entry.full_at > self.full_refresh_s
-                    or end < entry.fetched_to
-                ):
-                    full[lo].append(name)
-                elif end > entry.fetched_to:
-                    more[entry.fetched_to].append(name)
-            for lo, names in full.items():
-                found = self._read(names, lo, end, instance_id, host_id)
-                for name in names:
-                    entry = _Entry(fetched_from=lo, fetched_to=end, full_at=end)
-                    self.rows_read += entry.add(found[name])
-                    self._entries[(instance_id, host_id, name)] = entry
-            for since, names in more.items():
-                found = self._read(names, since, end, instance_id, host_id)
-                for name in names:
-                    entry = self._entries[(instance_id, host_id, name)]
-                    self.rows_read += entry.add(found[name])
-                    entry.fetched_to = end
-            out: dict[str, list[Series]] = {}
-            for name, start in starts.items():
-                entry = self._entries[(instance_id, host_id, name)]
-                entry.trim(start - ANCHOR_S)
-                out[name] = entry.view(end)
-            return out
+        """Series of each metric name from its start (minus the anchor) to end: one read per
+        distinct start."""
+        groups: dict[float, list[str]] = defaultdict(list)
+        for name, start in starts.items():
+            groups[start - ANCHOR_S].append(name)
+        out: dict[str, list[Series]] = {}
+        for lo, names in groups.items():
+            found = read_series(self.engine, SeriesQuery(names, lo, end, instance_id=instance_id, host_id=host_id))
+            for name, got in by_name(found, names).items():
+                out[name] = [self._indexed(sp) for sp in got]
+        return out
 
-    def _read(
-        self, names: list[str], lo: float, end: float, instance_id: int | None, host_id: int | None
-    ) -> dict[str, list[TieredSeries]]:
-        self.queries += 1
-        found = read_series(self.engine, SeriesQuery(names, lo, end, instance_id=instance_id, host_id=host_id))
-        return by_name(found, names)
+    def _indexed(self, sp: TieredSeries) -> Series:
+        pts = sp.points
+        with self._lock:
+            prev = self._sums.get(sp.series_id)
+            cum: list[float]
+            resets: list[int]
+            keep = _overlap(prev, sp) if prev is not None else None
+            if prev is not None and keep is not None:
+                cut, n = keep
+                cum = prev.cum[cut:]
+                resets = [j - cut for j in prev.resets if j - cut >= 1]
+                self.extended += 1
+            else:
+                cum, resets, n = [], [], 0
+                self.recomputed += 1
+            extend_running_increase(pts, cum, resets, n)
+            self._sums[sp.series_id] = _Sums(sp.write_gen, pts, cum, resets)
+            self._read.add(sp.series_id)
+        return Series(dict(sp.labels), pts, cum, resets)
+
+    def forget_unread(self) -> None:
+        """Drop the sums of series not read since the last call (targets and rules gone)."""
+        with self._lock:
+            self._sums = {sid: s for sid, s in self._sums.items() if sid in self._read}
+            self._read = set()
 
     def forget(self) -> None:
         with self._lock:
-            self._entries.clear()
+            self._sums.clear()
+            self._read.clear()
+
+
+def _overlap(prev: _Sums, sp: TieredSeries) -> tuple[int, int] | None:
+    """(cut, n): the new points are the previous ones from index `cut` on (n of them), then new
+    ones after them; None when they are not (another write generation, an earlier start)."""
+    old, new = prev.points, sp.points
+    if prev.gen != sp.write_gen or not old or not new:
+        return None
+    cut = bisect.bisect_left(old, new[0])
+    n = len(old) - cut
+    if cut >= len(old) or old[cut] != new[0] or n > len(new) or new[n - 1] != old[-1]:
+        return None
+    return cut, n

@@ -9,7 +9,6 @@ ctx.templates (built once in create_app; the other parts add their globals to it
 from __future__ import annotations
 
 import gc
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -30,8 +29,7 @@ ROLLUP_INTERVAL_S = 60.0
 
 
 def install(app: FastAPI, ctx: AppContext) -> None:
-    live = live_values(ctx)
-    ctx.push_hooks.append(lambda batch, host_id, now: live.note_push(host_id, oldest_sample_ts(batch), now))
+    live_values(ctx)  # the memo of final chart values: valid per series write generation, no push hook
     app.include_router(api.router)  # JSON reads: instances, series, events, summary, charts, /healthz, /metrics
     # a mount is outside the app-wide role check: PUBLIC says so in the route table
     app.mount("/static", requires(PUBLIC)(StaticFiles(directory=str(static_dir()))), name="static")
@@ -40,14 +38,6 @@ def install(app: FastAPI, ctx: AppContext) -> None:
     register_job(ctx, ROLLUP_JOB, rollup_job, ROLLUP_INTERVAL_S)
     register_job(ctx, SEAL_JOB, seal_job, ctx.settings.storage.seal_interval_s)
     _freeze_once()
-
-
-def oldest_sample_ts(batch: Any) -> float | None:
-    """The earliest timestamp a push carries (scrapes and host readings)."""
-    ts = [float(s.ts) for s in batch.scrapes]
-    if batch.host_samples and batch.host_ts is not None:
-        ts.append(float(batch.host_ts))
-    return min(ts) if ts else None
 
 
 _FROZEN: list[bool] = []

@@ -1,4 +1,4 @@
-"""The process's memo of final chart values, shared by every dashboard page and fed by pushes."""
+"""The process's memo of final chart values, shared by every dashboard page (valid per series write generation)."""
 
 from __future__ import annotations
 

@@ -167,7 +167,6 @@ def quantile_series(series: Sequence[TieredSeries], qs: Sequence[float], grid: G
             grid.step,
             grid.rate_window,
             {fn: out[q] for fn, q in zip(fns, qs, strict=True)},
-            renew=not skip,
         )
     return out
 

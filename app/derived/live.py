@@ -8,23 +8,23 @@ series, per function (rate, gauge) and per grid (step, window); a refresh then r
 samples after the last final instant and computes only the new instants. The result is identical
 to a full computation (tests compare both on random data with resets, gaps and late samples).
 
-Late samples (an agent's spool replayed after an outage) change instants already final: the
-ingest hook drops a host's memos when a push carries samples older than the freeze lag, and a
-generation number stops a computation that raced with the replay from storing what it read
-before. Other app processes do not see that hook, so memos also expire after `ttl_s` (jittered,
-so they do not all expire together): a replay through another process shows within that time.
+A value is final only where the series' samples are complete: at instants no later than its
+newest sample (an append lands after it) and older than the freeze lag. A late sample (an
+agent's spool replayed after an outage, through this app process or another) moves the series'
+write generation (app/storage/series_generation.py): memos are kept with the generation they
+were computed at, and one of another generation is dropped when looked up. A computation that
+raced with the replay stores its values under the generation it read before the points, so
+they are dropped at the next refresh. No time-to-live and no push hook: exact across processes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import random
 import threading
-import time
 from array import array
 from bisect import bisect_right
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -41,10 +41,10 @@ class LiveHandle:
     """What a live series needs beyond its tail of points: the memo and the full points on demand."""
 
     cache: LiveValues
-    host_id: int
-    generation: int
+    gen: int  # the series' write generation, read before its points
     tail_lo: float  # the series' points start here (seconds)
     now: float
+    tail: list[Point] = field(repr=False)
     load_full: Callable[[], list[Point]]
     _full: list[Point] | None = field(default=None, repr=False)
 
@@ -52,6 +52,25 @@ class LiveHandle:
         if self._full is None:
             self._full = self.load_full()
         return self._full
+
+    def newest(self) -> float:
+        """The newest sample read (-inf: none): instants after it may still get samples."""
+        pts = self._full if self._full is not None else self.tail
+        return pts[-1][0] if pts else -math.inf
+
+
+@dataclass
+class DerivedHandle:
+    """The memo handle of a value derived pointwise from several live series: valid while none
+    of their write generations moved (their sum: each only grows), final where all are."""
+
+    cache: LiveValues
+    gen: int
+    now: float
+    parts: Sequence[LiveHandle]
+
+    def newest(self) -> float:
+        return min(h.newest() for h in self.parts)
 
 
 @dataclass(frozen=True)
@@ -66,120 +85,71 @@ class LiveRawSeries(TieredSeries):
 class _Memo:
     first_t: float
     values: array  # type: ignore[type-arg]  # 'd'; NaN stands for "no value"
-    host_id: int
-    expires: float
+    gen: int  # the write generation the values were computed at
 
 
 class LiveValues:
     """Per-process memo of final raw-tier grid values. Thread-safe; bounded (LRU by series)."""
 
-    def __init__(
-        self,
-        freeze_lag_s: float = 10.0,
-        ttl_s: float = 900.0,
-        max_values: int = 8_000_000,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-    ) -> None:
+    def __init__(self, freeze_lag_s: float = 10.0, max_values: int = 8_000_000) -> None:
         self.freeze_lag_s = freeze_lag_s
-        self.ttl_s = ttl_s
         self.max_values = max_values
-        self.clock = clock
-        self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, float, float], dict[str, _Memo]] = OrderedDict()
         self._size = 0
-        self._gen: dict[int, int] = defaultdict(int)
-        self._by_host: dict[int, set[tuple[int, float, float]]] = defaultdict(set)
         self.incremental = 0  # evaluations that reused final values
         self.full = 0  # evaluations computed from every point of the range
 
-    def generation(self, host_id: int) -> int:
-        with self._lock:
-            return self._gen[host_id]
-
-    def final_until(self, series_id: int, step: float, window: float) -> float | None:
-        """The earliest last-final instant over the functions memoised for this series and grid."""
-        with self._lock:
-            memos = self._entries.get((series_id, step, window))
-            if not memos:
-                return None
-            now = self.clock()
-            lasts = [m.first_t + (len(m.values) - 1) * step for m in memos.values() if m.expires > now]
-            return min(lasts) if lasts else None
-
-    def lookup(self, series_id: int, step: float, window: float, fn: str) -> _Memo | None:
+    def final_until(self, series_id: int, step: float, window: float, gen: int) -> float | None:
+        """The earliest last-final instant over the functions memoised for this series and grid
+        at write generation `gen` (memos of another generation are dropped)."""
         with self._lock:
             key = (series_id, step, window)
-            memos = self._entries.get(key)
+            memos = self._valid(key, gen)
+            if not memos:
+                return None
+            return min(m.first_t + (len(m.values) - 1) * step for m in memos.values())
+
+    def lookup(self, series_id: int, step: float, window: float, fn: str, gen: int) -> _Memo | None:
+        with self._lock:
+            key = (series_id, step, window)
+            memos = self._valid(key, gen)
             memo = memos.get(fn) if memos else None
-            if memo is None or memo.expires <= self.clock():
+            if memo is None:
                 return None
             self._entries.move_to_end(key)
             return memo
 
+    def _valid(self, key: tuple[int, float, float], gen: int) -> dict[str, _Memo] | None:
+        """The memos of `key` computed at `gen`; those of another generation are forgotten."""
+        memos = self._entries.get(key)
+        if not memos:
+            return None
+        for fn, m in list(memos.items()):
+            if m.gen != gen:
+                self._size -= len(m.values)
+                del memos[fn]
+        if not memos:
+            del self._entries[key]
+            return None
+        return memos
+
     def store(
-        self,
-        series_id: int,
-        step: float,
-        window: float,
-        fn: str,
-        first_t: float,
-        values: Values,
-        host_id: int,
-        generation: int,
-        renew: bool,
+        self, series_id: int, step: float, window: float, fn: str, first_t: float, values: Values, gen: int
     ) -> None:
-        """Keep `values` (instants first_t, first_t + step, ...: all final). Skipped when the host's
-        data changed since `generation` was read. `renew`: computed from every point (a new ttl)."""
+        """Keep `values` (instants first_t, first_t + step, ...: all final), computed from points
+        read at write generation `gen`."""
         arr = array("d", [_NAN if v is None else v for v in values])
         with self._lock:
-            if self._gen[host_id] != generation:
-                return
             key = (series_id, step, window)
             memos = self._entries.setdefault(key, {})
             old = memos.get(fn)
-            expires = (
-                (self.clock() + self.ttl_s * self._rng.uniform(0.75, 1.25)) if renew or old is None else old.expires
-            )
             self._size += len(arr) - (len(old.values) if old else 0)
-            memos[fn] = _Memo(first_t, arr, host_id, expires)
-            self._by_host[host_id].add(key)
+            memos[fn] = _Memo(first_t, arr, gen)
             self._entries.move_to_end(key)
             while self._size > self.max_values and len(self._entries) > 1:
-                old_key, dropped = self._entries.popitem(last=False)
+                _, dropped = self._entries.popitem(last=False)
                 self._size -= sum(len(m.values) for m in dropped.values())
-                for m in dropped.values():
-                    self._by_host[m.host_id].discard(old_key)
-
-    def note_push(self, host_id: int, oldest_ts: float | None, now: float) -> None:
-        """After a stored push: samples older than the freeze lag change final instants from their
-        timestamp on (a value at t depends only on samples at or before t)."""
-        if oldest_ts is not None and oldest_ts < now - self.freeze_lag_s:
-            self.invalidate_host(host_id, since=oldest_ts)
-
-    def invalidate_host(self, host_id: int, since: float = -math.inf) -> None:
-        """Forget the host's final values at instants >= `since` (all of them by default)."""
-        with self._lock:
-            self._gen[host_id] += 1
-            for key in list(self._by_host.get(host_id, ())):
-                memos = self._entries.get(key)
-                if memos is None:
-                    self._by_host[host_id].discard(key)
-                    continue
-                step = key[1]
-                for fn, m in list(memos.items()):
-                    keep = max(0, math.ceil((since - m.first_t) / step - 1e-9)) if since > -math.inf else 0
-                    if keep >= len(m.values):
-                        continue
-                    self._size -= len(m.values) - keep
-                    if keep:
-                        memos[fn] = _Memo(m.first_t, m.values[:keep], m.host_id, m.expires)
-                    else:
-                        del memos[fn]
-                if not memos:
-                    del self._entries[key]
-                    self._by_host[host_id].discard(key)
 
     @property
     def size(self) -> int:
@@ -194,7 +164,7 @@ def grid_values(
         return []
     h = s.handle
     assert h is not None
-    memo = h.cache.lookup(s.series_id, step, window, fn)
+    memo = h.cache.lookup(s.series_id, step, window, fn, h.gen)
     head = _head(memo, times, step)
     rest = times[len(head) :]
     if head:
@@ -208,11 +178,11 @@ def grid_values(
         out = head
     n_final = _n_final(h, times)
     if n_final > len(head) or (memo is not None and memo.first_t < times[0] and n_final):
-        h.cache.store(s.series_id, step, window, fn, times[0], out[:n_final], h.host_id, h.generation, renew=not head)
+        h.cache.store(s.series_id, step, window, fn, times[0], out[:n_final], h.gen)
     return out
 
 
-def derived_memo(series: Sequence[TieredSeries], tag: str) -> tuple[int, LiveHandle] | None:
+def derived_memo(series: Sequence[TieredSeries], tag: str) -> tuple[int, DerivedHandle] | None:
     """For a value derived pointwise from several live series (a histogram's quantiles from its
     bucket rates): a memo key of its own (a negative id, apart from real series) and a handle
     to store with. None unless every series is live."""
@@ -221,16 +191,17 @@ def derived_memo(series: Sequence[TieredSeries], tag: str) -> tuple[int, LiveHan
         return None
     ids = ",".join(str(s.series_id) for s in sorted(series, key=lambda x: x.series_id))
     digest = hashlib.blake2b(f"{tag}:{ids}".encode(), digest_size=7).digest()
-    return -1 - int.from_bytes(digest, "big"), handles[0]
+    derived = DerivedHandle(handles[0].cache, sum(h.gen for h in handles), handles[0].now, handles)
+    return -1 - int.from_bytes(digest, "big"), derived
 
 
 def memo_head(
-    handle: LiveHandle, key: int, times: Sequence[float], step: float, window: float, fns: Sequence[str]
+    handle: DerivedHandle, key: int, times: Sequence[float], step: float, window: float, fns: Sequence[str]
 ) -> list[Values]:
     """The final values memoised for each of `fns` from times[0] on, cut to a common length."""
     heads: list[Values] = []
     for fn in fns:
-        memo = handle.cache.lookup(key, step, window, fn)
+        memo = handle.cache.lookup(key, step, window, fn, handle.gen)
         if memo is None or memo.first_t > times[0]:
             return [[] for _ in fns]
         heads.append(_head(memo, times, step))
@@ -239,20 +210,17 @@ def memo_head(
 
 
 def memo_store(
-    handle: LiveHandle,
+    handle: DerivedHandle,
     key: int,
     times: Sequence[float],
     step: float,
     window: float,
     values: dict[str, Values],
-    renew: bool,
 ) -> None:
     n_final = _n_final(handle, times)
     if n_final:
         for fn, vals in values.items():
-            handle.cache.store(
-                key, step, window, fn, times[0], vals[:n_final], handle.host_id, handle.generation, renew=renew
-            )
+            handle.cache.store(key, step, window, fn, times[0], vals[:n_final], handle.gen)
 
 
 def _head(memo: _Memo | None, times: Sequence[float], step: float) -> Values:
@@ -263,6 +231,7 @@ def _head(memo: _Memo | None, times: Sequence[float], step: float) -> Values:
     return [None if v != v else v for v in memo.values[k0 : k0 + len(times)]]
 
 
-def _n_final(handle: LiveHandle, times: Sequence[float]) -> int:
-    """How many of `times` are final (older than the freeze lag at the handle's `now`)."""
-    return bisect_right(times, handle.now - handle.cache.freeze_lag_s)
+def _n_final(handle: LiveHandle | DerivedHandle, times: Sequence[float]) -> int:
+    """How many of `times` are final: older than the freeze lag at the handle's `now`, and no
+    later than the newest sample read (a sample appended after it would change them)."""
+    return bisect_right(times, min(handle.now - handle.cache.freeze_lag_s, handle.newest()))

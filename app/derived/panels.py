@@ -147,7 +147,7 @@ class Scope:
             tier=g.tier,
             lean=lean,
             # live: a refresh reads only the raw points past the memo's final values
-            live=None if self.live is None else LiveRead(self.live, self.host_id, g.step, g.rate_window, self.now),
+            live=None if self.live is None else LiveRead(self.live, g.step, g.rate_window, self.now),
         )
         return by_name(read_series(self.engine, q))
 

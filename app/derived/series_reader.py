@@ -7,8 +7,13 @@ from the resolution a plot can show and the raw retention. Storage answers only 
 (app.storage.raw_store: series metadata, raw points in a range; app.storage.rollups: rollup
 buckets in a range) and decides nothing.
 
+Raw points are read through the one series cache (app.derived.series_cache): a read fetches
+from storage only the points after what it holds for a series, exactly what storage holds as
+long as the series' write generation (read with the series, before the points) has not moved.
+
 Live reads (a chart of a named range ending now, redrawn every 15 s) read each raw series only
-from where its memoised final values end (app.derived.live) and come back as LiveRawSeries.
+from where its memoised final values end (app.derived.live, valid per write generation) and
+come back as LiveRawSeries.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from functools import partial
 from sqlalchemy import Connection, Engine
 
 from app.derived.live import LiveHandle, LiveRawSeries, LiveValues
+from app.derived.series_cache import cache_for
 from app.derived.series_types import Point
 from app.derived.series_types import TieredSeries as TieredSeries  # the reader's result type
-from app.storage.raw_store import SeriesMeta, raw_points_from, raw_points_named, series_meta
+from app.storage.raw_store import SeriesMeta, series_meta
 from app.storage.rollups import rollup_buckets
-from app.storage.store_budget import raw_cut_ms
+from app.storage.series_generation import RawWatermarks, raw_watermarks
 
 TIER_RES = {"raw": 0.0, "1m": 60.0, "1h": 3600.0}  # seconds per bucket (raw: points as scraped)
 DEFAULT_PX = 1600
@@ -48,10 +54,10 @@ def pick_tier(start: float, end: float, now: float, raw_retention_s: float, px: 
 @dataclass(frozen=True, eq=False)
 class LiveRead:
     """Read raw series through the live memo: `values` keeps final values per series for grids of
-    `step` and rate `window`; pushes of `host_id` invalidate them; `now` says which are final."""
+    `step` and rate `window` (valid while the series' write generation holds); `now` says which
+    instants are final."""
 
     values: LiveValues
-    host_id: int
     step: float
     window: float
     now: float
@@ -94,10 +100,12 @@ class SeriesQuery:
 
 def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
     """The series of `q` ascending by id, each with its points (or buckets) in the range; a series
-    without any there comes back empty. One query for the series, then the points: one query (or
-    one primary-key range scan per series on SQLite), or the rollup tables and their raw tail."""
-    with engine.connect() as conn:  # the series and their points: one checkout, one snapshot
-        tier = _tier(conn, q)
+    without any there comes back empty. One query for the series (with their write generations),
+    then the points: raw ones through the series cache (only what it does not hold yet), or the
+    rollup tables and their raw tail."""
+    with engine.connect() as conn:  # the series and their points: one checkout
+        marks: list[RawWatermarks] = []
+        tier = _tier(conn, q, marks)
         if q.everywhere and (tier != "raw" or q.live is not None):
             raise ValueError("everywhere reads the raw tier only")
         metas = series_meta(conn, q.names, instance_id=q.instance_id, host_id=q.host_id, everywhere=q.everywhere)
@@ -105,15 +113,23 @@ def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
             return []
         lo = q.start - q.lookback
         if tier == "raw":
+            kept = (marks[0] if marks else raw_watermarks(conn)).kept_from_ms
             if q.live is not None:
-                return _read_live(engine, conn, q, q.live, metas)
-            if q.everywhere:  # one query by name, however many instances
-                points = raw_points_named(conn, q.names, lo, q.end)
-            else:
-                points = raw_points_from(conn, dict.fromkeys((m.id for m in metas), lo), q.end)
+                return _read_live(engine, conn, q, q.live, metas, kept)
+            points = cache_for(engine).read(conn, metas, dict.fromkeys((m.id for m in metas), lo), q.end, kept)
             return [
                 TieredSeries(
-                    m.id, m.name, m.labels, m.kind, "raw", 0.0, points.get(m.id, []), [], m.host_id, m.instance_id
+                    m.id,
+                    m.name,
+                    m.labels,
+                    m.kind,
+                    "raw",
+                    0.0,
+                    points.get(m.id, []),
+                    [],
+                    m.host_id,
+                    m.instance_id,
+                    m.write_gen,
                 )
                 for m in metas
             ]
@@ -126,11 +142,13 @@ def read_series(engine: Engine, q: SeriesQuery) -> list[TieredSeries]:
     ]
 
 
-def _tier(conn: Connection, q: SeriesQuery) -> str:
+def _tier(conn: Connection, q: SeriesQuery, marks: list[RawWatermarks]) -> str:
     """The query's tier; with tier auto, raw samples the disk budget dropped (before the raw
-    retention would have) count as gone, so such ranges read rollups."""
+    retention would have) count as gone, so such ranges read rollups. The watermarks read for
+    it are appended to `marks`."""
     if q.tier == "auto" and q.now is not None and q.raw_retention_s is not None:
-        cut = raw_cut_ms(conn)
+        marks.append(raw_watermarks(conn))
+        cut = marks[0].budget_cut_ms
         if cut is not None and q.now - cut / 1000.0 < q.raw_retention_s:
             return pick_tier(q.start, q.end, q.now, max(0.0, q.now - cut / 1000.0), q.px)
     return q.chosen_tier()
@@ -145,14 +163,14 @@ def by_name(series: Iterable[TieredSeries], names: Iterable[str] = ()) -> dict[s
 
 
 def _read_live(
-    engine: Engine, conn: Connection, q: SeriesQuery, live: LiveRead, metas: list[SeriesMeta]
+    engine: Engine, conn: Connection, q: SeriesQuery, live: LiveRead, metas: list[SeriesMeta], kept: int | None
 ) -> list[TieredSeries]:
     """Raw series with only the points past their memoised final values (see app.derived.live),
-    read on `conn`; a series' full points, when a computation needs them, later from `engine`."""
+    read on `conn`; a series' full points, when a computation needs them, later from `engine`
+    (both through the series cache)."""
     memo = live.values
-    generation = memo.generation(live.host_id)
     full_lo = q.start - q.lookback
-    finals = {m.id: memo.final_until(m.id, live.step, live.window) for m in metas}
+    finals = {m.id: memo.final_until(m.id, live.step, live.window, m.write_gen) for m in metas}
     cold = all(f is None for f in finals.values())
     # a series without final values is read in full with the others when all are cold (a first
     # view), else only if something evaluates it (charts fetch series they may not plot)
@@ -160,20 +178,22 @@ def _read_live(
         sid: (full_lo if cold else math.inf) if f is None else max(full_lo, f + live.step - q.lookback)
         for sid, f in finals.items()
     }
-    points = raw_points_from(conn, {sid: t for sid, t in starts.items() if t < math.inf}, q.end)
+    reading = [m for m in metas if starts[m.id] < math.inf]
+    points = cache_for(engine).read(conn, reading, starts, q.end, kept) if reading else {}
     out: list[TieredSeries] = []
     for m in metas:
         sid = m.id
+        tail = points.get(sid, [])
         handle = LiveHandle(
             memo,
-            live.host_id,
-            generation,
+            m.write_gen,
             starts[sid],
             live.now,
-            load_full=partial(_points_of, engine, sid, full_lo, q.end),
+            tail,
+            load_full=partial(_points_of, engine, m, full_lo, q.end, kept),
         )
         if starts[sid] <= full_lo:
-            handle._full = points[sid]
+            handle._full = tail
         out.append(
             LiveRawSeries(
                 sid,
@@ -182,15 +202,18 @@ def _read_live(
                 m.kind,
                 "raw",
                 0.0,
-                points.get(sid, []),
+                tail,
                 [],
                 m.host_id,
                 m.instance_id,
+                m.write_gen,
                 handle=handle,
             )
         )
     return out
 
 
-def _points_of(engine: Engine, sid: int, start: float, end: float) -> list[Point]:
-    return raw_points_from(engine, {sid: start}, end)[sid]
+def _points_of(engine: Engine, meta: SeriesMeta, start: float, end: float, kept: int | None) -> list[Point]:
+    """A live series' full points, with the watermark read with its tail (a moment ago)."""
+    with engine.connect() as conn:
+        return cache_for(engine).read(conn, [meta], {meta.id: start}, end, kept)[meta.id]

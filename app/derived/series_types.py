@@ -29,3 +29,4 @@ class TieredSeries:
     buckets: list[Bucket]  # rollup tiers only, ascending
     host_id: int | None = None
     instance_id: int | None = None
+    write_gen: int = 0  # the series' write generation when read (app/storage/series_generation.py)

@@ -256,6 +256,35 @@ def last_points(conn: Connection, series_ids: Sequence[int]) -> dict[int, MsPoin
     return out
 
 
+def series_with_points_after(conn: Connection, series_ids: Sequence[int], after_ms: int) -> set[int]:
+    """The series of `series_ids` holding a raw point after `after_ms` (head or chunks): index
+    seeks only, nothing decoded."""
+    h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
+    out: set[int] = set()
+    for i in range(0, len(series_ids), IN_CHUNK):
+        ids = list(series_ids[i : i + IN_CHUNK])
+        if conn.dialect.name == "sqlite":  # the driver's cursor: a fifth of the statement's cost here
+            marks = ",".join("?" * len(ids))
+            sql = (
+                f"SELECT DISTINCT series_id FROM samples WHERE series_id IN ({marks}) AND ts_ms > ? "
+                f"UNION ALL SELECT series_id FROM open_chunks WHERE series_id IN ({marks}) AND end_ms > ? "
+                f"UNION ALL SELECT DISTINCT series_id FROM sample_chunks WHERE series_id IN ({marks}) AND end_ms > ?"
+            )
+            cur = conn.connection.cursor()
+            try:
+                out.update(int(r[0]) for r in cur.execute(sql, (*ids, after_ms, *ids, after_ms, *ids, after_ms)))
+            finally:
+                cur.close()
+            continue
+        q = union_all(
+            select(h.series_id).where(h.series_id.in_(ids), h.ts_ms > after_ms).distinct(),
+            select(o.series_id).where(o.series_id.in_(ids), o.end_ms > after_ms),
+            select(c.series_id).where(c.series_id.in_(ids), c.end_ms > after_ms).distinct(),
+        )
+        out.update(int(sid) for (sid,) in conn.execute(q))
+    return out
+
+
 def has_points(conn: Connection) -> Any:
     """A correlated EXISTS for a query over `series`: the series has a raw sample anywhere."""
     from app.storage.models import Series

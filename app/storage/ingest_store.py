@@ -19,6 +19,7 @@ from app.storage import chunk_reads
 from app.storage.events import add_event
 from app.storage.models import Host, IngestBatch, Instance, SampleRow
 from app.storage.rollup_late import mark_late
+from app.storage.series_generation import NewestSamples, mark_late_writes
 from app.storage.series_index import (
     Scope,
     SeriesCapExceeded,
@@ -73,6 +74,8 @@ class WriteResult:
     resets: list[str] = field(default_factory=list)  # instance URLs with a counter reset
     dropped_samples: int = 0  # samples refused one by one (negative counter values); the rest stored
     dropped: list[str] = field(default_factory=list)  # the first MAX_DROPPED_LISTED, said in words
+    # series this push created: nothing stored yet, so none of its samples can be late
+    created: set[int] = field(default_factory=set, repr=False)
 
 
 class IngestWriter:
@@ -89,6 +92,7 @@ class IngestWriter:
         self._index = SeriesIndex(self.dialect)
         self._last: dict[int, float] = {}  # series id -> last cumulative value seen
         self._configs: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._newest = NewestSamples()  # each series' newest stored sample: which writes are late
 
     # ---------------------------------------------------------------- public
     def write(self, batch: PushBatch, now: float, limits: SeriesLimits | None = None) -> WriteResult:
@@ -107,6 +111,7 @@ class IngestWriter:
             self._index.clear()
             self._last.clear()
             self._configs.clear()
+            self._newest.clear()
 
     # ---------------------------------------------------------------- internals
     def _write(self, batch: PushBatch, now: float, limits: SeriesLimits) -> WriteResult:
@@ -118,7 +123,7 @@ class IngestWriter:
                 if self._seen(conn, batch, now):
                     result.duplicate = True
                     return result
-                host_id = self._host(conn, batch, now)
+                host_id, write_seq = self._host(conn, batch, now)
                 result.host_id = host_id
                 self._check_instance_cap(conn, host_id, batch, limits)  # raises: rolled back, nothing kept
                 url_to_id: dict[str, int] = {}
@@ -173,6 +178,9 @@ class IngestWriter:
                         source="agent",
                         data=ev.data,
                     )
+                # before the insert: a sample older than its series' newest moves the series'
+                # write generation (readers that kept points past it drop them)
+                mark_late_writes(conn, host_id, write_seq, rows, self._newest, result.created)
                 if rows:
                     self._insert_samples(conn, rows)
                     mark_late(conn, rows)  # samples of minutes already rolled up: re-rolled by the job
@@ -183,6 +191,7 @@ class IngestWriter:
             self._instances.clear()
             self._index.clear()
             self._last.clear()
+            self._newest.clear()
             raise
         return result
 
@@ -225,7 +234,9 @@ class IngestWriter:
             return
         conn.execute(insert(SampleRow), [{"series_id": a, "ts_ms": b, "value": c} for a, b, c in rows])
 
-    def _host(self, conn: Connection, batch: PushBatch, now: float) -> int:
+    def _host(self, conn: Connection, batch: PushBatch, now: float) -> tuple[int, int]:
+        """The host's id and its write_seq after this push (the UPDATE takes the host row's lock:
+        pushes of one host are serialised from here on, on PostgreSQL too)."""
         hid = self._hosts.get(batch.host)
         if hid is None:
             row = conn.execute(select(Host.id).where(Host.name == batch.host)).first()
@@ -247,12 +258,18 @@ class IngestWriter:
             else:
                 hid = int(row[0])
             self._hosts[batch.host] = hid
-        conn.execute(
+        seq = conn.execute(
             update(Host)
             .where(Host.id == hid)
-            .values(last_push=now, agent_id=batch.agent_id, agent_version=batch.agent_version)
-        )
-        return hid
+            .values(
+                last_push=now,
+                agent_id=batch.agent_id,
+                agent_version=batch.agent_version,
+                write_seq=Host.write_seq + 1,
+            )
+            .returning(Host.write_seq)
+        ).scalar_one()
+        return hid, int(seq)
 
     def _check_instance_cap(self, conn: Connection, host_id: int, batch: PushBatch, limits: SeriesLimits) -> None:
         """SeriesCapExceeded when the push would take the host past its instance cap (one token
@@ -389,7 +406,7 @@ class IngestWriter:
             hits.append(hit)
             kept.append(s)
         if missing:
-            self._resolve(conn, key, url, scope, missing, types, limits, budget)
+            self._resolve(conn, key, url, scope, missing, types, limits, budget, result.created)
         resets: list[str] = []
         last = self._last
         for skey, hit, s in zip(keys, hits, kept, strict=True):
@@ -415,9 +432,12 @@ class IngestWriter:
         types: Mapping[str, str],
         limits: SeriesLimits,
         budget: list[int],
+        created: set[int],
     ) -> None:
         """Put every missing series of one scope into the cache: one SELECT of the scope's stored
-        series, one INSERT of the new ones (after the caps), one SELECT of their ids."""
+        series, one INSERT of the new ones (after the caps), one SELECT of their ids (added to
+        `created`: the host row's lock, taken first, keeps other pushes of the host out, so a new
+        row is this push's own)."""
         stored = self._index.load(conn, key)
         lks = {skey: labels_key(s.labels) for skey, s in missing.items()}
         new: list[tuple[str, str, dict[str, str], str]] = []
@@ -453,6 +473,7 @@ class IngestWriter:
         for skey in new_keys:
             got = stored[(skey[0], lks[skey])]
             scope[skey] = [got[0], got[1], 0]
+            created.add(got[0])
 
 
 @dataclass

@@ -33,6 +33,8 @@ class Host(Base):
     agent_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
     first_seen: Mapped[float] = mapped_column(Float)
     last_push: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # pushes stored for this host (app/storage/series_generation.py: is a writer's record current?)
+    write_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Instance(Base):
@@ -78,6 +80,8 @@ class Series(Base):
     labels_key: Mapped[str] = mapped_column(Text)  # canonical JSON of the labels
     labels: Mapped[dict[str, Any]] = mapped_column(JSON)
     kind: Mapped[str] = mapped_column(String(16), default="gauge")  # counter | gauge | ...
+    # bumped by a write of a sample older than the series' newest (app/storage/series_generation.py)
+    write_gen: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class SampleRow(Base):

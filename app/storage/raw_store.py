@@ -37,6 +37,7 @@ class SeriesMeta(NamedTuple):
     kind: str  # counter | gauge | ...
     host_id: int
     instance_id: int | None  # None: a host-level series
+    write_gen: int = 0  # moves when a sample older than the series' newest is written (series_generation)
 
 
 def series_meta(
@@ -48,9 +49,13 @@ def series_meta(
     everywhere: bool = False,
 ) -> list[SeriesMeta]:
     """Every series named in `names` of one instance, or the host-level series (instance_id NULL)
-    of one host, or with `everywhere` those of every instance and host; ascending by id."""
+    of one host, or with `everywhere` those of every instance and host; ascending by id. Read
+    before a series' points, its write generation says whether points kept from an earlier read
+    are still what storage holds (app/storage/series_generation.py)."""
     s = Series.__table__
-    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind, s.c.host_id, s.c.instance_id).where(s.c.name.in_(list(names)))
+    q = select(s.c.id, s.c.name, s.c.labels, s.c.kind, s.c.host_id, s.c.instance_id, s.c.write_gen).where(
+        s.c.name.in_(list(names))
+    )
     if everywhere:
         if instance_id is not None or host_id is not None:
             raise ValueError("everywhere or one target, not both")
@@ -63,8 +68,10 @@ def series_meta(
     with connected(engine) as conn:
         rows = conn.execute(q).all()
     return sorted(
-        SeriesMeta(int(sid), str(name), dict(labels or {}), str(kind), int(host), None if inst is None else int(inst))
-        for sid, name, labels, kind, host, inst in rows
+        SeriesMeta(
+            int(sid), str(name), dict(labels or {}), str(kind), int(host), None if inst is None else int(inst), int(gen)
+        )
+        for sid, name, labels, kind, host, inst, gen in rows
     )
 
 
@@ -74,6 +81,15 @@ def raw_points_from(engine: Engine | Connection, starts: Mapping[int, float], en
     hi = int(end * 1000)
     with connected(engine) as conn:
         return chunk_reads.points(conn, {sid: (int(start * 1000), hi) for sid, start in starts.items()}, seconds=True)
+
+
+def raw_points_ms(engine: Engine | Connection, ranges: Mapping[int, tuple[int, int]]) -> dict[int, list[Point]]:
+    """Raw points of each series in `ranges` over its [lo, hi] milliseconds (both ends in),
+    ascending, timestamps in seconds: the series cache's fetches (app.derived.series_cache)."""
+    if not ranges:
+        return {}
+    with connected(engine) as conn:
+        return chunk_reads.points(conn, ranges, seconds=True)
 
 
 def raw_points_named(

@@ -24,6 +24,7 @@ from app.storage.models import Series
 from app.storage.raw_store import connected
 from app.storage.rollup_buckets import HOUR_MS, MINUTE_MS, Bucket, bucket_row, fold_hours, fold_minutes, watermark
 from app.storage.rollup_models import Rollup1h, Rollup1m, RollupCarry, RollupWatermark
+from app.storage.series_generation import record_kept_from
 from app.storage.series_retention import delete_idle_series
 
 GRACE_MS = 120_000  # a minute is rolled up once it is this far in the past (late pushes)
@@ -120,6 +121,8 @@ def run_rollups(
         ids = _all_series(conn)
     # never drop raw samples that are not rolled up yet
     raw_cut = min(now_ms - int(raw_retention_s * 1000), m_wm)
+    with engine.begin() as conn:  # recorded first: readers stop serving what is about to go
+        record_kept_from(conn, raw_cut)
     for chunk in id_chunks(ids, RETENTION_CHUNK):  # short write transactions: pushes go in between
         with engine.begin() as conn:
             rep.raw_deleted += delete_raw_before(conn, chunk, raw_cut)

@@ -19,6 +19,7 @@ class HostRow(TypedDict):
     agent_version: str | None
     first_seen: float
     last_push: float | None
+    write_seq: int  # pushes stored (app/storage/series_generation.py)
 
 
 class InstanceRow(TypedDict):

@@ -4,8 +4,9 @@ The database's used size is read cheaply on both backends (SQLite: pages in use,
 list; PostgreSQL: pg_database_size). Over the budget, the oldest raw samples go first (whole
 chunks, from the oldest time on, all series together) but only those already rolled up into
 1-minute buckets: rollups stay, and no sample is lost before it is folded. The time the raw data
-now starts from is kept (rollup_watermarks, tier "raw") so the reader knows ranges before it
-have to come from rollups (app.derived.series_reader).
+now starts from is kept (rollup_watermarks, tier "raw"), recorded before the samples go, so the
+reader knows ranges before it have to come from rollups (app.derived.series_reader) and serves
+nothing before it from memory (app/storage/series_generation.py).
 """
 
 from __future__ import annotations
@@ -151,12 +152,13 @@ def apply_budget(engine: Engine, budget_bytes: int, now: float) -> BudgetReport:
         if cut <= base:
             rep.over = True
             break
+        with engine.begin() as conn:  # recorded first: readers stop serving what is about to go
+            _set_cut(conn, cut)
+        rep.cut_ms = cut
         for i in range(0, len(ids), 500):
             with engine.begin() as conn:
                 rep.samples_deleted += delete_raw_before(conn, ids[i : i + 500], cut)
-        with engine.begin() as conn:
-            _set_cut(conn, cut)
-            rep.cut_ms = cut
+        with engine.connect() as conn:
             rep.used_after = used_bytes(conn)
         if rep.used_after <= budget_bytes:
             break

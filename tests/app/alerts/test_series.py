@@ -34,7 +34,7 @@ def test_indexed_equals_plain(vals: list[float], start: float, length: float, an
 def test_cache_series_carry_a_valid_index(engine, clock) -> None:  # type: ignore[no-untyped-def]
     from pydantic import TypeAdapter
 
-    from app.alerts.inputs import SeriesCache
+    from app.alerts.inputs import SeriesInputs
     from app.storage.ingest_store import IngestWriter
     from kvcore.protocol import PushBatch
     from tests.conftest import make_batch
@@ -42,7 +42,7 @@ def test_cache_series_carry_a_valid_index(engine, clock) -> None:  # type: ignor
     w = IngestWriter(engine)
     t0 = clock()
     vals = [0, 10, 30, 5, 25, 25, 40, 3, 9, 100, 120, 1, 2, 3]
-    cache = SeriesCache(engine)
+    cache = SeriesInputs(engine)
     for i, v in enumerate(vals):
         b = make_batch(i + 1, t0 + 10 * i, samples=[("vllm:prompt_tokens_total", {}, float(v))])
         w.write(TypeAdapter(PushBatch).validate_python(b), t0 + 10 * i)

@@ -119,35 +119,26 @@ def test_worth_and_sparkline_grids_match_with_the_memo(
     assert live.incremental > 0
 
 
-def test_memo_generation_expiry_and_bound(clock: Any) -> None:
-    clock.t = 0.0
-    live = LiveValues(freeze_lag_s=10.0, ttl_s=100.0, max_values=10, clock=clock)
-    live.store(1, 1.0, 2.0, "rate", 100.0, [1.0, None, 3.0], host_id=7, generation=0, renew=True)
-    memo = live.lookup(1, 1.0, 2.0, "rate")
+def test_memo_values_hold_for_their_write_generation_only_and_are_bounded() -> None:
+    live = LiveValues(freeze_lag_s=10.0, max_values=10)
+    live.store(1, 1.0, 2.0, "rate", 100.0, [1.0, None, 3.0], gen=0)
+    memo = live.lookup(1, 1.0, 2.0, "rate", 0)
     assert memo is not None and memo.first_t == 100.0 and math.isnan(memo.values[1])
-    assert live.final_until(1, 1.0, 2.0) == 102.0
-    # a recent push changes nothing; a late one (older than the freeze lag) forgets the host's
-    # values from its timestamp on; invalidate_host forgets them all
-    live.note_push(7, oldest_ts=101.0, now=105.0)
-    assert live.final_until(1, 1.0, 2.0) == 102.0
-    live.note_push(7, oldest_ts=101.0, now=1000.0)
-    assert live.final_until(1, 1.0, 2.0) == 100.0 and live.size == 1
-    live.note_push(8, oldest_ts=0.0, now=1000.0)  # another host
-    assert live.final_until(1, 1.0, 2.0) == 100.0
-    live.invalidate_host(7)
-    assert live.lookup(1, 1.0, 2.0, "rate") is None and live.size == 0
-    # a computation that read before the replay does not store what it read
-    live.store(1, 1.0, 2.0, "rate", 100.0, [1.0], host_id=7, generation=0, renew=True)
-    assert live.lookup(1, 1.0, 2.0, "rate") is None
-    live.store(1, 1.0, 2.0, "rate", 100.0, [1.0], host_id=7, generation=live.generation(7), renew=True)
-    assert live.lookup(1, 1.0, 2.0, "rate") is not None
-    clock.t = 200.0  # past any jittered ttl (<= 125 s)
-    assert live.lookup(1, 1.0, 2.0, "rate") is None and live.final_until(1, 1.0, 2.0) is None
+    assert live.final_until(1, 1.0, 2.0, 0) == 102.0
+    # a late write moved the series' generation: its values are forgotten, whatever their age
+    assert live.final_until(1, 1.0, 2.0, 1) is None
+    assert live.lookup(1, 1.0, 2.0, "rate", 0) is None and live.size == 0
+    # a computation that read before the late write stores under the old generation: not used
+    live.store(1, 1.0, 2.0, "rate", 100.0, [1.0], gen=1)
+    live.store(1, 1.0, 2.0, "gauge", 100.0, [1.0], gen=0)
+    assert live.lookup(1, 1.0, 2.0, "gauge", 1) is None and live.lookup(1, 1.0, 2.0, "rate", 1) is not None
+    # no time-to-live: values are kept as long as the generation holds
+    assert live.final_until(1, 1.0, 2.0, 1) == 100.0
     # bounded: the least recently used series go first
     for sid in range(2, 8):
-        live.store(sid, 1.0, 2.0, "rate", 0.0, [1.0, 2.0, 3.0], host_id=1, generation=0, renew=True)
+        live.store(sid, 1.0, 2.0, "rate", 0.0, [1.0, 2.0, 3.0], gen=0)
     assert live.size <= 10
-    assert live.lookup(7, 1.0, 2.0, "rate") is not None and live.lookup(2, 1.0, 2.0, "rate") is None
+    assert live.lookup(7, 1.0, 2.0, "rate", 0) is not None and live.lookup(2, 1.0, 2.0, "rate", 0) is None
 
 
 def test_rate_series_equals_rate_at_at_every_instant() -> None:

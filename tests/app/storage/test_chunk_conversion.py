@@ -18,11 +18,12 @@ from sqlalchemy import Engine, func, select
 from app.ingest.parse import parse_batch
 from app.storage import chunk_reads
 from app.storage.chunk_seal import seal_head
-from app.storage.engine import make_engine, upgrade
+from app.storage.engine import make_engine, open_database, upgrade
 from app.storage.ingest_store import IngestWriter
 from app.storage.models import SampleChunk, SampleRow, Series
 from app.storage.raw_store import raw_points_from
 from tests.app.dashboard.recorded import opened_app, recorded_batches
+from tests.app.storage.test_upgrades import _copy_rows as copy_rows
 from tests.waits import wait_until
 
 T0 = 1_780_000_000.0
@@ -41,14 +42,21 @@ while seal_head(engine, float(sys.argv[2]), batch=1, max_batches=1).samples:
 
 
 def _old_database(db: Path) -> tuple[Engine, list[dict[str, Any]]]:
-    engine = make_engine(f"sqlite:///{db}")
-    upgrade(engine, PREVIOUS_HEAD)
+    # today's ingest writes into a database at the head (it writes columns 0012 did not have:
+    # series.write_gen, hosts.write_seq), whose rows are then copied into one at 0012
+    pushed = db.with_name("pushed.db")
+    head = open_database(f"sqlite:///{pushed}")
     batches = recorded_batches(T0 - 4 * 3600, 1400, interval=10.0, reset_at=600)
-    writer = IngestWriter(engine)  # today's ingest writes only what 0012 had: hosts ... samples
+    writer = IngestWriter(head)
     for b in batches:
         now = b["sent_at"] + 0.5
         writer.write(parse_batch(json.dumps(b).encode(), now, max_future_skew_s=60, max_past_age_s=1e9), now)
-    return engine, batches
+    head.dispose()
+    engine = make_engine(f"sqlite:///{db}")
+    upgrade(engine, PREVIOUS_HEAD)
+    engine.dispose()
+    copy_rows(pushed, db)
+    return make_engine(f"sqlite:///{db}"), batches
 
 
 def _all_points(engine: Engine) -> dict[int, list[tuple[float, float]]]:
