@@ -360,6 +360,11 @@ def test_windows_announced_before_the_counters_first_sample_are_left_out_of_the_
     assert rc["status"] == "ok", rc
     assert rc["announced_tokens"] == 100 * 128 and rc["windows_left_out"] == 1
     assert rc["expected_low"] == 12_900 - 10 * 127
+    # the page sets the announced tokens against the band they are checked against, and names
+    # both counters of it: beside local_compute alone, a tier's reloads would read as a mismatch
+    page = client.get(f"/instances/{instance_id(client)}/sizing").text
+    assert "12,800 announced, expected 11,630-12,900: 12,900 <code>local_compute</code> + 0" in page
+    assert "<code>external_kv_transfer</code>" in page
 
 
 def test_the_optimal_bound_splits_the_gap_to_the_unbounded_tier_into_policy_and_capacity(
