@@ -428,8 +428,8 @@ def start_apps(args: argparse.Namespace, work: Path) -> tuple[list[subprocess.Po
     env = {**os.environ, "KVSCOPE_DATA_DIR": str(work), "KVSCOPE_SECRET_KEY": secrets.token_urlsafe(24)}
     cluster = None
     if args.db == "postgres":
-        sys.path.insert(0, str(REPO / "tests"))
-        from pg import start_cluster  # the tests' throwaway PostgreSQL
+        sys.path.insert(0, str(REPO))  # tests.pg; not tests/ itself: tests/agent would shadow agent
+        from tests.pg import start_cluster  # the tests' throwaway PostgreSQL
 
         cluster = start_cluster()
         env["KVSCOPE_DATABASE_URL"] = cluster.url(cluster.new_database("load"))

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # tests.scale.prom; not tests/ itself: tests/agent would shadow agent
 sys.path.insert(0, str(REPO / "bench"))
 
 URL = "http://10.9.0.1:8000"
@@ -127,13 +127,12 @@ def main() -> int:
     ap.add_argument("--no-postgres", action="store_true")
     args = ap.parse_args()
 
-    from scale.prom import PromServer, backfill_chunked, binaries
-
     from app.derived.instance_charts import CHARTS
     from app.derived.panels import make_scope
     from app.derived.worth import compute_worth
     from app.export.prometheus_source import PrometheusSource, instance_target, prometheus_scope
     from app.storage.series_store import list_instances
+    from tests.scale.prom import PromServer, backfill_chunked, binaries
 
     work = Path(tempfile.mkdtemp(prefix="kvscope-qb-"))
     now = math.floor(time.time() / 60) * 60.0

@@ -54,7 +54,6 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 INTERVAL = 1.0
@@ -258,7 +257,7 @@ def store_bytes(db: Path) -> tuple[int, int, dict[str, int]]:
 
 
 def prometheus_bytes(make: Callable[[], Iterator[dict[str, Any]]], work: Path) -> tuple[int, int] | None:
-    from scale.prom import backfill, binaries, openmetrics
+    from tests.scale.prom import backfill, binaries, openmetrics
 
     bins = binaries()
     if bins is None:
