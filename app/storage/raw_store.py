@@ -1,7 +1,7 @@
 """Raw-sample primitives (what to read is decided above, in app.derived.series_reader): series
 metadata alone, points from a per-series start time (a live refresh reads only what it has not
-seen yet), points of named series of every instance at once, and reset-corrected counter
-increases. Points come from the head and the chunks together (app.storage.chunk_reads).
+seen yet), and reset-corrected counter increases. Points come from the head and the chunks
+together (app.storage.chunk_reads).
 """
 
 from __future__ import annotations
@@ -90,19 +90,6 @@ def raw_points_ms(engine: Engine | Connection, ranges: Mapping[int, tuple[int, i
         return {}
     with connected(engine) as conn:
         return chunk_reads.points(conn, ranges, seconds=True)
-
-
-def raw_points_named(
-    engine: Engine | Connection, names: Sequence[str], start: float, end: float
-) -> dict[int, list[Point]]:
-    """Raw points over [start, end] of every series named in `names`, of every instance and host,
-    ascending; series without points are absent."""
-    s = Series.__table__
-    lo, hi = int(start * 1000), int(end * 1000)
-    with connected(engine) as conn:
-        ids = [int(sid) for (sid,) in conn.execute(select(s.c.id).where(s.c.name.in_(list(names))).order_by(s.c.id))]
-        got = chunk_reads.points(conn, dict.fromkeys(ids, (lo, hi)), seconds=True)
-    return {sid: pts for sid, pts in got.items() if pts}
 
 
 def counter_increases(engine: Engine, ids: Sequence[int], start: float, end: float) -> dict[int, float]:
