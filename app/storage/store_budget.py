@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, func, insert, select, text, update
-from sqlalchemy.exc import OperationalError
 
 from app.storage import chunk_reads
 from app.storage.chunk_seal import delete_raw_before
@@ -65,28 +64,6 @@ def used_bytes(conn: Connection) -> int:
     if conn.dialect.name == "postgresql":
         return int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
     return 0
-
-
-def table_bytes(conn: Connection, names: tuple[str, ...]) -> int | None:
-    """Bytes of the named tables and indexes: SQLite's dbstat (None when it is not compiled in),
-    PostgreSQL's relation sizes."""
-    if conn.dialect.name == "sqlite":
-        try:
-            marks = ", ".join("?" for _ in names)
-            got = conn.exec_driver_sql(f"SELECT SUM(pgsize) FROM dbstat WHERE name IN ({marks})", names).scalar()
-        except OperationalError:  # no dbstat in this SQLite build
-            return None
-        return int(got or 0)
-    if conn.dialect.name == "postgresql":
-        total = 0
-        for name in names:
-            if name.startswith("uq_"):
-                continue  # counted with its table
-            total += int(
-                conn.execute(text("SELECT pg_total_relation_size(CAST(:t AS regclass))"), {"t": name}).scalar_one()
-            )
-        return total
-    return None
 
 
 def store_usage(engine: Engine, budget_bytes: int) -> StoreUsage:
