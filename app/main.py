@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.gzip import GZipMiddleware
 
 from app.ab.api import install as install_ab
+from app.alerts.api import checked_rules
 from app.alerts.api import install as install_alerts
 from app.auth import guard
 from app.auth.install import install as install_auth
@@ -53,9 +54,16 @@ PARTS: tuple[Part, ...] = (
 )
 
 
+def check_settings(settings: Settings) -> None:
+    """What the parts check of the settings beyond their shape (raises UserError): run before the
+    database is opened, so a bad setting stops the app before any migration has run."""
+    checked_rules(settings)
+
+
 def create_app(
     settings: Settings, *, engine: Engine | None = None, clock: Clock = time.time, start_jobs: bool | None = None
 ) -> FastAPI:
+    check_settings(settings)
     engine = engine or open_database(settings.effective_database_url)
     ctx = AppContext(
         settings=settings,

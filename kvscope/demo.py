@@ -271,7 +271,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     from app.auth import local_access
     from app.cli import check_port_free
-    from app.main import create_app
+    from app.main import check_settings, create_app
     from app.settings import default_data_dir, load_settings
     from app.storage.backup import hold_serving_lock
     from app.storage.engine import open_database
@@ -302,6 +302,7 @@ def run_demo(args: argparse.Namespace) -> int:
             )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    check_settings(settings)  # a bad setting stops here, before any migration runs
     engine = open_database(settings.effective_database_url)
     hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
     now = time.time()

@@ -93,7 +93,7 @@ def _run_up(args: argparse.Namespace) -> int:
     from agent.cli import build_agent, kv_events_source, parse_interval
     from app.auth import local_access
     from app.cli import check_port_free, settings_from_args
-    from app.main import create_app
+    from app.main import check_settings, create_app
     from app.storage.backup import hold_serving_lock
     from app.storage.engine import open_database
     from kvscope import up_server
@@ -125,6 +125,7 @@ def _run_up(args: argparse.Namespace) -> int:
         )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    check_settings(settings)  # a bad setting stops here, before any migration runs
     engine = open_database(settings.effective_database_url)
     hold_serving_lock(settings.effective_database_url)  # `kvscope restore` refuses while it is held
     host_name = socket.gethostname()

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +33,7 @@ from app.alerts.views import (
 )
 from app.auth.roles import OPERATOR, VIEWER, requires
 from app.context import AppContext
+from app.settings import Settings
 from app.storage import alerts_store as store
 from app.web import csrf
 from app.web.deps import CtxDep, DbId, OptionalDbIdQuery
@@ -47,12 +50,18 @@ STATE_FILTERS = {
 }
 
 
-def install(app: FastAPI, ctx: AppContext) -> None:
-    s = ctx.settings.alerts
-    try:  # the settings checked only the shape; which rules and parameters exist is this part's
-        rule_settings = validate_overrides(s.rules)
+def checked_rules(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The rule overrides, checked: the settings checked only their shape; which rules and
+    parameters exist is this part's. Raises UserError (checked before the database is opened)."""
+    try:
+        return validate_overrides(settings.alerts.rules)
     except ParamError as exc:
         raise UserError(f"bad setting alerts.rules: {exc}") from None
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    s = ctx.settings.alerts
+    rule_settings = checked_rules(ctx.settings)
     ev = Evaluator(
         ctx.engine,
         rule_settings=rule_settings,

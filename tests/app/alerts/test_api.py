@@ -238,6 +238,19 @@ def test_the_app_refuses_at_start_a_rule_or_parameter_that_does_not_exist(tmp_pa
         started({"ttft_p95": {"budget_s": "soon"}})
 
 
+def test_a_bad_rule_setting_stops_the_app_before_the_database_is_opened(tmp_path: Any) -> None:
+    """`kvscope serve` with an unknown rule used to migrate the database first and then stop."""
+    from app.main import create_app
+    from app.settings import load_settings
+
+    s = load_settings(None, data_dir=str(tmp_path), alert_rules={"nope": {}})
+    db = tmp_path / "kvscope.db"
+    assert s.effective_database_url == f"sqlite:///{db}"
+    with pytest.raises(UserError, match=r"bad setting alerts\.rules: unknown alert rule"):
+        create_app(s, start_jobs=False)
+    assert not db.exists()  # nothing created, nothing migrated
+
+
 def test_settings_refuse_rule_tables_of_the_wrong_shape_or_size(tmp_path: Any) -> None:
     from app.settings import MAX_RULE_OVERRIDES, MAX_RULE_PARAMS, load_settings
 
