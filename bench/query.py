@@ -23,7 +23,9 @@ Against an older commit in the same run (the "no slower than before" check):
 
     python bench/query.py --baseline-rev 00dec04 --rounds 5 --days 8 --repeat 7 --keep DIR
 
-checks REV out into a git worktree of its own (DIR/src-REV), then runs this commit's bench and
+checks REV out into a git worktree of its own (DIR/src-REV) (an older revision whose dependencies
+differ runs under --baseline-python, a venv with its own: e.g. `uv venv DIR/venv && uv pip install
+--python DIR/venv/bin/python 'DIR/src-REV[app,dev]'`), then runs this commit's bench and
 REV's own bench/query.py (each on its own seeded database, DIR/db-new and DIR/db-REV, seeded
 once and reused) one after the other, alternating which goes first, --rounds times; each run is a
 fresh process. It prints, per chart, the median over the rounds of each run's median CPU ms and
@@ -187,6 +189,11 @@ def main() -> int:
     ap.add_argument("--keep", help="keep the seeded database in this folder; reuse it when it is already seeded")
     ap.add_argument("--baseline-rev", help="also run the bench of this git revision, alternating; compare")
     ap.add_argument("--rounds", type=int, default=3, help="with --baseline-rev: runs of each")
+    ap.add_argument(
+        "--baseline-python",
+        default=sys.executable,
+        help="with --baseline-rev: the interpreter its bench runs under (a venv with that revision's dependencies)",
+    )
     args = ap.parse_args()
     if args.baseline_rev:
         return compare(args)
@@ -320,19 +327,19 @@ def compare(args: argparse.Namespace) -> int:
     (src / "tests" / "__init__.py").touch(exist_ok=True)
     common = ["--days", f"{args.days:g}", "--repeat", str(args.repeat), "--ranges", args.ranges]
     sides = {
-        "new": (ROOT, [*common, "--keep", str(work / "db-new")]),
-        rev: (src, [*common, "--keep", str(work / f"db-{rev}")]),
+        "new": (ROOT, sys.executable, [*common, "--keep", str(work / "db-new")]),
+        rev: (src, args.baseline_python, [*common, "--keep", str(work / f"db-{rev}")]),
     }
     got: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for side in order:
-            root, extra = sides[side]
+            root, python, extra = sides[side]
             # the side's own code first on the path (its bench puts its root first; so does this)
             env = {**os.environ, "PYTHONPATH": str(root)}
             t = time.perf_counter()
             run = subprocess.run(
-                [sys.executable, str(root / "bench" / "query.py"), *extra],
+                [python, str(root / "bench" / "query.py"), *extra],
                 cwd=root,
                 env=env,
                 capture_output=True,
