@@ -15,14 +15,19 @@ from app.web.text import readable
 # Inside <script> the HTML parser ends the element at `</script`, and `<!--` + `<script` switch it
 # to the "double-escaped" state that swallows the rest of the page: no `<` may reach a script block
 # as itself. `>` and `&` too (CDATA-ish tricks), and U+2028/2029 (line ends in old JS parsers).
-_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+# (str.replace per character, not str.translate: translate looks every character up in a dict,
+# ~40x slower on a chart's 30 kB of JSON)
+_SCRIPT_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
 
 
 def script_json(obj: Any, *, allow_nan: bool = False) -> Markup:
     """JSON safe to embed in a <script> element (type application/json or JS): the one place the
     pages' figure JSON goes through (`| script_json`, figure_json). Jinja's own `| tojson` escapes
     the same way (<, >, &, ')."""
-    text = json.dumps(obj, separators=(",", ":"), allow_nan=allow_nan).translate(_SCRIPT_ESCAPES)
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=allow_nan)
+    for char, escaped in _SCRIPT_ESCAPES:
+        if char in text:
+            text = text.replace(char, escaped)
     return Markup(text)
 
 
