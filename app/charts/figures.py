@@ -45,7 +45,10 @@ def _plain_texts(node: Any, key: str = "") -> Any:
     if isinstance(node, dict):
         return {k: _plain_texts(v, k) for k, v in node.items()}
     if isinstance(node, list):
-        return [_plain_texts(v, key) for v in node]
+        if key in _TEXT_KEYS:
+            return [_plain_texts(v, key) for v in node]
+        # elsewhere only nested dicts / lists hold texts: a trace's 1,600 y values pass as they are
+        return [_plain_texts(v, key) if isinstance(v, dict | list) else v for v in node]
     if isinstance(node, str) and key in _TEXT_KEYS:
         return plain(node)
     return node
@@ -253,10 +256,12 @@ def compact(fig: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _round(v: Any) -> Any:
-    if not isinstance(v, float) or v == 0.0 or not math.isfinite(v):
+def _round(v: Any, _floor: Any = math.floor, _log10: Any = math.log10) -> Any:
+    # v - v is 0.0 for a finite float only (nan and inf give nan); the lookups bound as defaults:
+    # this runs for every y value of every chart
+    if not isinstance(v, float) or v == 0.0 or v - v != 0.0:
         return v
-    return round(v, SIG_DIGITS - 1 - math.floor(math.log10(abs(v))))
+    return round(v, SIG_DIGITS - 1 - _floor(_log10(abs(v))))
 
 
 SPARK_MARKERS_BELOW = 30  # fewer present points than this: draw markers too (a lone point shows)
