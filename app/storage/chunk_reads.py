@@ -13,7 +13,8 @@ overlap (the usual case) are just concatenated.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any
 
@@ -158,32 +159,60 @@ def _head_sqlite(conn: Connection, ids: list[int], lo: int, hi: int, seconds: bo
         cur.close()
 
 
-def tail_ts(conn: Connection, sid: int, lo: int, hi: int, limit: int) -> list[int]:
-    """The timestamps (ms) of the last `limit` raw points of a series in [lo, hi], ascending: the
-    head's newest rows, then chunks from the newest back until there are enough (a long range
-    decodes only its end)."""
+_TAIL_HEAD = "SELECT ts_ms FROM samples WHERE series_id = ? AND ts_ms >= ? AND ts_ms <= ? ORDER BY ts_ms DESC LIMIT ?"
+_TAIL_CHUNKS = (
+    "SELECT start_ms, end_ms, n, data FROM sample_chunks WHERE series_id = ? AND end_ms >= ? AND start_ms <= ? "
+    "UNION ALL SELECT start_ms, end_ms, n, data FROM open_chunks WHERE series_id = ? AND end_ms >= ? "
+    "AND start_ms <= ? ORDER BY end_ms DESC"
+)
+
+
+@contextmanager
+def _tail_rows(conn: Connection, sid: int, lo: int, hi: int, limit: int) -> Iterator[tuple[list[Any], Iterable[Any]]]:
+    """The head's newest timestamps (descending) and the chunks' (start, end, n, data), newest
+    first, read lazily: on SQLite through the driver's cursor (the charts' scrape-gap read, once
+    per chart; the statement objects cost more than the read)."""
+    if conn.dialect.name == "sqlite":
+        cur = conn.connection.cursor()
+        try:
+            head = cur.execute(_TAIL_HEAD, (sid, lo, hi, limit)).fetchall()
+            yield head, cur.execute(_TAIL_CHUNKS, (sid, lo, hi, sid, lo, hi))
+        finally:
+            cur.close()
+        return
     h, o, c = SampleRow.__table__.c, OpenChunk.__table__.c, SampleChunk.__table__.c
-    head = [
-        int(t)
-        for (t,) in conn.execute(
+    head = list(
+        conn.execute(
             select(h.ts_ms)
             .where(h.series_id == sid, h.ts_ms >= lo, h.ts_ms <= hi)
             .order_by(h.ts_ms.desc())
             .limit(limit)
         )
-    ]
-    head.reverse()
+    )
     chunks = union_all(
         select(c.start_ms, c.end_ms, c.n, c.data).where(c.series_id == sid, c.end_ms >= lo, c.start_ms <= hi),
         select(o.start_ms, o.end_ms, o.n, o.data).where(o.series_id == sid, o.end_ms >= lo, o.start_ms <= hi),
     ).subquery()
+    result = conn.execute(select(chunks).order_by(chunks.c.end_ms.desc()))
+    try:
+        yield head, result
+    finally:
+        result.close()
+
+
+def tail_ts(conn: Connection, sid: int, lo: int, hi: int, limit: int) -> list[int]:
+    """The timestamps (ms) of the last `limit` raw points of a series in [lo, hi], ascending: the
+    head's newest rows, then chunks from the newest back until there are enough (a long range
+    decodes only its end). The head is read first, as in `points`."""
     got: list[tuple[int, int, bytes]] = []
-    held = len(head)
-    for start, end, n, data in conn.execute(select(chunks).order_by(chunks.c.end_ms.desc())):
-        got.append((int(start), int(end), bytes(data)))
-        held += int(n)
-        if held >= 2 * limit:  # twice: a chunk and the head may hold the same samples
-            break
+    with _tail_rows(conn, sid, lo, hi, limit) as (head_rows, chunk_rows):
+        head = [int(t) for (t,) in reversed(head_rows)]
+        held = len(head)
+        for start, end, n, data in chunk_rows:
+            got.append((int(start), int(end), bytes(data)))
+            held += int(n)
+            if held >= 2 * limit:  # twice: a chunk and the head may hold the same samples
+                break
     ts = [t for t, _ in _merge(_chunk_points(got, lo, hi, False), [(t, 0.0) for t in head])] if got else head
     return ts[-limit:]
 
