@@ -248,3 +248,37 @@ def test_on_either_database_sealing_changes_no_read_and_merges_late_and_repeated
     for key in want:
         if key != "count":
             assert got[key] == want[key], key
+
+
+@pytest.mark.both_databases
+def test_on_either_database_the_scrape_gap_read_is_the_end_of_the_full_read_wherever_the_samples_lie(
+    engine: Engine,
+) -> None:
+    """chunk_reads.tail_ts (the charts' scrape-gap read) against the full read of the same range:
+    samples in several sealed chunks, in the open chunk and in the head, late ones merged into
+    chunks; the series with the most sealed chunks, so that the read has to go back chunk by chunk."""
+    batches = recorded_batches(T0 - 3 * 3600, 1500, interval=7.0)
+    writer = _push(engine, batches[:600] + batches[800:1200])
+    now = batches[-1]["sent_at"] + 1
+    seal_head(engine, now, batch=9)
+    _push(engine, batches[600:800] + batches[1200:], writer)  # late into sealed chunks, then a head
+    seal_head(engine, batches[1300]["sent_at"], batch=9)  # part of the new ones sealed, the rest stay rows
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(SampleRow)).scalar_one() > 0
+        sid, sealed = conn.execute(
+            select(SampleChunk.series_id, func.count())
+            .group_by(SampleChunk.series_id)
+            .order_by(func.count().desc(), SampleChunk.series_id)
+        ).first() or (0, 0)
+        assert sealed >= 3
+        spans = [
+            (int((T0 - 4 * 3600) * 1000), int(now * 1000)),
+            (int(batches[500]["sent_at"] * 1000), int(batches[1250]["sent_at"] * 1000)),
+            (int(batches[1400]["sent_at"] * 1000), int(now * 1000)),
+        ]
+        for lo, hi in spans:
+            full = [t for t, _ in chunk_reads.points(conn, {sid: (lo, hi)})[sid]]
+            assert len(full) > 30
+            for limit in (1, 7, 30, len(full) // 2, len(full), len(full) + 50):
+                assert chunk_reads.tail_ts(conn, sid, lo, hi, limit) == full[-limit:], (lo, hi, limit)
+        assert chunk_reads.tail_ts(conn, sid, int(now * 1000) + 1, int(now * 1000) + 5, 10) == []
