@@ -28,9 +28,9 @@ differ runs under --baseline-python, a venv with its own: e.g. `uv venv DIR/venv
 --python DIR/venv/bin/python 'DIR/src-REV[app,dev]'`), then runs this commit's bench and
 REV's own bench/query.py (each on its own seeded database, DIR/db-new and DIR/db-REV, seeded
 once and reused) one after the other, alternating which goes first, --rounds times; each run is a
-fresh process. It prints, per chart, the median over the rounds of each run's median CPU ms and
-the ratio new / baseline (CPU time of the bench's process: what the server did, less disturbed
-than wall time on a shared machine).
+fresh process. It prints, per chart, the median over the rounds of each run's median CPU ms (with
+--stat best: each run's best CPU ms) and the ratio new / baseline (CPU time of the bench's
+process: what the server did, less disturbed than wall time on a shared machine).
 """
 
 from __future__ import annotations
