@@ -8,6 +8,7 @@ from typing import Any
 from app.alerts.hints import offload_configured
 from app.alerts.rule_io import RuleResult, TargetData
 from app.alerts.series import latest, latest_min
+from app.derived.fleet import not_scraped_for
 
 HOST_AVAILABLE = "kvscope:host_memory_available_bytes"
 HOST_TOTAL = "kvscope:host_memory_total_bytes"
@@ -38,7 +39,9 @@ def _since_app_start(info: Mapping[str, Any], last: float, now: float, after: fl
 
 def instance_down(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleResult:
     """No good scrape for down_after_s, or /health failing. Unknown while the agent itself is
-    stale (agent_stale covers that; no second alert for the same silence)."""
+    stale (agent_stale covers that; no second alert for the same silence), and once the agent
+    scrapes the host's other instances but not this one for down_after_s (it left the agent's
+    targets or moved to another port: no server to call down; the dashboard shows it "gone")."""
     info = data.info
     host_push = _f(info.get("host_last_push"))
     if host_push is None or now - host_push > float(p["agent_stale_s"]):
@@ -46,6 +49,10 @@ def instance_down(data: TargetData, now: float, p: Mapping[str, Any]) -> RuleRes
     last_ok = _f(info.get("last_ok"))
     last_scrape = _f(info.get("last_scrape"))
     down_after = float(p["down_after_s"])
+    if (gone := not_scraped_for(info)) > down_after:
+        return RuleResult(
+            None, message=f"not scraped by its agent for {gone:.0f} s while it scrapes the host's others: gone"
+        )
     err = str(info.get("last_error") or "")[:200]
     if last_ok is None:
         first = _f(info.get("first_seen")) or now

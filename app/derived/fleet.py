@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Engine
@@ -22,7 +23,7 @@ RESTART_KINDS = ("restart", "rollout")
 class InstanceOverview(InstanceRow):
     """An instance row with what the overview shows of it."""
 
-    state: str  # up | down | restarting | stale
+    state: str  # up | down | restarting | stale | gone (instance_state)
     kv_dtype: Any  # cache_dtype of cache_config_info, "n/a" when unknown
     block_size: Any  # block_size of cache_config_info (a label value), None when unknown
     offload: str  # describe_offload
@@ -38,16 +39,35 @@ class HostOverview(HostRow):
 
 
 def instance_state(inst: InstanceRow, now: float, stale_after: float, recent_restart: bool = False) -> str:
-    """up | down | restarting | stale (the host's agent has not pushed for stale_after seconds).
+    """up | down | restarting | stale | gone.
+    stale: the host's agent has not pushed for stale_after seconds, so nothing about it is known.
+    gone: the agent pushes and scrapes other instances of the host, but this one's last scrape is
+    stale_after older than their newest: the agent no longer scrapes it (taken out of its targets,
+    or the server moved to another port). Told by the host's own scrapes, not by `now`, so a
+    spooled backlog replayed after an outage (every instance equally old) is not "gone".
     "restarting" only when the caller knows of a recent restart (state_of reads the events)."""
     last_push = inst.get("host_last_push")
     if last_push is None or now - float(last_push) > stale_after:
         return "stale"
     last_ok, last_scrape = inst.get("last_ok"), inst.get("last_scrape")
+    if not_scraped_for(inst) > stale_after:
+        return "gone"
     down = last_ok is None or (last_scrape is not None and last_ok < last_scrape) or inst.get("healthy") is False
     if down:
         return "restarting" if recent_restart else "down"
     return "up"
+
+
+def not_scraped_for(info: Mapping[str, Any]) -> float:
+    """Seconds between the newest scrape of any instance of the host and this instance's last
+    scrape (0 when either is unknown): how long its agent has scraped others but not it."""
+    mine, newest = info.get("last_scrape"), info.get("host_last_scrape")
+    if mine is None or newest is None:
+        return 0.0
+    try:
+        return max(0.0, float(newest) - float(mine))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def state_of(engine: Engine, inst: InstanceRow, now: float, stale_after: float) -> str:
@@ -138,4 +158,6 @@ def overview(
         host = hosts.get(inst["host_id"])
         if host is not None:
             host["instances"].append(inst_out)
+    for host in hosts.values():  # the servers its agent scrapes first, the ones it left after
+        host["instances"].sort(key=lambda i: i["state"] == "gone")
     return list(hosts.values())

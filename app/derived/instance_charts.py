@@ -32,6 +32,8 @@ def _no_data_reason(scope: Scope, what: str) -> str:
         return f"agent stale: no push from this host recently, so no {what} in this range"
     if scope.state == "down":
         return f"instance down: no {what} in this range"
+    if scope.state == "gone":
+        return f"its agent no longer scrapes this instance: no {what} in this range"
     return f"no {what} in this range (the server does not expose it, or nothing was recorded yet)"
 
 

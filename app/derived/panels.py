@@ -59,7 +59,7 @@ class Scope:
     instance: InstanceRow
     grid: Grid
     now: float
-    state: str  # up | down | restarting | stale
+    state: str  # up | down | restarting | stale | gone (app.derived.fleet.instance_state)
     lookback: float
     live: LiveValues | None = None  # raw tier: reuse final values of earlier refreshes (pages)
     raw_since: float | None = None  # raw samples are kept from here on (range increases read them)

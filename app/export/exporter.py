@@ -74,6 +74,11 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef("instance_stale", "1 when the agent of this instance's host stopped pushing", INSTANCE_LABELS),
     MetricDef(
+        "instance_gone",
+        "1 when the host's agent scrapes its other instances but no longer this one",
+        INSTANCE_LABELS,
+    ),
+    MetricDef(
         "instance_gpu_prefix_cache_hit_ratio",
         "GPU prefix-cache hit ratio: rate(prefix_cache_hits) / rate(prefix_cache_queries), 0..1",
         INSTANCE_LABELS,
@@ -177,11 +182,12 @@ def derive(
         }
         out.append(("instance_up", lab, 1.0 if state == "up" else 0.0))
         out.append(("instance_stale", lab, 1.0 if state == "stale" else 0.0))
+        out.append(("instance_gone", lab, 1.0 if state == "gone" else 0.0))
         cfg = offload_configured_bytes(inst.get("cache_config"))
         if cfg is not None:
             out.append(("instance_offload_configured_bytes", lab, cfg))
-        if state == "stale":
-            continue  # no fresh data: a silent host exports no rates rather than stale ones
+        if state in ("stale", "gone"):
+            continue  # no fresh data: a silent host or a dropped target exports no rates rather than stale ones
         out.extend(_instance_samples(by_inst.get(int(inst["id"]), {}), lab, now, window))
     for hid, (hname, last_push) in sorted(hosts.items()):
         hl = {"host": hname}

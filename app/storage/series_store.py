@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict, cast
 
-from sqlalchemy import Engine, Table, select
+from sqlalchemy import Engine, Select, Table, func, select
 
 from app.storage.models import Host, Instance, Series
 from app.storage.rows import typed_row
@@ -43,6 +43,7 @@ class InstanceRow(TypedDict):
     offload_config: dict[str, Any]  # labels of vllm:kv_offload_config_info (JSON)
     host: str  # hosts.name
     host_last_push: float | None  # hosts.last_push
+    host_last_scrape: float | None  # the newest last_scrape of the host's instances
 
 
 def list_hosts(engine: Engine) -> list[HostRow]:
@@ -53,26 +54,27 @@ def list_hosts(engine: Engine) -> list[HostRow]:
         ]
 
 
-def list_instances(engine: Engine) -> list[InstanceRow]:
+def _instance_select() -> Select[Any]:
+    """Instances with their host's name, last push and newest scrape of any of its instances
+    (what app.derived.fleet.instance_state tells "gone" by)."""
     i = cast(Table, Instance.__table__)
     h = cast(Table, Host.__table__)
-    q = (
-        select(i, h.c.name.label("host"), h.c.last_push.label("host_last_push"))
-        .join(h, h.c.id == i.c.host_id)
-        .order_by(h.c.name, i.c.url)
-    )
+    peer = i.alias("peer")
+    newest = select(func.max(peer.c.last_scrape)).where(peer.c.host_id == i.c.host_id).scalar_subquery()
+    return select(
+        i, h.c.name.label("host"), h.c.last_push.label("host_last_push"), newest.label("host_last_scrape")
+    ).join(h, h.c.id == i.c.host_id)
+
+
+def list_instances(engine: Engine) -> list[InstanceRow]:
+    h = cast(Table, Host.__table__)
+    q = _instance_select().order_by(h.c.name, Instance.url)
     with engine.connect() as conn:
         return [typed_row(InstanceRow, r._mapping) for r in conn.execute(q)]
 
 
 def get_instance(engine: Engine, instance_id: int) -> InstanceRow | None:
-    i = cast(Table, Instance.__table__)
-    h = cast(Table, Host.__table__)
-    q = (
-        select(i, h.c.name.label("host"), h.c.last_push.label("host_last_push"))
-        .join(h, h.c.id == i.c.host_id)
-        .where(i.c.id == instance_id)
-    )
+    q = _instance_select().where(Instance.id == instance_id)
     with engine.connect() as conn:
         row = conn.execute(q).first()
     return typed_row(InstanceRow, row._mapping) if row else None

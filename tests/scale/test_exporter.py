@@ -216,7 +216,13 @@ def test_derive_without_data_exports_only_state() -> None:
     }
     out = derive([inst], [], now, 60.0, 30.0)
     names = sorted({n for n, _, _ in out})
-    assert names == ["exporter_window_seconds", "host_last_push_age_seconds", "instance_stale", "instance_up"]
+    assert names == [
+        "exporter_window_seconds",
+        "host_last_push_age_seconds",
+        "instance_gone",
+        "instance_stale",
+        "instance_up",
+    ]
     # One point per series is not a rate: nothing is made up.
     one = [
         TieredSeries(1, "vllm:prefix_cache_hits_total", {}, "counter", "raw", 0.0, [(now - 1, 5.0)], [], 1, 1),

@@ -27,7 +27,7 @@ def _columns(model: Any) -> list[str]:
 
 def test_row_types_name_their_columns() -> None:
     assert list(HostRow.__annotations__) == _columns(Host)
-    assert list(InstanceRow.__annotations__) == [*_columns(Instance), "host", "host_last_push"]
+    assert list(InstanceRow.__annotations__) == [*_columns(Instance), "host", "host_last_push", "host_last_scrape"]
     assert list(EventRow.__annotations__) == _columns(Event)
     assert set(TokenRow.__annotations__) == set(_columns(AgentToken)) - {"id", "token_hash"}  # never the hash
     assert set(SizingWindowRow.__annotations__) <= set(_columns(SizingWindow))
@@ -61,6 +61,7 @@ def test_stores_return_their_row_types(engine: Any) -> None:
     [inst] = list_instances(engine)
     assert list(inst) == list(InstanceRow.__annotations__)
     assert (inst["host"], inst["url"], inst["model"], inst["host_last_push"]) == ("rig1", URL, "m", T0)
+    assert inst["host_last_scrape"] == inst["last_scrape"]  # its only instance: the newest scrape is its own
     assert inst["cache_config"] == {"block_size": "16", "cache_dtype": "auto"}
     assert get_instance(engine, inst["id"]) == inst
 
