@@ -132,6 +132,35 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def demo_ports(data_dir: Path) -> dict[str, int]:
+    """Each simulated server's port: the one it had in the last demo on this data folder while it
+    is free, so a restarted demo keeps its instances (an instance is its host and URL), else a
+    free one. Kept in demo-ports.json; a missing or garbled file means fresh ports."""
+    path = data_dir / "demo-ports.json"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    ports: dict[str, int] = {}
+    for srv in SERVERS:
+        p = old.get(srv.key) if isinstance(old, dict) else None
+        taken = set(ports.values())
+        good = isinstance(p, int) and not isinstance(p, bool) and 1024 < p < 65536 and p not in taken
+        ports[srv.key] = p if good and _port_free(p) else _free_port()
+    path.write_text(json.dumps(ports))
+    return ports
+
+
 def _toml_str(v: str) -> str:
     return json.dumps(v)  # a JSON string is a valid TOML basic string
 
@@ -313,7 +342,7 @@ def run_demo(args: argparse.Namespace) -> int:
     served = start_app_thread(app, settings.server.host, settings.server.port, args.log_level)
     url = served.url
 
-    ports = {srv.key: _free_port() for srv in SERVERS}
+    ports = demo_ports(data_dir)
     launcher_cfg = data_dir / "launcher.toml"
     write_launcher_config(
         launcher_cfg, ports, data_dir / "controller", data_dir / "sim-state", offload_gib, data_dir / "logs"
@@ -409,6 +438,8 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         for t in traffic:
             t.stop_event.set()
+        for t in traffic:  # let requests in flight finish before the servers go (not counted as errors)
+            t.stop(timeout=5)
         if agent.poll() is None:
             agent.send_signal(signal.SIGTERM)  # the agent stops the sims it supervises
             try:
@@ -417,8 +448,6 @@ def run_demo(args: argparse.Namespace) -> int:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait(timeout=10)
         agent_log.close()
-        for t in traffic:
-            t.stop(timeout=5)
         served.stop()
         engine.dispose()
         sent = sum(t.stats.sent for t in traffic)
