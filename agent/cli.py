@@ -254,14 +254,17 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def kv_events_source(agent: Any, *, arc: bool = False) -> Any:
-    """The windows of vLLM's KV-cache events for the agent's push (GET /kv_event_sources per server)."""
+    """The windows of vLLM's KV-cache events for the agent's push (GET /kv_event_sources per
+    server); also tells the agent to pass its scrapes on (each server's own tier size)."""
     try:
         from agent.kvevents.collector import KvEventsCollector
     except ModuleNotFoundError as exc:
         raise UserError(f"--kv-events auto needs pyzmq and msgpack: pip install 'kvscope[kvevents]' ({exc})") from None
     from agent.fetch import StdlibFetcher
 
-    return KvEventsCollector([r.base_url for r in agent.readers], StdlibFetcher(), arc=arc).windows
+    collector = KvEventsCollector([r.base_url for r in agent.readers], StdlibFetcher(), arc=arc)
+    agent.scrapes_seen = collector.scrapes_seen
+    return collector.windows
 
 
 def _launcher_sink(path: Path) -> Any:

@@ -98,6 +98,9 @@ class Agent:
     push_client: httpx.Client | Fetcher | None = None
     # KV-event reuse windows for the push (agent/kvevents, cache sizing); called once per tick
     reuse_source: Callable[[float], list[ReuseWindow]] | None = None
+    # told each tick's scrapes before reuse_source is asked (the KV-event side reads each
+    # instance's own tier size from them: agent/kvevents/collector.py)
+    scrapes_seen: Callable[[list[Scrape]], None] | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -208,6 +211,8 @@ class Agent:
         reuse: list[ReuseWindow] = []
         if self.reuse_source is not None:
             try:
+                if self.scrapes_seen is not None:
+                    self.scrapes_seen(scrapes)
                 reuse = self.reuse_source(now)
             except Exception:  # the KV-event side must never cost the readings
                 log.exception("KV-event windows failed")

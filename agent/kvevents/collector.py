@@ -19,10 +19,19 @@ from agent.fetch import Fetcher, FetchError
 from agent.kvevents.pool_model import LeverModel
 from agent.kvevents.subscriber import EventSource, Subscriber, source_of, sources_of
 from agent.kvevents.tier_model import DEFAULT_MAX_KEYS
-from kvcore.protocol import ReuseWindow
+from kvcore.protocol import ReuseWindow, Scrape
 
 log = logging.getLogger("kvscope.kvevents")
 MAX_ANSWER = 64 * 1024
+OFFLOAD_INFO = "vllm:kv_offload_config_info"
+
+
+def _int_label(labels: dict[str, str], key: str) -> int | None:
+    try:
+        v = int(str(labels.get(key, "")).strip())
+    except ValueError:
+        return None
+    return v if 0 < v < 1 << 40 else None
 
 
 @dataclass
@@ -81,6 +90,24 @@ class KvEventsCollector:
         sources = sources_of(answer, inst.url)
         inst.note = "" if sources else "KV events are off on this server"
         return sources
+
+    def scrapes_seen(self, scrapes: list[Scrape]) -> None:
+        """Each followed instance's own CPU tier, from ``vllm:kv_offload_config_info`` in its
+        scrape (``cpu_num_chunks`` chunks of ``offload_block_size`` tokens): its model simulates
+        that size too (TierModel.want_capacity). Missing or garbled labels change nothing."""
+        by_url = {inst.url: inst for inst in self.instances}
+        for scrape in scrapes:
+            inst = by_url.get(scrape.instance.rstrip("/"))
+            if inst is None or inst.subscriber is None or not scrape.ok:
+                continue
+            for sample in scrape.samples:
+                if sample.name != OFFLOAD_INFO:
+                    continue
+                chunks = _int_label(sample.labels, "cpu_num_chunks")
+                tokens = _int_label(sample.labels, "offload_block_size")
+                if chunks and tokens:
+                    inst.subscriber.model.want_capacity(chunks, tokens)
+                break
 
     def windows(self, now: float) -> list[ReuseWindow]:
         """The window of each followed instance since the last call; finds (and re-finds) sources.

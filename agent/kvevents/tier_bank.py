@@ -17,6 +17,7 @@ request's end re-rank its recorded chunks last block first.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -29,12 +30,13 @@ MAX_CAPACITY = 1 << 16
 class LruTier:
     """One vLLM LRU CPU tier of ``capacity`` chunks (front of ``order`` = least recent)."""
 
-    __slots__ = ("capacity", "failed", "order")
+    __slots__ = ("capacity", "failed", "inserted", "order")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.order: OrderedDict[int, None] = OrderedDict()
         self.failed = 0  # requests whose store found no room (vLLM: "cannot store chunks")
+        self.inserted = 0  # chunks stored (a size added mid-stream is warm once it stored its capacity)
 
     def size(self) -> int:
         return len(self.order)
@@ -87,6 +89,7 @@ class LruTier:
                     for _ in range(need):
                         pop(False)
                 order.update(fresh)
+                self.inserted += len(fresh)
                 return 0
             else:
                 offer = [*prefix, *stored]
@@ -123,6 +126,7 @@ class LruTier:
                         order[k] = None
         for k in new:
             order[k] = None
+        self.inserted += len(new)
         # on_request_finished: recorded chunks (loaded, offered and present) re-ranked, last first
         move = order.move_to_end
         for k in reversed(stored if loaded else offer):
@@ -143,7 +147,7 @@ class ArcTier:
     eviction takes T1's least recent while T1 is at or over the target, else T2's, skipping the
     offer, and the evicted become ghosts (each ghost list bounded by the capacity)."""
 
-    __slots__ = ("b1", "b2", "capacity", "failed", "t1", "t2", "target")
+    __slots__ = ("b1", "b2", "capacity", "failed", "inserted", "t1", "t2", "target")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -153,6 +157,7 @@ class ArcTier:
         self.b2: OrderedDict[int, None] = OrderedDict()
         self.target = 0.0
         self.failed = 0
+        self.inserted = 0
 
     def size(self) -> int:
         return len(self.t1) + len(self.t2)
@@ -231,6 +236,7 @@ class ArcTier:
                 self.b1.pop(k, None)
                 self.b2.pop(k, None)
             inserted = new
+            self.inserted += len(new)
         else:
             self.failed += 1
         ins = set(inserted)
@@ -272,6 +278,7 @@ class TierBank:
         self.tiers: list[Tier] = [kind(c) for c in caps]
         self._lru = policy == "lru"
         self._leader = 0  # tiers[leader:] have never evicted: only tiers[leader] holds their state
+        self._warming: dict[int, int] = {}  # a size added mid-stream, seeded -> chunks it must store first
 
     @property
     def capacities(self) -> list[int]:
@@ -321,10 +328,51 @@ class TierBank:
                     acc[j] += n
             break
 
+    def add(self, capacity: int) -> bool | None:
+        """Add a size mid-stream (the instance's own tier, say); None when it is not added (there
+        already, out of range, the bank full). True when it starts exact, holding what a tier of
+        that size run on the whole stream would: it is above the leader (no size that large has
+        evicted, so it shares the leader's state) or the leader's state fits it. Else it is seeded
+        with the most recent chunks of the next larger size (LRU; ARC starts empty) and is *warm*
+        only once it has stored its capacity in chunks (``cold``): vLLM's tier is not a stack
+        algorithm, so a smaller size's state is not the larger one's most recent chunks."""
+        c = int(capacity)
+        caps = self.capacities
+        if c in caps or not 0 < c <= MAX_CAPACITY or len(caps) >= MAX_CAPACITIES:
+            return None
+        k = bisect.bisect(caps, c)
+        tier: Tier = LruTier(c) if self._lru else ArcTier(c)
+        tiers, leader = self.tiers, self._leader
+        exact = k > leader
+        if k == leader < len(tiers) and tiers[leader].size() <= c:
+            tier.copy_from(tiers[leader])  # type: ignore[arg-type]  # the new leader
+            exact = True
+        if not exact:  # k <= leader: it would have evicted by now, so it runs on its own
+            if isinstance(tier, LruTier):
+                nearest = tiers[k] if k < len(tiers) else tiers[-1] if tiers else None  # next larger, else largest
+                if isinstance(nearest, LruTier):
+                    keys = list(nearest.order)[-c:]
+                    tier.order = OrderedDict.fromkeys(keys)
+            self._leader += 1
+            self._warming[c] = tier.inserted + c
+        tiers.insert(k, tier)
+        return exact
+
+    def cold(self) -> set[int]:
+        """Sizes added mid-stream (``add``) that have not yet stored their capacity since."""
+        done = [c for c, need in self._warming.items() if self._tier(c).inserted >= need]
+        for c in done:
+            del self._warming[c]
+        return set(self._warming)
+
+    def _tier(self, capacity: int) -> Tier:
+        return next(t for t in self.tiers if t.capacity == capacity)
+
     def clear(self) -> None:
         for t in self.tiers:
             t.clear()
         self._leader = 0
+        self._warming.clear()  # an empty bank: every size starts alike
 
     def entries(self) -> int:
         return sum(t.size() for t in self.tiers[: self._leader + 1])

@@ -37,6 +37,7 @@ whatever the number of distinct blocks. Time is passed in (``now``); no sockets 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from typing import Any
 from agent.kvevents.decode import Batch, Cleared, Removed, Stored
 from agent.kvevents.opt_bound import DEFAULT_MAX_ACCESSES, AccessLog
 from agent.kvevents.reuse import ReuseSampler, bin_lower
-from agent.kvevents.tier_bank import DEFAULT_CAPACITIES, TierBank
+from agent.kvevents.tier_bank import DEFAULT_CAPACITIES, MAX_CAPACITIES, MAX_CAPACITY, TierBank
 from kvcore.protocol import ReuseWindow
 
 DEFAULT_MAX_KEYS = 8_192  # ~3.5 MiB of tracking state; SHARDS mean error ~0.005 (bench/sizing.py)
@@ -128,6 +129,8 @@ class TierModel:
         self.block_size: int | None = None
         self.groups: set[int] = set()
         self._win = _Window(start=now)
+        self._wanted: tuple[int, int] | None = None  # (chunks, tokens per chunk) of the instance's own tier
+        self._held_back: set[int] = set()  # sizes this window leaves out: added during it, or still warming
 
     def _rank(self, rank: int | None) -> _Rank:
         key = rank or 0
@@ -144,6 +147,43 @@ class TierModel:
                     AccessLog(self._opt_accesses) if self._opt_accesses > 0 else None,
                 )
         return r
+
+    def want_capacity(self, chunks: int, chunk_tokens: int) -> None:
+        """The instance's own CPU tier (``cpu_num_chunks`` and ``offload_block_size`` of
+        ``vllm:kv_offload_config_info``): simulated as a size of its own from the next window on,
+        so the curve is exact at the size the instance runs, not interpolated. Taken only where a
+        chunk is one event block (``offload_block_size`` equals the events' block size) of one
+        KV-cache group; applied when the window is taken (the caller holds the model's lock then)."""
+        self._wanted = (int(chunks), int(chunk_tokens))
+
+    def _take_wanted(self) -> None:
+        wanted, self._wanted = self._wanted, None
+        if wanted is None or self.block_size is None:
+            self._wanted = wanted  # no event yet: the block size is not known
+            return
+        chunks, tokens = wanted
+        if tokens == self.block_size and len(self.groups) <= 1:
+            self.add_capacity(chunks)
+
+    def add_capacity(self, chunks: int) -> bool:
+        """Simulate one more size from now on (False: there already, out of range, bank full).
+        The window it is added in leaves it out (it saw only part of the window), and so does
+        every window until each rank's tier of that size is warm (TierBank.add)."""
+        caps = self._capacities
+        c = int(chunks)
+        if c in caps or not 0 < c <= MAX_CAPACITY or len(caps) >= MAX_CAPACITIES:
+            return False
+        k = bisect.bisect(caps, c)
+        self._capacities = (*caps[:k], c, *caps[k:])
+        for r in self._ranks.values():
+            r.bank.add(c)
+            if r.arc_bank is not None:
+                r.arc_bank.add(c)
+        for pts in (self._win.points, self._win.arc_points):
+            if pts:
+                pts.insert(k, 0)
+        self._held_back.add(c)
+        return True
 
     def garbage(self, count: int = 1) -> None:
         """A frame the decoder refused."""
@@ -239,7 +279,9 @@ class TierModel:
 
     def take_window(self, now: float) -> ReuseWindow | None:
         """The window since the last call (None when nothing arrived), and start the next one."""
+        self._take_wanted()
         win, self._win = self._win, _Window(start=now)
+        held, self._held_back = self._held_back, self._cold()
         if not win.messages and not win.garbage and not win.lost and not win.stale_messages and not win.duplicates:
             return None
         return ReuseWindow(
@@ -268,13 +310,27 @@ class TierModel:
             kv_groups=max(1, len(self.groups)),
             first_ts=win.first_ts,
             last_ts=win.last_ts,
-            points=[[float(c), float(win.points[i] if win.points else 0)] for i, c in enumerate(self._capacities)],
+            points=[
+                [float(c), float(win.points[i] if win.points else 0)]
+                for i, c in enumerate(self._capacities)
+                if c not in held
+            ],
             arc_points=[
-                [float(c), float(win.arc_points[i] if win.arc_points else 0)] for i, c in enumerate(self._capacities)
+                [float(c), float(win.arc_points[i] if win.arc_points else 0)]
+                for i, c in enumerate(self._capacities)
+                if c not in held
             ]
             if self._arc
             else [],
         )
+
+    def _cold(self) -> set[int]:
+        out: set[int] = set()
+        for r in self._ranks.values():
+            out |= r.bank.cold()
+            if r.arc_bank is not None:
+                out |= r.arc_bank.cold()
+        return out
 
 
 class _Rank:

@@ -46,6 +46,15 @@ def test_a_failing_window_source_never_costs_the_readings(tmp_path):
     assert batch.reuse == [] and batch.scrapes
 
 
+def test_the_tick_tells_its_scrapes_to_the_kv_event_side_before_taking_its_windows(tmp_path):
+    order: list[str] = []
+    seen: list[list[str]] = []
+    agent = agent_with(tmp_path, lambda now: order.append("windows") or [])
+    agent.scrapes_seen = lambda scrapes: (order.append("scrapes"), seen.append([s.instance for s in scrapes]))
+    agent.build_batch(5.0)
+    assert order == ["scrapes", "windows"] and seen == [["http://v:8000"]]
+
+
 def test_pushed_windows_reach_the_app(client, token, batch_factory, clock, tmp_path):
     now = clock()
     model = TierModel("http://127.0.0.1:8000", now=now - 1, max_keys=None)
