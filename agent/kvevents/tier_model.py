@@ -153,7 +153,8 @@ class TierModel:
         ``vllm:kv_offload_config_info``): simulated as a size of its own from the next window on,
         so the curve is exact at the size the instance runs, not interpolated. Taken only where a
         chunk is one event block (``offload_block_size`` equals the events' block size) of one
-        KV-cache group; applied when the window is taken (the caller holds the model's lock then)."""
+        KV-cache group; applied at the next GPU store (once the block size is known) or when the
+        window is taken, both under the subscriber's lock."""
         self._wanted = (int(chunks), int(chunk_tokens))
 
     def _take_wanted(self) -> None:
@@ -167,22 +168,26 @@ class TierModel:
 
     def add_capacity(self, chunks: int) -> bool:
         """Simulate one more size from now on (False: there already, out of range, bank full).
-        The window it is added in leaves it out (it saw only part of the window), and so does
-        every window until each rank's tier of that size is warm (TierBank.add)."""
+        The window it is added in leaves it out when it had served a request already (the size
+        saw only part of the window), and so does every window until each rank's tier of that
+        size is warm (TierBank.add). Before the first event (no rank yet) it is exact outright."""
         caps = self._capacities
         c = int(chunks)
         if c in caps or not 0 < c <= MAX_CAPACITY or len(caps) >= MAX_CAPACITIES:
             return False
         k = bisect.bisect(caps, c)
         self._capacities = (*caps[:k], c, *caps[k:])
+        exact = True
         for r in self._ranks.values():
-            r.bank.add(c)
+            exact = r.bank.add(c) is True and exact
             if r.arc_bank is not None:
-                r.arc_bank.add(c)
+                exact = r.arc_bank.add(c) is True and exact
+        served = bool(self._win.points or self._win.arc_points)  # this window served a request already
         for pts in (self._win.points, self._win.arc_points):
             if pts:
                 pts.insert(k, 0)
-        self._held_back.add(c)
+        if served or not exact:
+            self._held_back.add(c)
         return True
 
     def garbage(self, count: int = 1) -> None:
@@ -250,6 +255,8 @@ class TierModel:
                     continue
                 if ev.block_size and ev.block_size > 0:  # tokens per block (placeholders carry no tokens)
                     self.block_size = ev.block_size
+                if self._wanted is not None:  # the own size, as soon as the block size is known
+                    self._take_wanted()
                 count.stored_tokens += ev.n_tokens
                 rank.stored(ev, count)
             elif isinstance(ev, Removed):

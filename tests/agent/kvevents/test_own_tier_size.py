@@ -102,6 +102,18 @@ def test_the_window_it_is_added_in_leaves_it_out_and_an_exact_size_is_in_every_w
         assert _points(b) == _points(a) and own in _points(b)
 
 
+def test_a_size_read_before_the_first_event_is_in_the_first_window_already() -> None:
+    frames = _frames(random.Random(4), 40)
+    whole = TierModel("u", 0.0, max_keys=None, capacities=[*CAPS, 100])
+    model = TierModel("u", 0.0, max_keys=None, capacities=CAPS)
+    model.want_capacity(100, 16)  # the first scrape comes before the first KV event
+    for f in frames:
+        whole.observe(decode_message(f))
+        model.observe(decode_message(f))
+    a, b = whole.take_window(1.0), model.take_window(1.0)
+    assert _points(b) == _points(a) and 100 in _points(b)
+
+
 def test_a_tier_of_other_chunks_than_the_event_blocks_is_not_taken_for_the_own_size() -> None:
     model = TierModel("u", 0.0, max_keys=None, capacities=CAPS)
     model.observe(decode_message(message(0, [stored_map([1, 2, 3])])))  # 16-token blocks
