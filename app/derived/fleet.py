@@ -18,6 +18,12 @@ from kvcore.series import Values, ratio
 SPARK_RANGE_S = 3600.0
 SPARK_PX = 120
 RESTART_KINDS = ("restart", "rollout")
+STATE_WHY = {  # what each state but "up" means, in words (pages that explain a silence)
+    "stale": "its agent has not pushed lately",
+    "gone": "its agent no longer scrapes it",
+    "down": "no good scrape of its /metrics lately, or /health failing",
+    "restarting": "kvscope is restarting it",
+}
 
 
 class InstanceOverview(InstanceRow):

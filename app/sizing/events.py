@@ -21,9 +21,11 @@ from typing import Any
 from app.context import AppContext
 from app.controller.derived_profiles import save_derived_profile
 from app.controller.profiles import ProfileError
+from app.derived.fleet import STATE_WHY, state_of
 from app.storage import rollouts_store as rs
 from app.storage.series_store import get_instance, list_instances
-from app.storage.sizing_store import windows_in
+from app.storage.sizing_store import last_window_end, windows_in
+from app.web.templating import fmt_ago
 
 BASE_PORT = 5557
 PORTS_PER_INSTANCE = 20
@@ -56,22 +58,41 @@ def config_for(ctx: AppContext, instance_id: int) -> dict[str, Any]:
 
 
 def state(ctx: AppContext, instance_id: int, now: float) -> dict[str, Any]:
+    """Whether KV events arrive, and if not, why: a server that is not up (its agent silent, not
+    scraped any more, down) is not a server to turn events on for; one that published before
+    and stopped was restarted without them (or its agent was)."""
     cfg = config_for(ctx, instance_id)
     recent = windows_in(ctx.engine, instance_id, now - RECENT_S, now)
     current = rs.instance_profiles(ctx.engine, instance_id)["current"]
     in_profile = bool(current and (current.get("spec") or {}).get("kv_events"))
     flag = json.dumps(cfg, separators=(",", ":"))
+    inst = get_instance(ctx.engine, instance_id)
+    inst_state = state_of(ctx.engine, inst, now, ctx.settings.dashboard.stale_after_s) if inst else "unknown"
+    last = None if recent else last_window_end(ctx.engine, instance_id)
+    if recent:
+        why = "KV events arrived in the last 10 minutes"
+    elif inst_state != "up":
+        why = f"the server is {inst_state} ({STATE_WHY.get(inst_state, 'not answering')}), so no KV events arrive"
+        if last is not None:
+            why += f"; it last sent some {fmt_ago(last, now)}: pick a range that covers it"
+    elif last is not None:
+        why = (
+            f"no KV events from this server in the last 10 minutes, though it sent some {fmt_ago(last, now)}: "
+            "it was restarted without --kv-events-config, or its agent with --kv-events off"
+        )
+    else:
+        why = (
+            "no KV events from this server in the last 10 minutes: it publishes none (its "
+            "/kv_event_sources is empty) or its agent runs with --kv-events off"
+        )
     return {
         "publishing": bool(recent),
+        "instance_state": inst_state,
+        "last_window_end": last,
         "profile_has_events": in_profile,
         "config": cfg,
         "flag": f"--kv-events-config '{flag}'",
-        "why": (
-            "KV events arrived in the last 10 minutes"
-            if recent
-            else "no KV events from this server in the last 10 minutes: it publishes none (its "
-            "/kv_event_sources is empty) or its agent runs with --kv-events off"
-        ),
+        "why": why,
         "note": "loopback only: the events carry every prompt's token ids (vLLM's own default, tcp://*:5557, "
         "listens on every interface and is refused unless kv_events_allowed_hosts allows '*')",
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict, cast
 
-from sqlalchemy import Engine, Table, delete, insert, select
+from sqlalchemy import Engine, Table, delete, func, insert, select
 
 from app.storage.models import Instance
 from app.storage.rows import typed_row
@@ -102,6 +102,14 @@ def windows_in(engine: Engine, instance_id: int, start: float, end: float) -> li
     )
     with engine.connect() as conn:
         return [typed_row(SizingWindowRow, r._mapping) for r in conn.execute(q)]
+
+
+def last_window_end(engine: Engine, instance_id: int) -> float | None:
+    """When the instance's newest window ended (None: none kept); one index seek."""
+    tbl = cast(Table, SizingWindow.__table__)
+    with engine.connect() as conn:
+        v = conn.execute(select(func.max(tbl.c.end_ts)).where(tbl.c.instance_id == instance_id)).scalar()
+    return None if v is None else float(v)
 
 
 def prune_windows(engine: Engine, older_than: float) -> int:

@@ -191,6 +191,22 @@ def test_without_events_the_page_gives_this_servers_flag_and_an_operator_turns_t
     assert client.post(f"/instances/{first}/sizing/kv-events", data={}, follow_redirects=False).status_code == 403
 
 
+def test_a_server_that_stopped_is_not_offered_events_and_one_that_sent_some_says_when(
+    client, token, batch_factory, clock
+):
+    i = fed(client, token, batch_factory, clock)
+    clock.advance(3600)  # the rig went down: no push for an hour
+    page = client.get(f"/instances/{i}/sizing").text
+    assert 'data-state="stale"' in page and "the server is stale" in page and "last sent some 60 min ago" in page
+    assert "Turn KV events on" not in page and "No KV events from this server" not in page
+    assert client.get(f"/api/v1/instances/{i}/sizing").json()["kv_events"]["instance_state"] == "stale"
+    push(client, token, batch_factory, 10, clock())  # back, scraped, but publishing nothing
+    rep = client.get(f"/api/v1/instances/{i}/sizing").json()["kv_events"]
+    assert rep["instance_state"] == "up" and not rep["publishing"]
+    assert "though it sent some 60 min ago" in rep["why"] and "restarted without --kv-events-config" in rep["why"]
+    assert "Turn KV events on" in client.get(f"/instances/{i}/sizing").text
+
+
 def test_the_collector_follows_a_server_with_the_lever_model():
     from agent.fetch import StdlibFetcher
     from agent.kvevents.collector import KvEventsCollector
