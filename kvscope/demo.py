@@ -154,9 +154,8 @@ def demo_ports(data_dir: Path) -> dict[str, int]:
     ports: dict[str, int] = {}
     for srv in SERVERS:
         p = old.get(srv.key) if isinstance(old, dict) else None
-        taken = set(ports.values())
-        good = isinstance(p, int) and not isinstance(p, bool) and 1024 < p < 65536 and p not in taken
-        ports[srv.key] = p if good and _port_free(p) else _free_port()
+        usable = isinstance(p, int) and not isinstance(p, bool) and 1024 < p < 65536 and p not in ports.values()
+        ports[srv.key] = p if usable and isinstance(p, int) and _port_free(p) else _free_port()
     path.write_text(json.dumps(ports))
     return ports
 
