@@ -294,7 +294,7 @@ def answer(
     rep["price"] = price
     rep["host_id"] = int(inst["host_id"])
     rep["host"] = inst.get("host")
-    rep["kv_events"] = events.state(ctx, instance_id, now)
+    rep["kv_events"] = events.state(ctx, inst, now)
     if with_split:
         rep["host_split"] = host_split(ctx, int(inst["host_id"]), start, end, price=price)
     return rep

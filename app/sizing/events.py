@@ -23,7 +23,7 @@ from app.controller.derived_profiles import save_derived_profile
 from app.controller.profiles import ProfileError
 from app.derived.fleet import STATE_WHY, state_of
 from app.storage import rollouts_store as rs
-from app.storage.series_store import get_instance, list_instances
+from app.storage.series_store import InstanceRow, get_instance, list_instances
 from app.storage.sizing_store import last_window_end, windows_in
 from app.web.templating import fmt_ago
 
@@ -45,6 +45,11 @@ def config_for(ctx: AppContext, instance_id: int) -> dict[str, Any]:
     inst = get_instance(ctx.engine, instance_id)
     if inst is None:
         raise EventsError(f"no instance {instance_id}", 404)
+    return _config(ctx, inst)
+
+
+def _config(ctx: AppContext, inst: InstanceRow) -> dict[str, Any]:
+    instance_id = int(inst["id"])
     peers = sorted(i["id"] for i in list_instances(ctx.engine) if i["host_id"] == inst["host_id"])
     k = peers.index(instance_id) if instance_id in peers else 0
     port = BASE_PORT + PORTS_PER_INSTANCE * k
@@ -57,17 +62,17 @@ def config_for(ctx: AppContext, instance_id: int) -> dict[str, Any]:
     }
 
 
-def state(ctx: AppContext, instance_id: int, now: float) -> dict[str, Any]:
+def state(ctx: AppContext, inst: InstanceRow, now: float) -> dict[str, Any]:
     """Whether KV events arrive, and if not, why: a server that is not up (its agent silent, not
     scraped any more, down) is not a server to turn events on for; one that published before
     and stopped was restarted without them (or its agent was)."""
-    cfg = config_for(ctx, instance_id)
+    instance_id = int(inst["id"])
+    cfg = _config(ctx, inst)
     recent = windows_in(ctx.engine, instance_id, now - RECENT_S, now)
     current = rs.instance_profiles(ctx.engine, instance_id)["current"]
     in_profile = bool(current and (current.get("spec") or {}).get("kv_events"))
     flag = json.dumps(cfg, separators=(",", ":"))
-    inst = get_instance(ctx.engine, instance_id)
-    inst_state = state_of(ctx.engine, inst, now, ctx.settings.dashboard.stale_after_s) if inst else "unknown"
+    inst_state = state_of(ctx.engine, inst, now, ctx.settings.dashboard.stale_after_s)
     last = None if recent else last_window_end(ctx.engine, instance_id)
     if recent:
         why = "KV events arrived in the last 10 minutes"
