@@ -168,26 +168,30 @@ class TierModel:
 
     def add_capacity(self, chunks: int) -> bool:
         """Simulate one more size from now on (False: there already, out of range, bank full).
-        The window it is added in leaves it out when it had served a request already (the size
-        saw only part of the window), and so does every window until each rank's tier of that
-        size is warm (TierBank.add). Before the first event (no rank yet) it is exact outright."""
+        Where every bank knows its state exactly and a size beside it has never evicted, the
+        window it is added in takes that size's loads so far (the same, chunk for chunk);
+        else that window leaves it out (it saw only part of it), and so does every window until
+        each rank's tier of that size is warm (TierBank.add). Before the first event (no rank
+        yet) it is exact outright."""
         caps = self._capacities
         c = int(chunks)
         if c in caps or not 0 < c <= MAX_CAPACITY or len(caps) >= MAX_CAPACITIES:
             return False
         k = bisect.bisect(caps, c)
         self._capacities = (*caps[:k], c, *caps[k:])
-        exact = True
-        for r in self._ranks.values():
-            exact = r.bank.add(c) is True and exact
-            if r.arc_bank is not None:
-                exact = r.arc_bank.add(c) is True and exact
-        served = bool(self._win.points or self._win.arc_points)  # this window served a request already
+        banks = [b for r in self._ranks.values() for b in (r.bank, r.arc_bank) if b is not None]
+        exact = all([b.add(c) is True for b in banks])  # a list: every bank gets the size
+        # Exact means it sits in every bank's never-evicted group (TierBank.add), beside the
+        # largest size (or, when it is the largest, the one below): that twin has held every
+        # chunk stored, as the new size would have, so its loads so far are the new size's.
+        # (vLLM publishes kv_offload_config_info only after its first step, so the size comes
+        # after the window served requests; the twin keeps that window whole.)
+        twin = len(caps) - 1 if k < len(caps) else k - 1  # in the old list
         for pts in (self._win.points, self._win.arc_points):
             if pts:
-                pts.insert(k, 0)
-        if served or not exact:
-            self._held_back.add(c)
+                pts.insert(k, pts[twin] if exact else 0)
+        if not exact:
+            self._held_back.add(c)  # seeded: out of this window and until warm
         return True
 
     def garbage(self, count: int = 1) -> None:

@@ -82,24 +82,40 @@ def _points(window) -> dict[int, float]:  # type: ignore[no-untyped-def]
     return {int(c): n for c, n in window.points}
 
 
-def test_the_window_it_is_added_in_leaves_it_out_and_an_exact_size_is_in_every_window_after() -> None:
+def test_an_exact_size_added_mid_window_takes_the_loads_of_a_size_that_never_evicted() -> None:
+    # vLLM publishes kv_offload_config_info only after its first step: the own size comes after
+    # the first window served requests, and that window must carry it all the same.
     frames = _frames(random.Random(3), 90)
     own = 100  # above every size that evicted: exact
     whole = TierModel("u", 0.0, max_keys=None, capacities=[*CAPS, own])
     model = TierModel("u", 0.0, max_keys=None, capacities=CAPS)
-    for f in frames[:30]:
-        whole.observe(decode_message(f))
-        model.observe(decode_message(f))
-    model.want_capacity(own, 16)  # the scrape said so; applied when the window is taken
-    whole.take_window(1.0)
-    first = model.take_window(1.0)
-    assert own not in _points(first) and set(_points(first)) == set(CAPS)
-    for start, end in ((30, 60), (60, 90)):
+    for start, end in ((0, 30), (30, 60), (60, 90)):
         for f in frames[start:end]:
             whole.observe(decode_message(f))
             model.observe(decode_message(f))
+        if start == 0:
+            model.want_capacity(own, 16)  # the scrape said so; applied when the window is taken
         a, b = whole.take_window(float(end)), model.take_window(float(end))
         assert _points(b) == _points(a) and own in _points(b)
+
+
+def test_a_seeded_size_is_left_out_of_the_window_it_is_added_in_and_until_it_is_warm() -> None:
+    frames = _frames(random.Random(3), 90)
+    model = TierModel("u", 0.0, max_keys=None, capacities=CAPS)
+    for f in frames[:60]:
+        model.observe(decode_message(f))
+    assert model._ranks[0].bank.tiers[0].failed or model._ranks[0].bank.tiers[0].size() == 4  # 4 evicted
+    model.want_capacity(6, 16)  # between two sizes that evicted: seeded, not exact
+    first = model.take_window(1.0)
+    assert set(_points(first)) == set(CAPS)
+    bank = model._ranks[0].bank
+    for f in frames[60:75]:
+        model.observe(decode_message(f))
+    assert bank.tiers[1].capacity == 6 and bank.tiers[1].inserted >= 6  # warm by now ...
+    assert 6 not in _points(model.take_window(2.0))  # ... but it was cold when this window began
+    for f in frames[75:]:
+        model.observe(decode_message(f))
+    assert 6 in _points(model.take_window(3.0))  # warm from its start on
 
 
 def test_a_size_read_before_the_first_event_is_in_the_first_window_already() -> None:
